@@ -1,0 +1,226 @@
+"""The backend interface: every backend subclasses :class:`Backend`.
+
+The public methods validate on the host with :mod:`pagedattn.spec.arrays`, check the
+declared :class:`Capabilities`, and only then call the backend's ``_`` methods, so bad
+input raises :class:`~pagedattn.errors.PagedAttentionError` before any kernel runs and
+an unsupported case raises :class:`~pagedattn.errors.UnsupportedError`.
+
+Paged attention is split FlashInfer-style into ``plan`` (index arrays: validated once,
+per-batch metadata built) and ``run`` (query and caches, once per layer);
+``paged_attention`` does both. A backend module must not import its GPU library at import
+time: do it inside methods, so that listing backends imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pagedattn.backends.capabilities import Capabilities
+from pagedattn.errors import PagedAttentionError
+from pagedattn.spec.arrays import (
+    AttentionProblem,
+    WriteKVProblem,
+    check_copy_blocks,
+    check_merge_states,
+    check_paged_attention,
+    check_write_kv,
+)
+from pagedattn.spec.dtypes import dtype_name
+
+
+def array_signature(x: Any) -> tuple[tuple[int, ...], str]:
+    """Return ``(shape, dtype name)`` of any array; what ``run`` re-checks against ``plan``."""
+    return tuple(int(n) for n in x.shape), dtype_name(x.dtype)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``plan`` saw and built: the validated problem, the array signatures, backend state."""
+
+    problem: AttentionProblem
+    signatures: dict[str, tuple[tuple[int, ...], str]]
+    state: Any
+
+
+class Backend(abc.ABC):
+    """Base class of all backends. Subclasses set ``name`` and implement the ``_`` methods.
+
+    Entry points of the ``pagedattn.backends`` group name a subclass; it is instantiated
+    with no arguments.
+    """
+
+    name: ClassVar[str] = ""
+    version: ClassVar[str] = "0"
+    description: ClassVar[str] = ""
+
+    # -- what the backend is -------------------------------------------------
+    @classmethod
+    def availability(cls) -> str | None:
+        """Return None if this backend can run here, else the reason (``"no CUDA device"``)."""
+        return None
+
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """Return the declared envelope of supported cases."""
+
+    def device_name(self) -> str:
+        """A human-readable name of the device the backend runs on."""
+        return "cpu"
+
+    # -- arrays --------------------------------------------------------------
+    @abc.abstractmethod
+    def to_device(self, array: np.ndarray) -> Any:
+        """Return ``array`` (NumPy, possibly ml_dtypes) as this backend's device array."""
+
+    @abc.abstractmethod
+    def to_numpy(self, array: Any) -> np.ndarray:
+        """Return a device array as a NumPy array of the same dtype (ml_dtypes for bf16/fp8)."""
+
+    def synchronize(self) -> None:
+        """Wait until all work queued by this backend is done (for timing)."""
+
+    def _host_or_none(self, array: Any) -> np.ndarray | None:
+        return None if array is None else np.asarray(self.to_numpy(array))
+
+    # -- paged attention -----------------------------------------------------
+    def plan(
+        self,
+        query: Any,
+        key_cache: Any,
+        value_cache: Any,
+        block_tables: Any,
+        seq_lens: Any,
+        query_start_loc: Any = None,
+        *,
+        kv_layout: str = "NHD",
+        scale: float | None = None,
+        causal: bool = True,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        alibi_slopes: Any = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        return_lse: bool = False,
+    ) -> Plan:
+        """Validate a call and build per-batch metadata; see :func:`check_paged_attention`.
+
+        query and caches are inspected for shape and dtype only; the index arrays are read
+        on the host (copied from the device if needed).
+        """
+        problem = check_paged_attention(
+            query, key_cache, value_cache,
+            self._host_or_none(block_tables), self._host_or_none(seq_lens),
+            self._host_or_none(query_start_loc),
+            kv_layout=kv_layout, scale=scale, causal=causal, sliding_window=sliding_window,
+            softcap=softcap, alibi_slopes=self._host_or_none(alibi_slopes),
+            k_scale=k_scale, v_scale=v_scale, return_lse=return_lse,
+        )
+        self.capabilities().require(problem, backend=self.name)
+        if not self.capabilities().supports("strided_caches"):
+            self._require_contiguous(key_cache, "key_cache")
+            self._require_contiguous(value_cache, "value_cache")
+        signatures = {
+            "query": array_signature(query),
+            "key_cache": array_signature(key_cache),
+            "value_cache": array_signature(value_cache),
+        }
+        state = self._plan(problem, block_tables, seq_lens, query_start_loc, alibi_slopes)
+        return Plan(problem, signatures, state)
+
+    def run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> Any:
+        """Run a plan on ``query`` and the caches; return ``out`` or ``(out, lse)`` as planned.
+
+        The arrays must have the shapes and dtypes ``plan`` saw; the argument that differs is named.
+        """
+        for argument, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+            if array_signature(array) != plan.signatures[argument]:
+                shape, dtype = plan.signatures[argument]
+                raise PagedAttentionError(
+                    argument,
+                    f"{array_signature(array)} differs from (shape, dtype) = ({shape}, {dtype}) given to plan",
+                )
+        out, lse = self._run(plan, query, key_cache, value_cache)
+        return (out, lse) if plan.problem.return_lse else out
+
+    def paged_attention(self, query: Any, key_cache: Any, value_cache: Any, block_tables: Any,
+                        seq_lens: Any, query_start_loc: Any = None, **options: Any) -> Any:
+        """Paged attention (``plan`` then ``run``): ``out`` ``[T, Hq, D]``, or ``(out, lse)``
+        with lse float32 ``[T, Hq]`` when ``return_lse=True``.
+
+        Options: kv_layout, scale, causal, sliding_window, softcap, alibi_slopes, k_scale,
+        v_scale, return_lse, as in :mod:`pagedattn.spec.arrays`.
+        """
+        plan = self.plan(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, **options)
+        return self.run(plan, query, key_cache, value_cache)
+
+    def _require_contiguous(self, cache: Any, argument: str) -> None:
+        strides = self.element_strides(cache)
+        shape = tuple(int(n) for n in cache.shape)
+        expected, step = [], 1
+        for n in reversed(shape):
+            expected.append(step)
+            step *= n
+        if strides is not None and tuple(strides) != tuple(reversed(expected)):
+            from pagedattn.errors import UnsupportedError
+
+            raise UnsupportedError(
+                argument, f"strided cache views (strides {tuple(strides)})", backend=self.name,
+                capability="strided_caches",
+            )
+
+    def element_strides(self, array: Any) -> tuple[int, ...] | None:
+        """Strides of ``array`` in elements, or None if unknown (NumPy and torch handled)."""
+        strides = getattr(array, "strides", None)
+        if strides is None:
+            return None
+        if callable(strides):  # torch.Tensor.stride
+            return tuple(int(s) for s in array.stride())
+        itemsize = int(getattr(array, "itemsize", 0) or array.dtype.itemsize)
+        return tuple(int(s) // itemsize for s in strides)
+
+    @abc.abstractmethod
+    def _plan(self, problem: AttentionProblem, block_tables: Any, seq_lens: Any,
+              query_start_loc: Any, alibi_slopes: Any) -> Any:
+        """Build per-batch state from validated input (device uploads, split choice)."""
+
+    @abc.abstractmethod
+    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        """Compute ``(out, lse or None)`` on the device."""
+
+    # -- other operations ------------------------------------------------------
+    def write_kv(self, key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any, *,
+                 kv_layout: str = "NHD", k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+        """Store key/value ``[T, Hkv, D]`` at ``slot_mapping`` (int ``[T]``, -1 = skip), in place."""
+        problem = check_write_kv(key, value, key_cache, value_cache, self._host_or_none(slot_mapping),
+                                 kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
+        self.capabilities().require_operation("write_kv", backend=self.name)
+        self._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+
+    def copy_blocks(self, key_cache: Any, value_cache: Any, pairs: Any, *, kv_layout: str = "NHD") -> None:
+        """Copy whole blocks ``(src, dst)`` in both caches, all sources read before any write."""
+        table = check_copy_blocks(key_cache, value_cache, self._host_or_none(pairs), kv_layout=kv_layout)
+        self.capabilities().require_operation("copy_blocks", backend=self.name)
+        self._copy_blocks(key_cache, value_cache, table)
+
+    def merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+        """Merge two partial results over disjoint keys: ``(out [T, H, D], lse float32 [T, H])``."""
+        check_merge_states(out_a, lse_a, out_b, lse_b)
+        self.capabilities().require_operation("merge_states", backend=self.name)
+        return self._merge_states(out_a, lse_a, out_b, lse_b)
+
+    def _write_kv(self, problem: WriteKVProblem, key: Any, value: Any, key_cache: Any,
+                  value_cache: Any, slot_mapping: Any) -> None:
+        raise NotImplementedError
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} version={self.version!r}>"

@@ -1,0 +1,135 @@
+"""Exact paged attention: gather K/V through the block tables, softmax in float64.
+
+This is the ground truth every backend is compared with. Inputs are taken as rounded to
+their dtype (the arrays as given), fp8 caches are multiplied by ``k_scale``/``v_scale``,
+and everything after that is float64. See :mod:`pagedattn.spec.arrays` for the
+block-table format and the meaning of each array.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
+
+
+class ExactResult(NamedTuple):
+    """The spec's answer and the magnitudes the error model needs, per (token, q head).
+
+    out: float64 ``[T, Hq, D]``; lse: float64 ``[T, Hq]`` (-inf where nothing is visible);
+    value_scale: max |v| over visible keys; score_scale: max over visible keys of
+    ``|scale| * sum_d |q_d k_d| + |alibi bias|``; num_visible: visible keys (int64).
+    """
+
+    out: np.ndarray
+    lse: np.ndarray
+    value_scale: np.ndarray
+    score_scale: np.ndarray
+    num_visible: np.ndarray
+
+
+def gather_kv(
+    problem: AttentionProblem, key_cache: np.ndarray, value_cache: np.ndarray, seq: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return float64 K, V ``[L, Hkv, D]`` of sequence ``seq`` in logical order (scales applied)."""
+    length = int(problem.seq_lens[seq])
+    positions = np.arange(length)
+    blocks = problem.block_tables[seq, positions // problem.block_size]
+    slots = positions % problem.block_size
+    if problem.kv_layout == "NHD":
+        k = key_cache[blocks, slots]
+        v = value_cache[blocks, slots]
+    else:
+        k = key_cache[blocks, :, slots]
+        v = value_cache[blocks, :, slots]
+    k64 = np.asarray(k).astype(np.float64) * problem.k_scale
+    v64 = np.asarray(v).astype(np.float64) * problem.v_scale
+    return k64, v64
+
+
+def scores_and_mask(
+    problem: AttentionProblem, q: np.ndarray, k: np.ndarray, p_q: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scores and visibility of one sequence, the contract's steps 1-4 in order.
+
+    q: float64 ``[n, Hq, D]``; k: float64 ``[L, Hkv, D]``; p_q: int ``[n]`` query positions.
+    Returns ``(s, visible, score_scale)``, each ``[n, Hq, L]``; ``s`` is finite everywhere.
+    """
+    length = k.shape[0]
+    kv_head = np.arange(problem.num_q_heads) // problem.group_size
+    k_per_q = k[:, kv_head, :]  # [L, Hq, D]
+    s = problem.scale * np.einsum("nhd,lhd->nhl", q, k_per_q)
+    score_scale = abs(problem.scale) * np.einsum("nhd,lhd->nhl", np.abs(q), np.abs(k_per_q))
+    if problem.softcap is not None:
+        s = problem.softcap * np.tanh(s / problem.softcap)
+    p = np.arange(length)
+    distance = (p[None, :] - p_q[:, None]).astype(np.float64)  # [n, L]: p - p_q
+    if problem.alibi_slopes is not None:
+        bias = problem.alibi_slopes.astype(np.float64)[None, :, None] * distance[:, None, :]
+        s = s + bias
+        score_scale = score_scale + np.abs(bias)
+    visible = np.ones((q.shape[0], length), dtype=bool)
+    if problem.causal:
+        visible &= distance <= 0
+    if problem.sliding_window is not None:
+        visible &= distance > -problem.sliding_window
+    visible_h = np.broadcast_to(visible[:, None, :], s.shape)
+    return s, visible_h, score_scale
+
+
+def exact_attention_problem(
+    problem: AttentionProblem, query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray
+) -> ExactResult:
+    """Exact attention of a validated problem on host arrays (see :func:`exact_attention`)."""
+    T, Hq, D = problem.num_tokens, problem.num_q_heads, problem.head_dim
+    out = np.zeros((T, Hq, D))
+    lse = np.full((T, Hq), -np.inf)
+    value_scale = np.zeros((T, Hq))
+    score_scale = np.zeros((T, Hq))
+    num_visible = np.zeros((T, Hq), dtype=np.int64)
+    q_all = np.asarray(query).astype(np.float64)
+    _, p_q_all = problem.token_positions()
+    kv_head = np.arange(Hq) // problem.group_size
+    for seq in range(problem.num_seqs):
+        start, stop = int(problem.query_start_loc[seq]), int(problem.query_start_loc[seq + 1])
+        if stop == start or problem.seq_lens[seq] == 0:
+            continue
+        k, v = gather_kv(problem, key_cache, value_cache, seq)
+        s, visible, s_abs = scores_and_mask(problem, q_all[start:stop], k, p_q_all[start:stop])
+        masked = np.where(visible, s, -np.inf)
+        m = np.max(masked, axis=-1)
+        any_visible = np.isfinite(m)
+        shift = np.where(any_visible, m, 0.0)
+        w = np.exp(masked - shift[..., None])  # exactly 0 where invisible
+        l_sum = w.sum(axis=-1)
+        v_per_q = np.where(visible[..., None], v[None, :, kv_head, :].transpose(0, 2, 1, 3), 0.0)
+        o = np.einsum("nhl,nhld->nhd", w, v_per_q)
+        safe = np.where(any_visible, l_sum, 1.0)
+        out[start:stop] = np.where(any_visible[..., None], o / safe[..., None], 0.0)
+        lse[start:stop] = np.where(any_visible, shift + np.log(safe), -np.inf)
+        value_scale[start:stop] = np.max(np.abs(v_per_q), axis=(-1, -2), initial=0.0)
+        score_scale[start:stop] = np.max(np.where(visible, s_abs, 0.0), axis=-1, initial=0.0)
+        num_visible[start:stop] = visible.sum(axis=-1)
+    return ExactResult(out, lse, value_scale, score_scale, num_visible)
+
+
+def exact_attention(
+    query: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    query_start_loc: np.ndarray | None = None,
+    **options: Any,
+) -> ExactResult:
+    """Validate, then compute exact paged attention in float64 on NumPy arrays.
+
+    Arguments and options (kv_layout, scale, causal, sliding_window, softcap, alibi_slopes,
+    k_scale, v_scale) are the contract's; see :mod:`pagedattn.spec.arrays`.
+    """
+    problem = check_paged_attention(
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, **options
+    )
+    return exact_attention_problem(problem, query, key_cache, value_cache)
