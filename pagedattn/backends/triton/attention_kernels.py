@@ -1,0 +1,326 @@
+"""Triton kernels of paged attention: one varlen kernel (decode, prefill, chunked prefill) and
+the split-KV merge.
+
+Algorithm: FlashAttention-2's online softmax (Dao, 2023, https://arxiv.org/abs/2307.08691)
+walked over a block table, with the split-KV ("flash decoding") partials merged by the
+spec's :func:`pagedattn.spec.online_softmax.merge_states`. The kernel must match
+:func:`pagedattn.spec.exact.exact_attention` within :mod:`pagedattn.spec.error_model`.
+
+One program serves one work item (a tile of ``BLOCK_Q`` consecutive queries of one
+sequence), one KV head and ``GROUP_TILE`` of its query heads, and one split of the key
+range. The query heads of a KV head are packed into the M dimension of ``tl.dot``: row
+``r`` is query ``r // GROUP_TILE`` of the tile and head ``r % GROUP_TILE`` of the group,
+so every K/V byte a program loads serves the whole group. Keys come in tiles of
+``BLOCK_N`` logical positions ``p``; each position's physical block is looked up in the
+block table (only for ``p < L``), so any block size and both layouts work through strides.
+Tiles where every key is visible to every row skip the masks.
+
+This module imports triton: import it only inside functions.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # log2(e): scores are kept in base 2 so exp2 can be used
+LN2 = 0.6931471805599453  # ln(2): converts the base-2 lse back to natural log
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in float32 to a few ulp (libdevice's tanh is not available to the interpreter).
+
+    Near 0 an odd Taylor series (terms to x**15, truncation below 1e-10 for |x| < 0.35);
+    elsewhere (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.5, where 1 - e is exact.
+    """
+    a = tl.abs(x)
+    e = tl.exp(-2.0 * a)
+    far = (1.0 - e) / (1.0 + e)
+    x2 = a * a
+    poly = -0.0014558343870513183  # -929569 / 638512875
+    poly = poly * x2 + 0.003592128036572481  # 21844 / 6081075
+    poly = poly * x2 - 0.008863235529902197  # -1382 / 155925
+    poly = poly * x2 + 0.021869488536155203  # 62 / 2835
+    poly = poly * x2 - 0.05396825396825397  # -17 / 315
+    poly = poly * x2 + 0.13333333333333333  # 2 / 15
+    poly = poly * x2 - 0.3333333333333333  # -1 / 3
+    near = a + a * (x2 * poly)
+    t = tl.where(a < 0.35, near, far)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr, INTERPRET: tl.constexpr):
+    """``a @ b`` accumulated in float32. The interpreter's bf16 dot is wrong: float32 there."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """A tl.dot operand in ``DTYPE`` (exact for fp8 -> 16-bit); float32 in the interpreter,
+    whose bf16 dot is wrong and whose fp8 -> float16 cast loses subnormals."""
+    if INTERPRET:
+        return x.to(tl.float32)
+    else:
+        return x.to(DTYPE)
+
+
+@triton.jit
+def _round_to_bfloat16(x):
+    """float32 -> bfloat16 rounded to nearest even by integer arithmetic.
+
+    Used in interpreter mode only, whose own float32 -> bfloat16 cast truncates.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + (0x7FFF + ((bits >> 16) & 1))
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def cast_for_store(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """Round float32 ``x`` to ``DTYPE`` (nearest even) for a store."""
+    if INTERPRET and DTYPE == tl.bfloat16:  # noqa: SIM300
+        return _round_to_bfloat16(x)
+    else:
+        return x.to(DTYPE)
+
+
+@triton.jit
+def _attend_tiles(
+    acc, l_i, m_i, q,  #
+    k_base, v_base, bt_row,  #
+    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
+    L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+    t_begin, t_end,  #
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
+    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,  #
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
+    IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+):
+    """Fold key tiles ``t_begin <= t < t_end`` (positions ``t * BLOCK_N + n``) into (m, l, O).
+
+    ``MASKED=False`` only for tiles where every key is visible to every valid row: no
+    bounds, causal or window masks there. m_i is in base-2 units (scores times log2 e).
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    q_dtype = q.dtype
+    for t in range(t_begin, t_end):
+        p = t * BLOCK_N + offs_n
+        # -- physical block of each position; the table is read only for p < L
+        if MASKED:
+            in_seq = p < L
+            physical = tl.load(bt_row + p // BLOCK_SIZE, mask=in_seq, other=0)
+        else:
+            in_seq = p >= 0
+            physical = tl.load(bt_row + p // BLOCK_SIZE)
+        physical = physical.to(tl.int64)  # 64-bit offsets: pools may exceed 2**31 elements
+        slot = (p % BLOCK_SIZE).to(tl.int64)
+        kv_ok = in_seq[:, None] & d_ok[None, :]
+        # -- compute qk: K tile [BLOCK_N, HEAD_DIM_PAD], zero outside the sequence
+        k_ptrs = k_base + physical[:, None] * stride_kb + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd
+        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
+            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        qk = _dot(q, tl.trans(_operand(k, q_dtype, INTERPRET)), IEEE, INTERPRET)
+        # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
+        if HAS_SOFTCAP or HAS_ALIBI:
+            s = qk * sm_scale
+            if HAS_SOFTCAP:
+                s = softcap * _tanh(s / softcap)
+            if HAS_ALIBI:
+                s = s + slopes[:, None] * (p[None, :] - p_q[:, None]).to(tl.float32)
+            s = s * LOG2E
+        else:
+            s = qk * qk_scale2
+        if MASKED:
+            visible = in_seq[None, :]  # broadcast against the rows below
+            if IS_CAUSAL:
+                visible = visible & (p[None, :] <= p_q[:, None])
+            if HAS_WINDOW:
+                visible = visible & (p[None, :] > p_q[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks
+        # -- update m_i and l_i; a row with no finite score yet keeps m = -inf, l = 0
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p_ij = tl.math.exp2(s - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        # -- update the output accumulator: V tile [BLOCK_N, HEAD_DIM_PAD]
+        v_ptrs = v_base + physical[:, None] * stride_vb + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd
+        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
+            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        pv = _dot(_operand(p_ij, q_dtype, INTERPRET), _operand(v, q_dtype, INTERPRET), IEEE, INTERPRET)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def paged_attention_kernel(
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
+    q_ptr, k_cache_ptr, v_cache_ptr,  #
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_seq_ptr, work_q_ptr, alibi_ptr,  #
+    stride_qt, stride_qh, stride_qd,  #
+    stride_ot, stride_oh,  #
+    stride_kb, stride_ks, stride_kh, stride_kd,  #
+    stride_vb, stride_vs, stride_vh, stride_vd,  #
+    stride_bt,  #
+    num_tokens, num_q_heads, num_splits,  #
+    qk_scale2, sm_scale, v_scale, softcap, window,  #
+    GROUP_SIZE: tl.constexpr, GROUP_TILE: tl.constexpr, NUM_GROUP_TILES: tl.constexpr,  #
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,  #
+    HAS_ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SPLIT: tl.constexpr,  #
+    IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+):
+    """Paged attention of one (work item, KV head and head tile, split): see the module doc.
+
+    Writes ``out``/``lse`` directly, or with ``SPLIT`` the float32 partials ``part_out``
+    ``[num_splits, T, Hq, D]`` and ``part_lse`` ``[num_splits, T, Hq]`` (natural log) that
+    :func:`merge_splits_kernel` combines.
+    """
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_TILE  # queries per tile
+    work = tl.program_id(0)
+    kv_head = tl.program_id(1) // NUM_GROUP_TILES
+    g0 = (tl.program_id(1) % NUM_GROUP_TILES) * GROUP_TILE
+    split = tl.program_id(2)
+
+    # -- the work item: sequence s, its first query q_tile, L and q_len
+    seq = tl.load(work_seq_ptr + work)
+    q_tile = tl.load(work_q_ptr + work)
+    L = tl.load(seq_lens_ptr + seq)
+    q_begin = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_begin
+
+    # -- rows: (query qi, head g); p_q = L - q_len + j
+    rows = tl.arange(0, BLOCK_M)
+    qi = rows // GROUP_TILE
+    g = g0 + rows % GROUP_TILE
+    row_ok = (q_tile + qi < q_len) & (g < GROUP_SIZE)
+    token = (q_begin + q_tile + qi).to(tl.int64)
+    head = kv_head * GROUP_SIZE + g
+    p_q = L - q_len + q_tile + qi
+    p_lo = L - q_len + q_tile  # first query's position
+    p_hi = tl.minimum(p_lo + BLOCK_Q - 1, L - 1)  # last valid query's position
+
+    # -- load q: it stays in registers throughout
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    q_ptrs = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if HAS_ALIBI:  # noqa: SIM108
+        slopes = tl.load(alibi_ptr + head, mask=row_ok, other=0.0)
+    else:
+        slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # -- key range [kv_start, kv_end) any row may see, and [full_lo, full_hi) all rows see
+    if IS_CAUSAL:
+        kv_end = p_hi + 1
+        full_hi = p_lo + 1
+    else:
+        kv_end = L
+        full_hi = L
+    if HAS_WINDOW:
+        kv_start = tl.maximum(p_lo - window + 1, 0)
+        full_lo = tl.maximum(p_hi - window + 1, 0)
+    else:
+        kv_start = 0
+        full_lo = 0
+    # -- this split's tiles [t_a, t_b); inside it, unmasked tiles [f_a, f_b)
+    t_lo = kv_start // BLOCK_N
+    t_hi = tl.cdiv(kv_end, BLOCK_N)
+    per_split = tl.cdiv(t_hi - t_lo, num_splits)
+    t_a = tl.minimum(t_lo + split * per_split, t_hi)
+    t_b = tl.minimum(t_a + per_split, t_hi)
+    f_a = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), t_a), t_b)
+    f_b = tl.maximum(tl.minimum(full_hi // BLOCK_N, t_b), f_a)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
+        if stage == 0:
+            begin = t_a
+            end = f_a
+        elif stage == 1:
+            begin = f_a
+            end = f_b
+        else:
+            begin = f_b
+            end = t_b
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q,  #
+            k_base, v_base, bt_row,  #
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
+            L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+            begin, end,  #
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
+            stage != 1, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,  #
+            IEEE, INTERPRET,  #
+        )
+
+    # -- epilogue: out = O / l * v_scale and lse = m + log l; (0, -inf) where nothing was visible
+    empty = l_i == 0.0
+    safe_l = tl.where(empty, 1.0, l_i)
+    o = acc * tl.where(empty, 0.0, v_scale / safe_l)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(safe_l)) * LN2)
+    store_ok = row_ok[:, None] & d_ok[None, :]
+    if SPLIT:
+        row = (split.to(tl.int64) * num_tokens + token) * num_q_heads + head
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=store_ok)
+        tl.store(part_lse_ptr + row, lse, mask=row_ok)
+    else:
+        o_ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, cast_for_store(o, out_ptr.dtype.element_ty, INTERPRET), mask=store_ok)
+        if STORE_LSE:
+            tl.store(lse_ptr + token * num_q_heads + head, lse, mask=row_ok)
+
+
+@triton.jit
+def merge_splits_kernel(
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
+    num_tokens, num_q_heads, num_splits, stride_ot, stride_oh,  #
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,  #
+    STORE_LSE: tl.constexpr, INTERPRET: tl.constexpr,  #
+):
+    """Merge the split partials of one (token, head): the spec's ``merge_states`` over splits.
+
+    An empty split (lse = -inf) weighs exactly zero and its out is never read into the sum.
+    """
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    s_ok = offs_s < num_splits
+    d_ok = offs_d < HEAD_DIM
+    row = (offs_s.to(tl.int64) * num_tokens + token) * num_q_heads + head
+    lse_s = tl.load(part_lse_ptr + row, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - shift)  # 0 for empty splits
+    o_s = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=(s_ok & (w > 0.0))[:, None] & d_ok[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    safe = tl.where(total > 0.0, total, 1.0)
+    o = tl.sum(w[:, None] * o_s, 0) / safe
+    o_ptrs = out_ptr + token * stride_ot + head * stride_oh + offs_d
+    tl.store(o_ptrs, cast_for_store(o, out_ptr.dtype.element_ty, INTERPRET), mask=d_ok)
+    if STORE_LSE:
+        lse = tl.where(total > 0.0, shift + tl.log(safe), float("-inf"))
+        tl.store(lse_ptr + token * num_q_heads + head, lse)

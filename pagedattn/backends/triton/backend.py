@@ -1,0 +1,343 @@
+"""The ``triton`` backend: paged attention and the cache operations as Triton kernels.
+
+Runs on a CUDA GPU through torch tensors (anything DLPack gives is accepted; NumPy arrays
+are copied to the device), on torch's current stream. With ``TRITON_INTERPRET=1`` the same
+kernels run on the CPU in Triton's interpreter (slow; for tests). Neither triton nor torch
+is imported until a method needs them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.interface import Backend, Plan
+from pagedattn.backends.triton.launch_config import (
+    MAX_HEAD_DIM,
+    Tiles,
+    choose_num_splits,
+    choose_tiles,
+    next_power_of_2,
+)
+from pagedattn.backends.triton.tensors import as_tensor, numpy_to_torch, torch_to_numpy
+from pagedattn.errors import PagedAttentionError, UnsupportedError
+from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
+from pagedattn.spec.dtypes import FP8_DTYPES
+
+LOG2E = 1.4426950408889634
+INTERPRETER_SMS = 4  # multiprocessors assumed by the split heuristic in interpreter mode
+
+#: fp8 cache dtype -> (mantissa bits, exponent bias, largest finite value)
+FP8_FORMATS: dict[str, tuple[int, int, float]] = {
+    "float8_e4m3fn": (3, 7, 448.0),
+    "float8_e5m2": (2, 15, 57344.0),
+}
+
+
+def interpreter_mode() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class TritonPlanState:
+    """What ``_plan`` builds once per batch: device index arrays, work list, launch choices.
+
+    work_seq/work_q: int32 ``[num_work]``, the sequence and first query (within it) of each
+    work item, longest key range first so that the heaviest programs start first.
+    """
+
+    tiles: Tiles
+    num_splits: int
+    num_work: int
+    block_tables: Any
+    seq_lens: Any
+    query_start_loc: Any
+    work_seq: Any
+    work_q: Any
+    alibi_slopes: Any
+    device: Any
+
+
+def _work_list(problem: AttentionProblem, tiles: Tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return ``(work_seq, work_q, key_tiles)``: query tiles of every sequence, the key tiles each may read."""
+    q_lens = problem.q_lens
+    tiles_per_seq = -(-q_lens // tiles.block_q)
+    work_seq = np.repeat(np.arange(problem.num_seqs), tiles_per_seq)
+    first = np.repeat(np.cumsum(tiles_per_seq) - tiles_per_seq, tiles_per_seq)
+    work_q = (np.arange(work_seq.shape[0]) - first) * tiles.block_q
+    length = problem.seq_lens[work_seq]
+    p_lo = length - q_lens[work_seq] + work_q
+    p_hi = np.minimum(p_lo + tiles.block_q - 1, length - 1)
+    kv_end = p_hi + 1 if problem.causal else length
+    kv_start = np.zeros_like(kv_end)
+    if problem.sliding_window is not None:
+        kv_start = np.maximum(p_lo - problem.sliding_window + 1, 0)
+    key_tiles = np.maximum(-(-kv_end // tiles.block_n) - kv_start // tiles.block_n, 0)
+    order = np.argsort(-key_tiles, kind="stable")
+    return work_seq[order], work_q[order], key_tiles[order]
+
+
+class TritonBackend(Backend):
+    """Paged attention in Triton: GQA-packed tiles, online softmax, split-KV for long contexts.
+
+    ``num_splits`` (tests only) forces the split-KV count instead of the heuristic of
+    :func:`~pagedattn.backends.triton.launch_config.choose_num_splits`.
+    """
+
+    name = "triton"
+    version = "0.1.0"
+    description = "Triton kernels: varlen paged attention (GQA-packed, split-KV), write_kv, copy_blocks, merge"
+
+    def __init__(self, *, num_splits: int | None = None) -> None:
+        if num_splits is not None and num_splits < 1:
+            raise PagedAttentionError("num_splits", f"expected None or an integer >= 1, received {num_splits!r}")
+        self._forced_splits = num_splits
+
+    # -- what the backend is -------------------------------------------------
+    @classmethod
+    def availability(cls) -> str | None:
+        for module in ("triton", "torch"):
+            if importlib.util.find_spec(module) is None:
+                return f"{module} is not installed (pip install 'pagedattn[triton]')"
+        if interpreter_mode():
+            return None
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
+        return None
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(tf32=False, device="cpu (Triton interpreter)" if interpreter_mode() else "cuda")
+
+    def device_name(self) -> str:
+        if interpreter_mode():
+            return "cpu (Triton interpreter)"
+        import torch
+
+        return str(torch.cuda.get_device_name())
+
+    def _device(self) -> Any:
+        import torch
+
+        return torch.device("cpu") if interpreter_mode() else torch.device("cuda", torch.cuda.current_device())
+
+    def _num_sms(self) -> int:
+        if interpreter_mode():
+            return INTERPRETER_SMS
+        import torch
+
+        return int(torch.cuda.get_device_properties(self._device()).multi_processor_count)
+
+    # -- arrays --------------------------------------------------------------
+    def to_device(self, array: np.ndarray) -> Any:
+        return numpy_to_torch(np.asarray(array), self._device())
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        return torch_to_numpy(array)
+
+    def synchronize(self) -> None:
+        if not interpreter_mode():
+            import torch
+
+            torch.cuda.synchronize()
+
+    # -- paged attention -----------------------------------------------------
+    def _plan(self, problem: AttentionProblem, block_tables: Any, seq_lens: Any,
+              query_start_loc: Any, alibi_slopes: Any) -> TritonPlanState:
+        if problem.head_dim > MAX_HEAD_DIM:
+            raise UnsupportedError("query", f"head_dim {problem.head_dim} (supported: <= {MAX_HEAD_DIM})",
+                                   backend=self.name, capability="head_dim")
+        device = self._device()
+        max_q_len = int(problem.q_lens.max(initial=0))
+        tiles = choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype)
+        work_seq, work_q, key_tiles = _work_list(problem, tiles)
+        num_programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+        if self._forced_splits is not None:
+            num_splits = self._forced_splits
+        else:
+            num_splits = choose_num_splits(num_programs, int(key_tiles.max(initial=0)), self._num_sms())
+
+        def upload(values: np.ndarray, dtype: Any = np.int32) -> Any:
+            return numpy_to_torch(np.ascontiguousarray(values, dtype=dtype), device)
+
+        slopes = problem.alibi_slopes
+        return TritonPlanState(
+            tiles=tiles,
+            num_splits=num_splits,
+            num_work=int(work_seq.shape[0]),
+            block_tables=upload(problem.block_tables.reshape(problem.num_seqs, -1)),
+            seq_lens=upload(problem.seq_lens),
+            query_start_loc=upload(problem.query_start_loc),
+            work_seq=upload(work_seq),
+            work_q=upload(work_q),
+            alibi_slopes=None if slopes is None else upload(slopes, np.float32),
+            device=device,
+        )
+
+    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        import torch
+
+        from pagedattn.backends.triton.attention_kernels import merge_splits_kernel, paged_attention_kernel
+
+        problem, state = plan.problem, plan.state
+        tiles: Tiles = state.tiles
+        q = as_tensor(query, state.device)
+        k_cache = as_tensor(key_cache, state.device)
+        v_cache = as_tensor(value_cache, state.device)
+        T, Hq, D = problem.num_tokens, problem.num_q_heads, problem.head_dim
+        out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+        lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device) if problem.return_lse else None
+        if T == 0 or state.num_work == 0:
+            return out, lse
+        num_splits = state.num_splits
+        split = num_splits > 1
+        if split:
+            part_out = torch.empty((num_splits, T, Hq, D), dtype=torch.float32, device=q.device)
+            part_lse = torch.empty((num_splits, T, Hq), dtype=torch.float32, device=q.device)
+        else:
+            part_out = part_lse = out
+        kb, k1, k2, kd = k_cache.stride()
+        vb, v1, v2, vd = v_cache.stride()
+        # NHD [blocks, slot, head, d]; HND [blocks, head, slot, d]
+        (ks, kh), (vs, vh) = ((k1, k2), (v1, v2)) if problem.kv_layout == "NHD" else ((k2, k1), (v2, v1))
+        scale_k = problem.scale * (problem.k_scale if problem.cache_dtype in FP8_DTYPES else 1.0)
+        v_scale = problem.v_scale if problem.cache_dtype in FP8_DTYPES else 1.0
+        grid = (state.num_work, problem.num_kv_heads * tiles.num_group_tiles, num_splits)
+        paged_attention_kernel[grid](
+            out, lse if lse is not None else out, part_out, part_lse,
+            q, k_cache, v_cache,
+            state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
+            state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens,
+            *q.stride(),
+            out.stride(0), out.stride(1),
+            kb, ks, kh, kd,
+            vb, vs, vh, vd,
+            state.block_tables.stride(0),
+            T, Hq, num_splits,
+            scale_k * LOG2E, scale_k, v_scale,
+            problem.softcap if problem.softcap is not None else 1.0,
+            problem.sliding_window if problem.sliding_window is not None else 0,
+            GROUP_SIZE=problem.group_size, GROUP_TILE=tiles.group_tile, NUM_GROUP_TILES=tiles.num_group_tiles,
+            HEAD_DIM=D, HEAD_DIM_PAD=tiles.head_dim_pad, BLOCK_SIZE=problem.block_size,
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+            IS_CAUSAL=problem.causal, HAS_WINDOW=problem.sliding_window is not None,
+            HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
+            STORE_LSE=lse is not None, SPLIT=split,
+            IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )
+        if split:
+            merge_splits_kernel[(T, Hq)](
+                out, lse if lse is not None else out, part_out, part_lse,
+                T, Hq, num_splits, out.stride(0), out.stride(1),
+                HEAD_DIM=D, HEAD_DIM_PAD=next_power_of_2(D), SPLITS_PAD=next_power_of_2(num_splits),
+                STORE_LSE=lse is not None, INTERPRET=interpreter_mode(),
+                num_warps=4,
+            )
+        return out, lse
+
+    # -- other operations ------------------------------------------------------
+    def _write_kv(self, problem: WriteKVProblem, key: Any, value: Any, key_cache: Any,
+                  value_cache: Any, slot_mapping: Any) -> None:
+        import torch
+
+        from pagedattn.backends.triton.cache_kernels import write_kv_kernel
+
+        self._require_device_caches(key_cache, value_cache, "write_kv")
+        device = self._device()
+        k, v = as_tensor(key, device), as_tensor(value, device)
+        k_cache, v_cache = as_tensor(key_cache, device), as_tensor(value_cache, device)
+        if problem.num_tokens == 0:
+            return
+        slots = numpy_to_torch(problem.slot_mapping.astype(np.int64), k.device)
+        to_fp8 = problem.cache_dtype in FP8_DTYPES
+        if to_fp8:
+            mant_bits, exp_bias, fp8_max = FP8_FORMATS[problem.cache_dtype]
+            k_dst, v_dst = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+        else:
+            mant_bits, exp_bias, fp8_max = 0, 0, 0.0
+            k_dst, v_dst = k_cache, v_cache
+        kb, k1, k2, kd = k_cache.stride()
+        vb, v1, v2, vd = v_cache.stride()
+        (ks, kh), (vs, vh) = ((k1, k2), (v1, v2)) if problem.kv_layout == "NHD" else ((k2, k1), (v2, v1))
+        write_kv_kernel[(problem.num_tokens, problem.num_kv_heads)](
+            k, v, k_dst, v_dst, slots,
+            *k.stride(), *v.stride(),
+            kb, ks, kh, kd,
+            vb, vs, vh, vd,
+            problem.k_scale, problem.v_scale,
+            BLOCK_SIZE=problem.block_size, HEAD_DIM=problem.head_dim,
+            HEAD_DIM_PAD=next_power_of_2(problem.head_dim),
+            TO_FP8=to_fp8, MANT_BITS=mant_bits, EXP_BIAS=exp_bias, FP8_MAX=fp8_max,
+            num_warps=1,
+        )
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        import torch
+
+        from pagedattn.backends.triton.cache_kernels import copy_blocks_kernel
+
+        self._require_device_caches(key_cache, value_cache, "copy_blocks")
+        if pairs.shape[0] == 0:
+            return
+        device = self._device()
+        n = int(pairs.shape[0])
+        sources, destinations = pairs[:, 0], pairs[:, 1]
+        overlap = np.intersect1d(sources, destinations).size > 0
+        for cache_arg in (key_cache, value_cache):
+            cache = as_tensor(cache_arg, device)
+            src_ids = numpy_to_torch(sources.astype(np.int64), cache.device)
+            dst_ids = numpy_to_torch(destinations.astype(np.int64), cache.device)
+            if overlap:  # every source is read before any destination is written
+                staging = torch.empty((n, *cache.shape[1:]), dtype=cache.dtype, device=cache.device)
+                order = torch.arange(n, dtype=torch.int64, device=cache.device)
+                self._launch_copy(copy_blocks_kernel, cache, staging, src_ids, order)
+                self._launch_copy(copy_blocks_kernel, staging, cache, order, dst_ids)
+            else:
+                self._launch_copy(copy_blocks_kernel, cache, cache, src_ids, dst_ids)
+
+    def _require_device_caches(self, key_cache: Any, value_cache: Any, operation: str) -> None:
+        """In-place operations need caches the kernels write in place: torch tensors."""
+        import torch
+
+        for argument, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+            if not isinstance(cache, torch.Tensor):
+                raise UnsupportedError(
+                    argument, f"{operation} into a {type(cache).__name__}: pass torch tensors (see to_device)",
+                    backend=self.name, capability=operation)
+
+    @staticmethod
+    def _launch_copy(kernel: Any, src: Any, dst: Any, src_ids: Any, dst_ids: Any) -> None:
+        _, dim1, dim2, dim3 = src.shape
+        kernel[(int(src_ids.shape[0]), dim1)](
+            src, dst, src_ids, dst_ids, *src.stride(), *dst.stride(),
+            DIM2=dim2, DIM2_PAD=next_power_of_2(dim2), DIM3=dim3, DIM3_PAD=next_power_of_2(dim3),
+            num_warps=4,
+        )
+
+    def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+        import torch
+
+        from pagedattn.backends.triton.cache_kernels import merge_states_kernel
+
+        device = self._device()
+        tensors = [as_tensor(x, device).contiguous() for x in (out_a, lse_a, out_b, lse_b)]
+        a, la, b, lb = tensors
+        T, H, D = a.shape
+        out = torch.empty_like(a)
+        lse = torch.empty((T, H), dtype=torch.float32, device=a.device)
+        if T * H == 0:
+            return out, lse
+        merge_states_kernel[(T * H,)](
+            out, lse, a, la, b, lb,
+            HEAD_DIM=D, HEAD_DIM_PAD=next_power_of_2(D), INTERPRET=interpreter_mode(),
+            num_warps=1,
+        )
+        return out, lse

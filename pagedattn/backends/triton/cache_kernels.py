@@ -1,0 +1,136 @@
+"""Triton kernels of the other operations: write_kv, copy_blocks and merge_states.
+
+They must match :mod:`pagedattn.spec.kv_ops` (bit for bit) and
+:func:`pagedattn.spec.online_softmax.merge_states` (within the merge tolerance).
+This module imports triton: import it only inside functions.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from pagedattn.backends.triton.attention_kernels import cast_for_store
+
+
+@triton.jit
+def _quantize_fp8_bits(x, scale, MANT_BITS: tl.constexpr, EXP_BIAS: tl.constexpr, MAX: tl.constexpr):
+    """Return the fp8 bit pattern (int32, 0..255) of ``x / scale`` rounded to nearest even.
+
+    Rounding is done in float32 arithmetic and the bits are assembled by hand, so the GPU
+    and the interpreter (whose fp8 casts do not round to nearest even) agree. ``x / scale``
+    is first rounded to float32; where that lands exactly on an fp8 tie, the sign of the
+    exact residual (float64, exact) decides, so the result equals one rounding of the exact
+    quotient. Finite values beyond the largest fp8 saturate to +-MAX, as the GPU's
+    ``satfinite`` conversion does.
+    """
+    EMIN: tl.constexpr = 1 - EXP_BIAS  # smallest normal exponent; subnormals share its ulp
+    q = tl.math.div_rn(x, scale)
+    negative = q.to(tl.int32, bitcast=True) < 0
+    a = tl.abs(q)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # exponent of a (float32)
+    e = tl.maximum(e, EMIN)
+    ulp = ((e - MANT_BITS + 127) << 23).to(tl.float32, bitcast=True)  # 2**(e - MANT_BITS)
+    units = a / ulp  # exact: ulp is a power of two
+    tie = (units - tl.floor(units)) == 0.5
+    residual = q.to(tl.float64) * scale.to(tl.float64) - x.to(tl.float64)  # exact; sign of q - x/scale
+    toward_zero = (residual > 0) != negative  # |q| exceeds the exact |x / scale|
+    nudge = tl.where(residual == 0, 0.0, tl.where(toward_zero, -0.25, 0.25))
+    a = tl.where(tie, a + nudge * ulp, a)
+    magic = ulp * 8388608.0  # 2**23 ulp: adding it rounds a to a multiple of ulp, ties to even
+    r = (a + magic) - magic
+    r = tl.minimum(r, MAX)
+    r_bits = r.to(tl.int32, bitcast=True)
+    r_exp = ((r_bits >> 23) & 0xFF) - 127
+    normal = (r_exp >= EMIN) & (r > 0.0)
+    normal_bits = ((r_exp + EXP_BIAS) << MANT_BITS) | ((r_bits >> (23 - MANT_BITS)) & ((1 << MANT_BITS) - 1))
+    sub_bits = (r / ulp).to(tl.int32)  # r = k * 2**(EMIN - MANT_BITS), 0 <= k < 2**MANT_BITS
+    bits = tl.where(normal, normal_bits, sub_bits)
+    return tl.where(negative, bits | 0x80, bits)
+
+
+@triton.jit
+def write_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,  #
+    stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,  #
+    stride_kcb, stride_kcs, stride_kch, stride_kcd,  #
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,  #
+    k_scale, v_scale,  #
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
+    TO_FP8: tl.constexpr, MANT_BITS: tl.constexpr, EXP_BIAS: tl.constexpr, FP8_MAX: tl.constexpr,  #
+):
+    """Store token t's key/value of one KV head at slot ``slot_mapping[t]`` (-1 = skip).
+
+    Caches of the key's dtype get the bits unchanged; fp8 caches (passed as uint8 views)
+    get ``x / scale`` rounded to nearest even.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    ok = (offs_d < HEAD_DIM) & (slot >= 0)
+    k = tl.load(key_ptr + t * stride_kt + h * stride_kh + offs_d * stride_kd, mask=ok, other=0.0)
+    v = tl.load(value_ptr + t * stride_vt + h * stride_vh + offs_d * stride_vd, mask=ok, other=0.0)
+    k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + h * stride_kch + offs_d * stride_kcd
+    v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + offs_d * stride_vcd
+    if TO_FP8:
+        k_bits = _quantize_fp8_bits(k.to(tl.float32), k_scale, MANT_BITS, EXP_BIAS, FP8_MAX)
+        v_bits = _quantize_fp8_bits(v.to(tl.float32), v_scale, MANT_BITS, EXP_BIAS, FP8_MAX)
+        tl.store(k_dst, k_bits.to(tl.uint8), mask=ok)
+        tl.store(v_dst, v_bits.to(tl.uint8), mask=ok)
+    else:
+        tl.store(k_dst, k, mask=ok)
+        tl.store(v_dst, v, mask=ok)
+
+
+@triton.jit
+def copy_blocks_kernel(
+    src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr,  #
+    stride_sb, stride_s1, stride_s2, stride_s3,  #
+    stride_db, stride_d1, stride_d2, stride_d3,  #
+    DIM2: tl.constexpr, DIM2_PAD: tl.constexpr, DIM3: tl.constexpr, DIM3_PAD: tl.constexpr,  #
+):
+    """Copy row ``program_id(1)`` of block ``src_ids[i]`` of ``src`` to block ``dst_ids[i]`` of ``dst``.
+
+    A block is ``[DIM1, DIM2, DIM3]`` (either layout); bits are copied unchanged.
+    """
+    i = tl.program_id(0)
+    r = tl.program_id(1).to(tl.int64)
+    src_block = tl.load(src_ids_ptr + i).to(tl.int64)
+    dst_block = tl.load(dst_ids_ptr + i).to(tl.int64)
+    offs_2 = tl.arange(0, DIM2_PAD)
+    offs_3 = tl.arange(0, DIM3_PAD)
+    ok = (offs_2 < DIM2)[:, None] & (offs_3 < DIM3)[None, :]
+    src = src_ptr + src_block * stride_sb + r * stride_s1 + offs_2[:, None] * stride_s2 + offs_3[None, :] * stride_s3
+    dst = dst_ptr + dst_block * stride_db + r * stride_d1 + offs_2[:, None] * stride_d2 + offs_3[None, :] * stride_d3
+    tl.store(dst, tl.load(src, mask=ok), mask=ok)
+
+
+@triton.jit
+def merge_states_kernel(
+    out_ptr, lse_ptr, out_a_ptr, lse_a_ptr, out_b_ptr, lse_b_ptr,  #
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, INTERPRET: tl.constexpr,  #
+):
+    """Merge two partial results of one (token, head) row (contiguous ``[rows, D]`` arrays).
+
+    A side with lse = -inf is empty and its out is never read (NaN there is ignored);
+    both empty gives out = 0, lse = -inf.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    lse_a = tl.load(lse_a_ptr + row)
+    lse_b = tl.load(lse_b_ptr + row)
+    m = tl.maximum(lse_a, lse_b)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w_a = tl.exp(lse_a - shift)
+    w_b = tl.exp(lse_b - shift)
+    o_a = tl.load(out_a_ptr + row * HEAD_DIM + offs_d, mask=d_ok & (w_a > 0.0), other=0.0).to(tl.float32)
+    o_b = tl.load(out_b_ptr + row * HEAD_DIM + offs_d, mask=d_ok & (w_b > 0.0), other=0.0).to(tl.float32)
+    total = w_a + w_b
+    safe = tl.where(total > 0.0, total, 1.0)
+    o = (w_a * o_a + w_b * o_b) / safe
+    tl.store(out_ptr + row * HEAD_DIM + offs_d, cast_for_store(o, out_ptr.dtype.element_ty, INTERPRET), mask=d_ok)
+    tl.store(lse_ptr + row, tl.where(total > 0.0, shift + tl.log(safe), float("-inf")))

@@ -1,0 +1,77 @@
+"""Launch choices of the Triton backend, from a fixed table (never autotuned inside a call).
+
+Pure Python, no triton import: the plan calls these once per batch.
+
+- :func:`choose_tiles`: tile shape and warps from the batch's longest ``q_len``, the GQA
+  group size, head_dim and dtype.
+- :func:`choose_num_splits`: the split-KV heuristic. Splitting the key range of each
+  program only pays when the grid is too small to fill the GPU: with fewer than
+  ``PROGRAMS_PER_SM * num_sms`` programs, each program's key range is cut into as many
+  splits as bring the grid to that size, but never into splits of fewer than
+  ``MIN_TILES_PER_SPLIT`` key tiles (the merge costs a pass over the partials), and never
+  more than ``MAX_SPLITS``. Splits only partition the key range: which keys count never
+  depends on the choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROGRAMS_PER_SM = 2  # programs per multiprocessor that keep the memory system busy
+MIN_TILES_PER_SPLIT = 4  # key tiles a split must have for the extra merge to pay
+MAX_SPLITS = 64  # bound on the partial buffers: [num_splits, T, Hq, D] float32
+MAX_GROUP_TILE = 64  # query heads of one KV head served by one program at most
+MAX_HEAD_DIM = 256  # larger head_dims exceed registers/shared memory: reported unsupported
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two ``>= n`` (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile shape of the attention kernel: rows = queries x heads, keys per tile, warps."""
+
+    block_m: int  # rows of a program: (block_m // group_tile) queries x group_tile heads
+    block_n: int  # keys per tile
+    group_tile: int  # query heads of one KV head per program (power of two)
+    num_group_tiles: int  # programs per KV head along the head axis
+    head_dim_pad: int  # head_dim rounded up to a power of two >= 16 (tl.dot minimum)
+    num_warps: int
+    num_stages: int
+
+    @property
+    def block_q(self) -> int:
+        """Queries of one sequence per program."""
+        return self.block_m // self.group_tile
+
+
+def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str) -> Tiles:
+    """Pick tiles from the fixed table.
+
+    Decode-like batches (``max_q_len <= 1``): 16 rows (the tl.dot minimum) or the group,
+    64 keys per tile, 4 warps. Prefill: up to 128 rows of 16-bit queries (64 for float32
+    or head_dim > 128), 64 keys per tile (32 for float32 or head_dim > 128), 8 warps at 128 rows.
+    """
+    group_tile = min(next_power_of_2(group_size), MAX_GROUP_TILE)
+    num_group_tiles = -(-group_size // group_tile)
+    head_dim_pad = max(16, next_power_of_2(head_dim))
+    wide = dtype == "float32" or head_dim_pad > 128
+    max_rows = 64 if wide else 128
+    block_q = max(1, min(next_power_of_2(max_q_len), max_rows // group_tile))
+    block_m = max(16, block_q * group_tile)
+    block_n = 32 if wide else 64
+    num_warps = 8 if block_m >= 128 else 4
+    num_stages = 3 if head_dim_pad <= 128 else 2
+    return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages)
+
+
+def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int) -> int:
+    """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles."""
+    target = PROGRAMS_PER_SM * num_sms
+    if num_programs <= 0 or num_programs >= target:
+        return 1
+    wanted = -(-target // num_programs)
+    affordable = max(1, max_key_tiles // MIN_TILES_PER_SPLIT)
+    return max(1, min(wanted, affordable, MAX_SPLITS))
