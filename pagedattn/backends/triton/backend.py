@@ -32,10 +32,10 @@ from pagedattn.spec.dtypes import FP8_DTYPES
 LOG2E = 1.4426950408889634
 INTERPRETER_SMS = 4  # multiprocessors assumed by the split heuristic in interpreter mode
 
-#: fp8 cache dtype -> (mantissa bits, exponent bias, largest finite value)
-FP8_FORMATS: dict[str, tuple[int, int, float]] = {
-    "float8_e4m3fn": (3, 7, 448.0),
-    "float8_e5m2": (2, 15, 57344.0),
+#: fp8 cache dtype -> (mantissa bits, exponent bias, largest finite value, bits stored on overflow)
+FP8_FORMATS: dict[str, tuple[int, int, float, int]] = {
+    "float8_e4m3fn": (3, 7, 448.0, 0x7F),  # no inf: overflow is NaN
+    "float8_e5m2": (2, 15, 57344.0, 0x7C),  # overflow is inf
 }
 
 
@@ -258,24 +258,24 @@ class TritonBackend(Backend):
             return
         slots = numpy_to_torch(problem.slot_mapping.astype(np.int64), k.device)
         to_fp8 = problem.cache_dtype in FP8_DTYPES
+        scales = numpy_to_torch(np.array([problem.k_scale, problem.v_scale], dtype=np.float64), k.device)
         if to_fp8:
-            mant_bits, exp_bias, fp8_max = FP8_FORMATS[problem.cache_dtype]
+            mant_bits, exp_bias, fp8_max, overflow_bits = FP8_FORMATS[problem.cache_dtype]
             k_dst, v_dst = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
         else:
-            mant_bits, exp_bias, fp8_max = 0, 0, 0.0
+            mant_bits, exp_bias, fp8_max, overflow_bits = 0, 0, 0.0, 0
             k_dst, v_dst = k_cache, v_cache
         kb, k1, k2, kd = k_cache.stride()
         vb, v1, v2, vd = v_cache.stride()
         (ks, kh), (vs, vh) = ((k1, k2), (v1, v2)) if problem.kv_layout == "NHD" else ((k2, k1), (v2, v1))
         write_kv_kernel[(problem.num_tokens, problem.num_kv_heads)](
-            k, v, k_dst, v_dst, slots,
+            k, v, k_dst, v_dst, slots, scales,
             *k.stride(), *v.stride(),
             kb, ks, kh, kd,
             vb, vs, vh, vd,
-            problem.k_scale, problem.v_scale,
             BLOCK_SIZE=problem.block_size, HEAD_DIM=problem.head_dim,
             HEAD_DIM_PAD=next_power_of_2(problem.head_dim),
-            TO_FP8=to_fp8, MANT_BITS=mant_bits, EXP_BIAS=exp_bias, FP8_MAX=fp8_max,
+            TO_FP8=to_fp8, MANT_BITS=mant_bits, EXP_BIAS=exp_bias, FP8_MAX=fp8_max, OVERFLOW_BITS=overflow_bits,
             num_warps=1,
         )
 

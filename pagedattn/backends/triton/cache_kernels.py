@@ -14,55 +14,51 @@ from pagedattn.backends.triton.attention_kernels import cast_for_store
 
 
 @triton.jit
-def _quantize_fp8_bits(x, scale, MANT_BITS: tl.constexpr, EXP_BIAS: tl.constexpr, MAX: tl.constexpr):
+def _quantize_fp8_bits(x, scale, MANT_BITS: tl.constexpr, EXP_BIAS: tl.constexpr, MAX: tl.constexpr,
+                       OVERFLOW_BITS: tl.constexpr):
     """Return the fp8 bit pattern (int32, 0..255) of ``x / scale`` rounded to nearest even.
 
-    Rounding is done in float32 arithmetic and the bits are assembled by hand, so the GPU
-    and the interpreter (whose fp8 casts do not round to nearest even) agree. ``x / scale``
-    is first rounded to float32; where that lands exactly on an fp8 tie, the sign of the
-    exact residual (float64, exact) decides, so the result equals one rounding of the exact
-    quotient. Finite values beyond the largest fp8 saturate to +-MAX, as the GPU's
-    ``satfinite`` conversion does.
+    As the spec does: the quotient is taken in float64 (``scale`` is float64), then rounded
+    once to fp8. The rounding is float64 arithmetic and the bits are assembled by hand, so
+    the GPU and the interpreter (whose fp8 casts do not round to nearest even) agree.
+    Values that round beyond the largest finite fp8 ``MAX`` become ``OVERFLOW_BITS`` (NaN
+    for float8_e4m3fn, inf for float8_e5m2), as ml_dtypes rounds.
     """
     EMIN: tl.constexpr = 1 - EXP_BIAS  # smallest normal exponent; subnormals share its ulp
-    q = tl.math.div_rn(x, scale)
-    negative = q.to(tl.int32, bitcast=True) < 0
+    q = x.to(tl.float64) / scale  # float64 division is correctly rounded (div.rn.f64)
+    negative = q.to(tl.int64, bitcast=True) < 0
     a = tl.abs(q)
-    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # exponent of a (float32)
+    e = ((a.to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1023  # exponent of a (float64)
     e = tl.maximum(e, EMIN)
-    ulp = ((e - MANT_BITS + 127) << 23).to(tl.float32, bitcast=True)  # 2**(e - MANT_BITS)
-    units = a / ulp  # exact: ulp is a power of two
-    tie = (units - tl.floor(units)) == 0.5
-    residual = q.to(tl.float64) * scale.to(tl.float64) - x.to(tl.float64)  # exact; sign of q - x/scale
-    toward_zero = (residual > 0) != negative  # |q| exceeds the exact |x / scale|
-    nudge = tl.where(residual == 0, 0.0, tl.where(toward_zero, -0.25, 0.25))
-    a = tl.where(tie, a + nudge * ulp, a)
-    magic = ulp * 8388608.0  # 2**23 ulp: adding it rounds a to a multiple of ulp, ties to even
+    ulp = ((e - MANT_BITS + 1023) << 52).to(tl.float64, bitcast=True)  # 2**(e - MANT_BITS)
+    magic = ulp * 4503599627370496.0  # 2**52 ulp: adding it rounds a to a multiple of ulp, ties to even
     r = (a + magic) - magic
+    overflow = r > MAX
     r = tl.minimum(r, MAX)
-    r_bits = r.to(tl.int32, bitcast=True)
+    r_bits = r.to(tl.float32).to(tl.int32, bitcast=True)  # r has at most 4 significant bits: exact
     r_exp = ((r_bits >> 23) & 0xFF) - 127
     normal = (r_exp >= EMIN) & (r > 0.0)
     normal_bits = ((r_exp + EXP_BIAS) << MANT_BITS) | ((r_bits >> (23 - MANT_BITS)) & ((1 << MANT_BITS) - 1))
     sub_bits = (r / ulp).to(tl.int32)  # r = k * 2**(EMIN - MANT_BITS), 0 <= k < 2**MANT_BITS
     bits = tl.where(normal, normal_bits, sub_bits)
+    bits = tl.where(overflow, OVERFLOW_BITS, bits)
     return tl.where(negative, bits | 0x80, bits)
 
 
 @triton.jit
 def write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,  #
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, scales_ptr,  #
     stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,  #
     stride_kcb, stride_kcs, stride_kch, stride_kcd,  #
     stride_vcb, stride_vcs, stride_vch, stride_vcd,  #
-    k_scale, v_scale,  #
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
     TO_FP8: tl.constexpr, MANT_BITS: tl.constexpr, EXP_BIAS: tl.constexpr, FP8_MAX: tl.constexpr,  #
+    OVERFLOW_BITS: tl.constexpr,  #
 ):
     """Store token t's key/value of one KV head at slot ``slot_mapping[t]`` (-1 = skip).
 
     Caches of the key's dtype get the bits unchanged; fp8 caches (passed as uint8 views)
-    get ``x / scale`` rounded to nearest even.
+    get ``x / scale`` rounded to nearest even; scales_ptr: float64 ``[2]`` = (k_scale, v_scale).
     """
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -76,8 +72,10 @@ def write_kv_kernel(
     k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + h * stride_kch + offs_d * stride_kcd
     v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + offs_d * stride_vcd
     if TO_FP8:
-        k_bits = _quantize_fp8_bits(k.to(tl.float32), k_scale, MANT_BITS, EXP_BIAS, FP8_MAX)
-        v_bits = _quantize_fp8_bits(v.to(tl.float32), v_scale, MANT_BITS, EXP_BIAS, FP8_MAX)
+        k_scale = tl.load(scales_ptr)  # float64, as the spec divides
+        v_scale = tl.load(scales_ptr + 1)
+        k_bits = _quantize_fp8_bits(k.to(tl.float32), k_scale, MANT_BITS, EXP_BIAS, FP8_MAX, OVERFLOW_BITS)
+        v_bits = _quantize_fp8_bits(v.to(tl.float32), v_scale, MANT_BITS, EXP_BIAS, FP8_MAX, OVERFLOW_BITS)
         tl.store(k_dst, k_bits.to(tl.uint8), mask=ok)
         tl.store(v_dst, v_bits.to(tl.uint8), mask=ok)
     else:
@@ -127,8 +125,11 @@ def merge_states_kernel(
     shift = tl.where(m == float("-inf"), 0.0, m)
     w_a = tl.exp(lse_a - shift)
     w_b = tl.exp(lse_b - shift)
-    o_a = tl.load(out_a_ptr + row * HEAD_DIM + offs_d, mask=d_ok & (w_a > 0.0), other=0.0).to(tl.float32)
-    o_b = tl.load(out_b_ptr + row * HEAD_DIM + offs_d, mask=d_ok & (w_b > 0.0), other=0.0).to(tl.float32)
+    zeros = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
+    a_ok = d_ok & ((zeros + w_a) > 0.0)  # an empty side is never read: its out may be NaN
+    b_ok = d_ok & ((zeros + w_b) > 0.0)
+    o_a = tl.load(out_a_ptr + row * HEAD_DIM + offs_d, mask=a_ok, other=0.0).to(tl.float32)
+    o_b = tl.load(out_b_ptr + row * HEAD_DIM + offs_d, mask=b_ok, other=0.0).to(tl.float32)
     total = w_a + w_b
     safe = tl.where(total > 0.0, total, 1.0)
     o = (w_a * o_a + w_b * o_b) / safe

@@ -1,0 +1,393 @@
+"""The ``triton`` backend against the spec, in Triton's CPU interpreter (``TRITON_INTERPRET=1``).
+
+Every numeric comparison uses the spec's error model; bit-level rules (garbage in unused
+slots, placement, repeatability, write_kv, copy_blocks) are checked bit for bit.
+Skipped, with the reason, only where triton or torch cannot be imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
+    pytest.skip("triton and torch are needed (pip install 'pagedattn[triton]')", allow_module_level=True)
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import torch  # noqa: E402
+from cases import PagedCase, make_case  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pagedattn.backends.triton.backend import TritonBackend, interpreter_mode  # noqa: E402
+from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles  # noqa: E402
+from pagedattn.errors import PagedAttentionError, UnsupportedError  # noqa: E402
+from pagedattn.spec import exact_attention, kv_ops, tolerance  # noqa: E402
+from pagedattn.spec.dtypes import numpy_dtype  # noqa: E402
+from pagedattn.spec.error_model import merge_tolerance  # noqa: E402
+from pagedattn.spec.online_softmax import merge_states as spec_merge  # noqa: E402
+
+BACKEND = TritonBackend()
+CALL = "backend=triton"
+
+
+def run(backend: TritonBackend, case: PagedCase, **options) -> tuple[np.ndarray, np.ndarray]:
+    """Run the backend on device copies of ``case``; return host ``(out, lse)``."""
+    args = [None if a is None else backend.to_device(a) for a in case.args()]
+    out, lse = backend.paged_attention(*args, kv_layout=case.kv_layout, return_lse=True, **options)
+    return backend.to_numpy(out), backend.to_numpy(lse)
+
+
+def assert_within_model(case: PagedCase, *, backend: TritonBackend = BACKEND, cache_dtype: str | None = None,
+                        **options) -> tuple[np.ndarray, np.ndarray]:
+    """Compare out and lse with the exact answer under the error model; report the worst element."""
+    dtype = str(case.query.dtype) if case.query.dtype != numpy_dtype("bfloat16") else "bfloat16"
+    expected = exact_attention(*case.args(), kv_layout=case.kv_layout, **options)
+    out, lse = run(backend, case, **options)
+    assert out.dtype == case.query.dtype, f"out dtype {out.dtype}, expected {case.query.dtype}"
+    assert lse.dtype == np.float32, f"lse dtype {lse.dtype}"
+    tol = tolerance(dtype, case.query.shape[-1], cache_dtype=cache_dtype,
+                    tf32=backend.capabilities().tf32)
+    bound = tol.out_bound(expected.out, expected.value_scale, expected.score_scale, expected.num_visible)
+    err = np.abs(out.astype(np.float64) - expected.out)
+    assert not np.isnan(out).any(), f"NaN in out [{CALL}, {dtype}, {case.kv_layout}, {options}]"
+    bad = ~(err <= bound)
+    if bad.any():
+        worst = np.unravel_index(np.argmax(err - bound), err.shape)
+        raise AssertionError(
+            f"{int(bad.sum())} of {bad.size} outside the error model; worst (token, head, dim)={worst}: "
+            f"actual {out[worst]!r}, expected {expected.out[worst]!r}, |err| {err[worst]:.3g} > {bound[worst]:.3g}"
+            f" [{CALL}, {dtype}, {case.kv_layout}, block_size={case.key_cache.shape[1 if case.kv_layout == 'NHD' else 2]},"
+            f" {options}]")
+    empty = np.isneginf(expected.lse)
+    assert np.array_equal(np.isneginf(lse), empty), "lse = -inf exactly where no key is visible"
+    assert (out[empty] == 0).all(), "rows with no visible key must be exactly 0"
+    lse_bound = tol.lse_bound(expected.score_scale, expected.num_visible)
+    lse_err = np.abs(lse.astype(np.float64)[~empty] - expected.lse[~empty])
+    assert (lse_err <= lse_bound[~empty]).all(), f"lse: worst error {lse_err.max():.3g}"
+    return out, lse
+
+
+# -- meaning: decode, prefill, chunked prefill; GQA; layouts; masks; softcap; ALiBi; dtypes ---------
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_decode_with_padding_entry(dtype: str, kv_layout: str) -> None:
+    case = make_case([5, 40, 0, 17], None, dtype=dtype, kv_layout=kv_layout, num_q_heads=4, num_kv_heads=2)
+    out, lse = assert_within_model(case)
+    assert np.isneginf(lse[2]).all() and (out[2] == 0).all(), "L = 0 padding entry: out 0, lse -inf"
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunked_prefill_mixed_batch(dtype: str, kv_layout: str) -> None:
+    # full prefill (q_len = L), chunked prefill (q_len < L), decode (q_len 1) and q_len 0 together
+    case = make_case([37, 70, 9, 21], [37, 25, 1, 0], dtype=dtype, kv_layout=kv_layout,
+                     num_q_heads=6, num_kv_heads=2, seed=1)
+    assert_within_model(case)
+
+
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(3, 3), (8, 2), (7, 1), (4, 1)])
+def test_gqa_mqa_group_sizes(num_q_heads: int, num_kv_heads: int) -> None:
+    case = make_case([33, 12], [5, 12], dtype="float16", num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                     seed=2)
+    assert_within_model(case)
+
+
+@pytest.mark.parametrize("block_size", [1, 12, 16, 32, 64, 128])
+def test_block_sizes(block_size: int) -> None:
+    case = make_case([70, 3, 130], [4, 3, 1], block_size=block_size, dtype="bfloat16", seed=3)
+    assert_within_model(case)
+
+
+@pytest.mark.parametrize("head_dim", [8, 24, 64])
+def test_head_dims(head_dim: int) -> None:
+    case = make_case([20, 45], [20, 2], head_dim=head_dim, dtype="float16", seed=4)
+    assert_within_model(case)
+
+
+@pytest.mark.parametrize("options", [
+    {"causal": False},
+    {"sliding_window": 1},
+    {"sliding_window": 9},
+    {"sliding_window": 9, "causal": False},
+    {"softcap": 2.5},
+    {"softcap": 30.0, "sliding_window": 20},
+    {"scale": 0.7},
+], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_masks_and_softcap(options: dict) -> None:
+    case = make_case([70, 31, 0], [30, 31, 0], dtype="bfloat16", kv_layout="HND", num_q_heads=4,
+                     num_kv_heads=2, seed=5)
+    assert_within_model(case, **options)
+
+
+def test_alibi_with_window_and_softcap() -> None:
+    case = make_case([50, 19], [12, 1], dtype="float32", num_q_heads=8, num_kv_heads=2, seed=6)
+    slopes = (2.0 ** -np.arange(1, 9)).astype(np.float32)
+    assert_within_model(case, alibi_slopes=slopes)
+    assert_within_model(case, alibi_slopes=slopes, sliding_window=7, softcap=8.0, causal=False)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_fp8_caches_with_scales(dtype: str, cache_dtype: str) -> None:
+    case = make_case([40, 9], [6, 1], dtype=dtype, cache_dtype=cache_dtype, kv_layout="HND", seed=7)
+    assert_within_model(case, cache_dtype=cache_dtype, k_scale=0.37, v_scale=2.5)
+
+
+def test_lse_only_when_asked() -> None:
+    case = make_case([9, 4], None, dtype="float16", seed=8)
+    args = [None if a is None else BACKEND.to_device(a) for a in case.args()]
+    out = BACKEND.paged_attention(*args)
+    assert isinstance(out, torch.Tensor) and tuple(out.shape) == case.query.shape
+
+
+# -- split-KV: a launch choice that never changes which keys count ---------------------------------
+
+@pytest.mark.parametrize("num_splits", [2, 3, 7])
+def test_split_kv_matches_spec(num_splits: int) -> None:
+    case = make_case([300, 65, 0, 129], None, block_size=16, dtype="bfloat16", num_q_heads=4,
+                     num_kv_heads=1, seed=9)
+    assert_within_model(case, backend=TritonBackend(num_splits=num_splits))
+    assert_within_model(case, backend=TritonBackend(num_splits=num_splits), sliding_window=100)
+    prefill = make_case([150, 40], [20, 3], dtype="float16", seed=10)
+    assert_within_model(prefill, backend=TritonBackend(num_splits=num_splits), softcap=5.0)
+
+
+def test_split_heuristic_from_batch_shape() -> None:
+    # 2 sequences x 8 KV heads on 132 SMs: split; 64 x 8 programs already fill the GPU: no split
+    assert choose_num_splits(16, 1024, 132) == 17
+    assert choose_num_splits(512, 64, 132) == 1
+    assert choose_num_splits(16, 8, 132) == 2  # at least MIN_TILES_PER_SPLIT tiles per split
+    assert choose_num_splits(1, 10_000, 132) == 64  # bounded
+    decode = choose_tiles(1, 4, 128, "bfloat16")
+    prefill = choose_tiles(4096, 4, 128, "bfloat16")
+    assert (decode.block_m, decode.block_q) == (16, 4)
+    assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8)
+
+
+# -- never: garbage in unused entries, placement, repeatability ---------------------------------
+
+def _poisoned(case: PagedCase, seed: int) -> PagedCase:
+    """The same logical K/V with NaN/inf in every unread slot and wild unread table entries."""
+    rng = np.random.default_rng(seed)
+    bs = case.key_cache.shape[1] if case.kv_layout == "NHD" else case.key_cache.shape[2]
+    tables = case.block_tables.copy()
+    k, v = case.key_cache.copy(), case.value_cache.copy()
+    slots_k, slots_v = kv_ops.slot_view(k, case.kv_layout), kv_ops.slot_view(v, case.kv_layout)
+    used = np.zeros((k.shape[0], bs), dtype=bool)
+    for s, length in enumerate(case.seq_lens):
+        n = -(-int(length) // bs)
+        for p in range(int(length)):
+            used[tables[s, p // bs], p % bs] = True
+        tables[s, n:] = rng.choice([-1, 2**31 - 1, -(2**31), 0], size=tables.shape[1] - n)
+    garbage = rng.choice(np.array([np.nan, np.inf, -np.inf, 1e4]), size=(int((~used).sum()),) + slots_k.shape[2:])
+    slots_k[~used] = garbage.astype(k.dtype)
+    slots_v[~used] = garbage[::-1].astype(v.dtype)
+    return case._replace(key_cache=k, value_cache=v, block_tables=tables)
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_garbage_in_unused_slots_is_never_read(kv_layout: str, num_splits: int | None) -> None:
+    backend = TritonBackend(num_splits=num_splits)
+    clean = make_case([37, 70, 0, 5], [10, 1, 0, 5], block_size=16, dtype="bfloat16", kv_layout=kv_layout, seed=11)
+    out_clean, lse_clean = run(backend, clean, sliding_window=30)
+    out_dirty, lse_dirty = run(backend, _poisoned(clean, 12), sliding_window=30)
+    assert np.array_equal(out_clean.view(np.uint16), out_dirty.view(np.uint16)), "out changed with garbage"
+    assert np.array_equal(lse_clean.view(np.uint32), lse_dirty.view(np.uint32)), "lse changed with garbage"
+
+
+def test_same_bits_for_other_placement_and_repeated_runs() -> None:
+    case = make_case([45, 20], [3, 20], block_size=16, dtype="float16", seed=13)
+    out_a, lse_a = run(BACKEND, case)
+    out_b, lse_b = run(BACKEND, case)
+    assert np.array_equal(out_a.view(np.uint16), out_b.view(np.uint16)) and np.array_equal(lse_a, lse_b)
+    # move every used block to another physical block (reversed order)
+    num_blocks = case.key_cache.shape[0]
+    moved = (num_blocks - 1 - case.block_tables).astype(np.int32)
+    moved[case.block_tables < 0] = -1
+    new_k = case.key_cache[::-1].copy()
+    new_v = case.value_cache[::-1].copy()
+    out_c, lse_c = run(BACKEND, case._replace(key_cache=new_k, value_cache=new_v, block_tables=moved))
+    assert np.array_equal(out_a.view(np.uint16), out_c.view(np.uint16)) and np.array_equal(lse_a, lse_c)
+
+
+# -- arrays: strided caches, 64-bit-safe indexing, conversions ------------------------------------
+
+def test_strided_pool_view() -> None:
+    """One layer of a pool [num_blocks, 2, num_layers, Hkv, block_size, D]: an HND view."""
+    rng = np.random.default_rng(14)
+    num_blocks, layers, hkv, bs, d = 10, 3, 2, 16, 16
+    pool = rng.standard_normal((num_blocks, 2, layers, hkv, bs, d)).astype(np.float16)
+    tables = rng.permutation(num_blocks)[:8].reshape(2, 4).astype(np.int32)
+    seq_lens = np.array([50, 33], dtype=np.int32)
+    query = rng.standard_normal((2, 4, d)).astype(np.float16)
+    pool_t = BACKEND.to_device(pool)
+    k_view, v_view = pool_t[:, 0, 1], pool_t[:, 1, 1]
+    assert not k_view.is_contiguous()
+    out, lse = BACKEND.paged_attention(BACKEND.to_device(query), k_view, v_view, BACKEND.to_device(tables),
+                                       BACKEND.to_device(seq_lens), kv_layout="HND", return_lse=True)
+    expected = exact_attention(query, pool[:, 0, 1], pool[:, 1, 1], tables, seq_lens, kv_layout="HND")
+    tol = tolerance("float16", d)
+    bound = tol.out_bound(expected.out, expected.value_scale, expected.score_scale, expected.num_visible)
+    assert (np.abs(BACKEND.to_numpy(out).astype(np.float64) - expected.out) <= bound).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_to_device_round_trip_is_bit_exact(dtype: str) -> None:
+    bits = np.arange(256, dtype=np.uint8) if dtype.startswith("float8") else None
+    array = bits.view(numpy_dtype(dtype)) if bits is not None else \
+        np.random.default_rng(0).standard_normal((3, 5)).astype(numpy_dtype(dtype))
+    back = BACKEND.to_numpy(BACKEND.to_device(array))
+    assert back.dtype == array.dtype and back.tobytes() == array.tobytes()
+
+
+def test_capabilities_and_availability() -> None:
+    caps = BACKEND.capabilities()
+    assert caps.tf32 is False and caps.block_sizes is None and set(caps.kv_layouts) == {"NHD", "HND"}
+    assert {"strided_caches", "fp8", "lse", "write_kv", "copy_blocks", "merge_states"} <= caps.features
+    if interpreter_mode():
+        assert TritonBackend.availability() is None
+
+
+def test_bad_input_raises_before_any_kernel() -> None:
+    case = make_case([20], None, dtype="float16")
+    tables = case.block_tables.copy()
+    tables[0, 0] = 10_000
+    with pytest.raises(PagedAttentionError, match="block_tables"):
+        BACKEND.paged_attention(*[BACKEND.to_device(a) for a in (case.query, case.key_cache, case.value_cache,
+                                                                  tables, case.seq_lens)])
+    with pytest.raises(UnsupportedError, match="head_dim"):
+        big = make_case([3], None, head_dim=320, dtype="float16")
+        BACKEND.paged_attention(*[BACKEND.to_device(a) for a in big.args()[:5]])
+    with pytest.raises(PagedAttentionError, match="num_splits"):
+        TritonBackend(num_splits=0)
+
+
+# -- other operations: write_kv, copy_blocks, merge_states --------------------------------------
+
+def _fp8_edge_values(dtype: str, scale: float) -> np.ndarray:
+    """Values whose quotient by ``scale`` hits fp8 ties, subnormals, zero signs and overflow."""
+    ties = np.array([1.0625, 1.1875, -2.375, 0.0009765625 * 1.5, 0.0, -0.0, 3e-5, 460.0, 470.0, 61000.0, 6e4])
+    return (ties * scale).astype(numpy_dtype(dtype))
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize(("dtype", "cache_dtype", "scale"), [
+    ("bfloat16", None, 1.0),
+    ("float32", None, 1.0),
+    ("float16", "float8_e4m3fn", 1.0),
+    ("bfloat16", "float8_e4m3fn", 0.37),
+    ("float32", "float8_e5m2", 2.0),
+    ("float16", "float8_e5m2", 0.11),
+])
+def test_write_kv_matches_spec_bit_for_bit(dtype: str, cache_dtype: str | None, scale: float,
+                                           kv_layout: str) -> None:
+    rng = np.random.default_rng(15)
+    num_blocks, bs, hkv, d = 4, 8, 2, 16
+    shape = (num_blocks, bs, hkv, d) if kv_layout == "NHD" else (num_blocks, hkv, bs, d)
+    cdt = numpy_dtype(cache_dtype or dtype)
+    k_cache = rng.standard_normal(shape).astype(cdt)
+    v_cache = rng.standard_normal(shape).astype(cdt)
+    key = (rng.standard_normal((6, hkv, d)) * 3).astype(numpy_dtype(dtype))
+    value = (rng.standard_normal((6, hkv, d)) * 3).astype(numpy_dtype(dtype))
+    if cache_dtype is not None:
+        edge = _fp8_edge_values(dtype, scale)
+        key[0, 0, : edge.size] = edge
+        value[1, 1, : edge.size] = edge[::-1]
+    slots = np.array([3, -1, 17, 31, 0, 12], dtype=np.int64)
+    expected_k, expected_v = k_cache.copy(), v_cache.copy()
+    kv_ops.write_kv(key, value, expected_k, expected_v, slots, kv_layout=kv_layout, k_scale=scale, v_scale=scale)
+    dev_k, dev_v = BACKEND.to_device(k_cache), BACKEND.to_device(v_cache)
+    BACKEND.write_kv(BACKEND.to_device(key), BACKEND.to_device(value), dev_k, dev_v, BACKEND.to_device(slots),
+                     kv_layout=kv_layout, k_scale=scale, v_scale=scale)
+    got_k, got_v = BACKEND.to_numpy(dev_k), BACKEND.to_numpy(dev_v)
+    for name, got, expected in (("key_cache", got_k, expected_k), ("value_cache", got_v, expected_v)):
+        diff = got.view(np.uint8) != expected.view(np.uint8)
+        assert not diff.any(), f"{name}: {int(diff.sum())} bytes differ from the spec's write_kv"
+
+
+def test_copy_blocks_chain_reads_sources_first() -> None:
+    rng = np.random.default_rng(16)
+    cache = rng.standard_normal((6, 4, 2, 16)).astype(numpy_dtype("bfloat16"))
+    pairs = np.array([[0, 1], [1, 2], [2, 0], [4, 5]], dtype=np.int64)  # a cycle plus an independent copy
+    expected_k, expected_v = cache.copy(), cache[::-1].copy()
+    kv_ops.copy_blocks(expected_k, expected_v, pairs)
+    dev_k, dev_v = BACKEND.to_device(cache), BACKEND.to_device(cache[::-1].copy())
+    BACKEND.copy_blocks(dev_k, dev_v, pairs)
+    assert BACKEND.to_numpy(dev_k).tobytes() == expected_k.tobytes()
+    assert BACKEND.to_numpy(dev_v).tobytes() == expected_v.tobytes()
+    # a strided pool view, no overlap between sources and destinations
+    pool = BACKEND.to_device(rng.standard_normal((6, 2, 3, 2, 4, 16)).astype(np.float32))
+    before = BACKEND.to_numpy(pool)
+    BACKEND.copy_blocks(pool[:, 0, 1], pool[:, 1, 1], np.array([[3, 5]]), kv_layout="HND")
+    after = BACKEND.to_numpy(pool)
+    expected = before.copy()
+    expected[5, :, 1] = before[3, :, 1]
+    assert np.array_equal(after, expected), "only block 5 of layer 1 may change"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_merge_states_matches_spec(dtype: str) -> None:
+    rng = np.random.default_rng(17)
+    out_a = rng.standard_normal((5, 3, 16)).astype(numpy_dtype(dtype))
+    out_b = rng.standard_normal((5, 3, 16)).astype(numpy_dtype(dtype))
+    lse_a = rng.normal(0, 3, (5, 3)).astype(np.float32)
+    lse_b = rng.normal(0, 3, (5, 3)).astype(np.float32)
+    lse_a[0] = -np.inf  # empty side whose out is NaN: ignored
+    out_a[0] = np.nan
+    lse_a[1] = lse_b[1] = -np.inf  # both empty
+    expected_out, expected_lse = spec_merge(out_a, lse_a, out_b, lse_b)
+    out, lse = BACKEND.merge_states(*[BACKEND.to_device(x) for x in (out_a, lse_a, out_b, lse_b)])
+    out, lse = BACKEND.to_numpy(out), BACKEND.to_numpy(lse)
+    assert out.dtype == out_a.dtype and lse.dtype == np.float32
+    tol = merge_tolerance(dtype)
+    scale = np.maximum(np.abs(out_a.astype(np.float64)), np.abs(out_b.astype(np.float64)))
+    scale = np.nan_to_num(scale, nan=0.0).max(axis=-1)
+    bound = tol.out_bound(expected_out, scale, np.zeros_like(scale), np.full(scale.shape, 2))
+    assert (np.abs(out.astype(np.float64) - expected_out) <= bound).all()
+    assert (out[1] == 0).all() and np.isneginf(lse[1]).all()
+    finite = np.isfinite(expected_lse)
+    assert np.allclose(lse[finite], expected_lse[finite], rtol=0, atol=1e-5)
+
+
+# -- a small property test over the contract's options -------------------------------------------
+
+@st.composite
+def configs(draw: st.DrawFn) -> dict:
+    block_size = draw(st.sampled_from([4, 16, 32]), label="block_size")
+    num_seqs = draw(st.integers(1, 3), label="num_seqs")
+    lens = draw(st.lists(st.integers(0, 3 * block_size + 1), min_size=num_seqs, max_size=num_seqs), label="L")
+    decode = draw(st.booleans(), label="decode")
+    q_lens = None if decode else [draw(st.integers(0, n), label="q_len") for n in lens]
+    kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")
+    group = draw(st.sampled_from([1, 3, 4]), label="group")
+    dtype = draw(st.sampled_from(["float32", "float16", "bfloat16"]), label="dtype")
+    cache_dtype = draw(st.sampled_from([None, None, "float8_e4m3fn", "float8_e5m2"]), label="cache_dtype")
+    options = draw(st.fixed_dictionaries({}, optional={
+        "causal": st.booleans(),
+        "sliding_window": st.integers(1, 40),
+        "softcap": st.floats(0.5, 50),
+        "k_scale": st.floats(0.25, 4),
+        "v_scale": st.floats(0.25, 4),
+    }), label="options")
+    if cache_dtype is None:
+        options.pop("k_scale", None)
+        options.pop("v_scale", None)
+    case = make_case(lens, q_lens, block_size=block_size, num_q_heads=kv_heads * group, num_kv_heads=kv_heads,
+                     dtype=dtype, cache_dtype=cache_dtype, kv_layout=draw(st.sampled_from(["NHD", "HND"])),
+                     seed=draw(st.integers(0, 2**16)))
+    splits = draw(st.sampled_from([None, 2]), label="num_splits")
+    return {"case": case, "cache_dtype": cache_dtype, "options": options, "splits": splits}
+
+
+@settings(max_examples=25, deadline=None)
+@given(configs())
+def test_property_matches_spec(config: dict) -> None:
+    assert_within_model(config["case"], backend=TritonBackend(num_splits=config["splits"]),
+                        cache_dtype=config["cache_dtype"], **config["options"])
