@@ -18,21 +18,25 @@ if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
-import torch  # noqa: E402
-from cases import PagedCase, make_case  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import torch
+from cases import PagedCase, make_case
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pagedattn.backends.triton.backend import TritonBackend, interpreter_mode  # noqa: E402
-from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles  # noqa: E402
-from pagedattn.errors import PagedAttentionError, UnsupportedError  # noqa: E402
-from pagedattn.spec import exact_attention, kv_ops, tolerance  # noqa: E402
-from pagedattn.spec.dtypes import numpy_dtype  # noqa: E402
-from pagedattn.spec.error_model import merge_tolerance  # noqa: E402
-from pagedattn.spec.online_softmax import merge_states as spec_merge  # noqa: E402
+from pagedattn.backends.triton.backend import TritonBackend, interpreter_mode
+from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
+from pagedattn.errors import PagedAttentionError, UnsupportedError
+from pagedattn.spec import exact_attention, kv_ops, tolerance
+from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.error_model import merge_tolerance
+from pagedattn.spec.online_softmax import merge_states as spec_merge
 
 BACKEND = TritonBackend()
 CALL = "backend=triton"
+
+
+def block_size_of(case: PagedCase) -> int:
+    return int(case.key_cache.shape[1 if case.kv_layout == "NHD" else 2])
 
 
 def run(backend: TritonBackend, case: PagedCase, **options) -> tuple[np.ndarray, np.ndarray]:
@@ -61,8 +65,7 @@ def assert_within_model(case: PagedCase, *, backend: TritonBackend = BACKEND, ca
         raise AssertionError(
             f"{int(bad.sum())} of {bad.size} outside the error model; worst (token, head, dim)={worst}: "
             f"actual {out[worst]!r}, expected {expected.out[worst]!r}, |err| {err[worst]:.3g} > {bound[worst]:.3g}"
-            f" [{CALL}, {dtype}, {case.kv_layout}, block_size={case.key_cache.shape[1 if case.kv_layout == 'NHD' else 2]},"
-            f" {options}]")
+            f" [{CALL}, {dtype}, {case.kv_layout}, block_size={block_size_of(case)}, {options}]")
     empty = np.isneginf(expected.lse)
     assert np.array_equal(np.isneginf(lse), empty), "lse = -inf exactly where no key is visible"
     assert (out[empty] == 0).all(), "rows with no visible key must be exactly 0"
@@ -175,7 +178,7 @@ def test_split_heuristic_from_batch_shape() -> None:
 def _poisoned(case: PagedCase, seed: int) -> PagedCase:
     """The same logical K/V with NaN/inf in every unread slot and wild unread table entries."""
     rng = np.random.default_rng(seed)
-    bs = case.key_cache.shape[1] if case.kv_layout == "NHD" else case.key_cache.shape[2]
+    bs = block_size_of(case)
     tables = case.block_tables.copy()
     k, v = case.key_cache.copy(), case.value_cache.copy()
     slots_k, slots_v = kv_ops.slot_view(k, case.kv_layout), kv_ops.slot_view(v, case.kv_layout)
@@ -185,7 +188,7 @@ def _poisoned(case: PagedCase, seed: int) -> PagedCase:
         for p in range(int(length)):
             used[tables[s, p // bs], p % bs] = True
         tables[s, n:] = rng.choice([-1, 2**31 - 1, -(2**31), 0], size=tables.shape[1] - n)
-    garbage = rng.choice(np.array([np.nan, np.inf, -np.inf, 1e4]), size=(int((~used).sum()),) + slots_k.shape[2:])
+    garbage = rng.choice(np.array([np.nan, np.inf, -np.inf, 1e4]), size=(int((~used).sum()), *slots_k.shape[2:]))
     slots_k[~used] = garbage.astype(k.dtype)
     slots_v[~used] = garbage[::-1].astype(v.dtype)
     return case._replace(key_cache=k, value_cache=v, block_tables=tables)
@@ -230,7 +233,7 @@ def test_strided_pool_view() -> None:
     pool_t = BACKEND.to_device(pool)
     k_view, v_view = pool_t[:, 0, 1], pool_t[:, 1, 1]
     assert not k_view.is_contiguous()
-    out, lse = BACKEND.paged_attention(BACKEND.to_device(query), k_view, v_view, BACKEND.to_device(tables),
+    out, _lse = BACKEND.paged_attention(BACKEND.to_device(query), k_view, v_view, BACKEND.to_device(tables),
                                        BACKEND.to_device(seq_lens), kv_layout="HND", return_lse=True)
     expected = exact_attention(query, pool[:, 0, 1], pool[:, 1, 1], tables, seq_lens, kv_layout="HND")
     tol = tolerance("float16", d)
