@@ -23,8 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # log2(e): scores are kept in base 2 so exp2 can be used
-LN2 = 0.6931471805599453  # ln(2): converts the base-2 lse back to natural log
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): scores are kept in base 2 so exp2 can be used
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): converts the base-2 lse back to natural log
 
 
 @triton.jit

@@ -86,18 +86,20 @@ def _work_list(problem: AttentionProblem, tiles: Tiles) -> tuple[np.ndarray, np.
 class TritonBackend(Backend):
     """Paged attention in Triton: GQA-packed tiles, online softmax, split-KV for long contexts.
 
-    ``num_splits`` (tests only) forces the split-KV count instead of the heuristic of
-    :func:`~pagedattn.backends.triton.launch_config.choose_num_splits`.
+    ``num_splits`` and ``tiles`` (tests and tuning only) replace the choices of
+    :func:`~pagedattn.backends.triton.launch_config.choose_num_splits` and
+    :func:`~pagedattn.backends.triton.launch_config.choose_tiles`.
     """
 
     name = "triton"
     version = "0.1.0"
     description = "Triton kernels: varlen paged attention (GQA-packed, split-KV), write_kv, copy_blocks, merge"
 
-    def __init__(self, *, num_splits: int | None = None) -> None:
+    def __init__(self, *, num_splits: int | None = None, tiles: Tiles | None = None) -> None:
         if num_splits is not None and num_splits < 1:
             raise PagedAttentionError("num_splits", f"expected None or an integer >= 1, received {num_splits!r}")
         self._forced_splits = num_splits
+        self._forced_tiles = tiles
 
     # -- what the backend is -------------------------------------------------
     @classmethod
@@ -156,7 +158,7 @@ class TritonBackend(Backend):
                                    backend=self.name, capability="head_dim")
         device = self._device()
         max_q_len = int(problem.q_lens.max(initial=0))
-        tiles = choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype)
+        tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype)
         work_seq, work_q, key_tiles = _work_list(problem, tiles)
         num_programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
         if self._forced_splits is not None:

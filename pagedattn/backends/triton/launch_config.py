@@ -5,19 +5,20 @@ Pure Python, no triton import: the plan calls these once per batch.
 - :func:`choose_tiles`: tile shape and warps from the batch's longest ``q_len``, the GQA
   group size, head_dim and dtype.
 - :func:`choose_num_splits`: the split-KV heuristic. Splitting the key range of each
-  program only pays when the grid is too small to fill the GPU: with fewer than
-  ``PROGRAMS_PER_SM * num_sms`` programs, each program's key range is cut into as many
-  splits as bring the grid to that size, but never into splits of fewer than
-  ``MIN_TILES_PER_SPLIT`` key tiles (the merge costs a pass over the partials), and never
-  more than ``MAX_SPLITS``. Splits only partition the key range: which keys count never
-  depends on the choice.
+  program only pays when the grid is too small to fill the GPU: with fewer than half of
+  ``PROGRAMS_PER_SM * num_sms`` programs, each program's key range is cut into
+  ``floor(PROGRAMS_PER_SM * num_sms / num_programs)`` splits (rounded down, so the grid
+  never exceeds that many programs: a few extra programs would cost a whole extra round),
+  but never into splits of fewer than ``MIN_TILES_PER_SPLIT`` key tiles (each split adds
+  partials to merge), and never more than ``MAX_SPLITS``. Splits only partition the key
+  range: which keys count never depends on the choice.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PROGRAMS_PER_SM = 2  # programs per multiprocessor that keep the memory system busy
+PROGRAMS_PER_SM = 4  # programs per multiprocessor: two rounds of two resident programs
 MIN_TILES_PER_SPLIT = 4  # key tiles a split must have for the extra merge to pay
 MAX_SPLITS = 64  # bound on the partial buffers: [num_splits, T, Hq, D] float32
 MAX_GROUP_TILE = 64  # query heads of one KV head served by one program at most
@@ -70,8 +71,9 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str) -> 
 def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int) -> int:
     """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles."""
     target = PROGRAMS_PER_SM * num_sms
-    if num_programs <= 0 or num_programs >= target:
+    if num_programs <= 0:
         return 1
-    wanted = -(-target // num_programs)
-    affordable = max(1, max_key_tiles // MIN_TILES_PER_SPLIT)
-    return max(1, min(wanted, affordable, MAX_SPLITS))
+    wanted = target // num_programs
+    affordable = max_key_tiles // MIN_TILES_PER_SPLIT
+    splits = min(wanted, affordable, MAX_SPLITS)
+    return splits if splits >= 2 else 1
