@@ -39,11 +39,16 @@ from pagedattn.spec.error_model import merge_tolerance
 from pagedattn.spec.online_softmax import merge_states as spec_merge
 
 LOG: list[str] = []
+BANDWIDTH: list[float] = [float("nan")]  # the read bandwidth measured in this run, GB/s
+LOG_FILE: list[Path] = []  # set by main: every line is appended at once, so a killed run keeps its log
 
 
 def say(text: str) -> None:
     print(text, flush=True)
     LOG.append(text)
+    if LOG_FILE:
+        with LOG_FILE[0].open("a") as f:
+            f.write(text + "\n")
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -307,11 +312,11 @@ def run_sanitizer(out_dir: Path) -> str:
     start = time.perf_counter()
     try:
         env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # one allocation per tensor: exact bounds
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=150, env=env)
     except FileNotFoundError:
         return "compute-sanitizer not found"
     except subprocess.TimeoutExpired:
-        return "compute-sanitizer timed out after 300 s"
+        return "compute-sanitizer timed out after 150 s"
     (out_dir / "sanitizer.log").write_text(done.stdout + done.stderr)
     summary = [line for line in (done.stdout + done.stderr).splitlines() if "ERROR SUMMARY" in line]
     last = summary[-1].strip() if summary else "no summary"
@@ -382,13 +387,10 @@ def cudnn_sdpa(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> tuple[Callab
     return call, "cuDNN SDPA (enable_gqa)"
 
 
-def bench(torch: Any, backend_cls: Any, sweep: bool) -> list[dict[str, Any]]:
-    from pagedattn.backends.triton.launch_config import choose_tiles
-
-    rows: list[dict[str, Any]] = []
-    bandwidth = read_bandwidth(torch)
-    say(f"read bandwidth (torch.sum over 4 GiB float32): {bandwidth:.0f} GB/s")
-    rows.append({"case": "read bandwidth: sum of 4 GiB", "us": x_bytes(2**32) / bandwidth, "gbs": bandwidth})
+def _time_paged(torch: Any, bandwidth: float | None = None) -> Callable[..., dict[str, Any]]:
+    """A function timing one paged call of the backend on fresh random inputs (block size ``bs``)."""
+    if bandwidth is None:
+        bandwidth = BANDWIDTH[0]
 
     def time_paged(label: str, batch: int, length: int, bs: int, q_len: int, backend: Any,
                    ref: dict[str, float] | None) -> dict[str, Any]:
@@ -412,6 +414,18 @@ def bench(torch: Any, backend_cls: Any, sweep: bool) -> list[dict[str, Any]]:
                 row["ratio_to_cudnn_graph"] = ref["us_graph"] / row["us_graph"]
         assert out is not None
         return row
+
+    return time_paged
+
+
+def bench(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    bandwidth = read_bandwidth(torch)
+    BANDWIDTH[:] = [bandwidth]
+    say(f"read bandwidth (torch.sum over 4 GiB float32): {bandwidth:.0f} GB/s")
+    rows.append({"case": "read bandwidth: sum of 4 GiB", "us": x_bytes(2**32) / bandwidth, "gbs": bandwidth})
+
+    time_paged = _time_paged(torch, bandwidth)
 
     for batch, length in ((64, 4096), (2, 65536)):
         inp = paged_inputs(torch, batch, length, 64, 1, seed=99)
@@ -451,27 +465,34 @@ def bench(torch: Any, backend_cls: Any, sweep: bool) -> list[dict[str, Any]]:
         rows.append(time_paged("prefill 8x4096 causal triton", 8, 4096, bs, 4096, backend_cls(), ref_p))
         say(str(rows[-1]))
 
-    if sweep:
-        base_d = choose_tiles(1, 4, 128, "bfloat16")
-        for block_n, warps, stages in ((32, 4, 3), (128, 4, 3), (64, 8, 3), (64, 4, 4), (64, 4, 2), (128, 8, 3)):
-            tiles = replace(base_d, block_n=block_n, num_warps=warps, num_stages=stages)
-            for batch, length in ((64, 4096), (2, 65536)):
-                row = time_paged(f"sweep decode {batch}x{length}", batch, length, 16, 1,
-                                 backend_cls(tiles=tiles), None)
-                rows.append(row)
-                say(str(row))
-        for splits in (16, 66, 132):
-            row = time_paged(f"sweep decode 2x65536 splits={splits}", 2, 65536, 16, 1,
-                             backend_cls(num_splits=splits), None)
-            rows.append(row)
-            say(str(row))
-        base_p = choose_tiles(4096, 4, 128, "bfloat16")
-        for block_m, block_n, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
-                                                (128, 32, 8, 3), (64, 128, 4, 2)):
-            tiles = replace(base_p, block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages)
-            row = time_paged("sweep prefill 8x4096", 8, 4096, 16, 4096, backend_cls(tiles=tiles), None)
-            rows.append(row)
-            say(str(row))
+    return rows
+
+
+def sweep(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
+    """Other tile and split choices at block size 16 (not used by the backend unless its table changes)."""
+    from pagedattn.backends.triton.launch_config import choose_tiles
+
+    rows: list[dict[str, Any]] = []
+    time_paged = _time_paged(torch)
+    base_d = choose_tiles(1, 4, 128, "bfloat16")
+    for block_n, warps, stages in ((32, 4, 3), (128, 4, 3), (64, 8, 3), (64, 4, 4)):
+        tiles = replace(base_d, block_n=block_n, num_warps=warps, num_stages=stages)
+        row = time_paged(f"sweep decode 64x4096 N={block_n} w={warps} s={stages}", 64, 4096, 16, 1,
+                         backend_cls(tiles=tiles), None)
+        rows.append(row)
+        say(str(row))
+    for splits in (16, 66):
+        row = time_paged(f"sweep decode 2x65536 splits={splits}", 2, 65536, 16, 1, backend_cls(num_splits=splits),
+                         None)
+        rows.append(row)
+        say(str(row))
+    base_p = choose_tiles(4096, 4, 128, "bfloat16")
+    for block_m, block_n, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3)):
+        tiles = replace(base_p, block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages)
+        row = time_paged(f"sweep prefill 8x4096 M={block_m} N={block_n} w={warps} s={stages}", 8, 4096, 16, 4096,
+                         backend_cls(tiles=tiles), None)
+        rows.append(row)
+        say(str(row))
     return rows
 
 
@@ -504,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         return sanitize_child(TritonBackend)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    LOG_FILE[:] = [out_dir / "gpu_check.log"]
     props = torch.cuda.get_device_properties(0)
     say(f"device: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}, "
         f"triton {triton.__version__}, cuDNN {torch.backends.cudnn.version()}")
@@ -513,20 +535,27 @@ def main(argv: list[str] | None = None) -> int:
     passed, total = correctness(torch, TritonBackend)
     results["correctness"] = f"{passed}/{total} passed"
     say(f"   {passed}/{total} passed ({time.perf_counter() - start:.0f}s)")
-    if not args.no_sanitizer:
-        say("2. compute-sanitizer --tool memcheck, garbage-filled pools")
-        results["sanitizer"] = run_sanitizer(out_dir)
-        say(f"   {results['sanitizer']}")
     rows: list[dict[str, Any]] = []
     if not args.no_bench:
-        say("3. speed (medians of triton.testing.do_bench, L2 flushed before each repetition)")
+        say("2. speed (medians of triton.testing.do_bench, L2 flushed before each repetition)")
         try:
-            rows = bench(torch, TritonBackend, args.sweep)
+            rows = bench(torch, TritonBackend)
+        except Exception:
+            say(traceback.format_exc())
+    print(table(rows), flush=True)
+    if not args.no_sanitizer:
+        say("3. compute-sanitizer --tool memcheck, garbage-filled pools")
+        results["sanitizer"] = run_sanitizer(out_dir)
+        say(f"   {results['sanitizer']}")
+    if args.sweep:
+        say("4. other tile choices")
+        try:
+            rows += sweep(torch, TritonBackend)
         except Exception:
             say(traceback.format_exc())
     results["rows"] = rows
     (out_dir / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str))
-    (out_dir / "gpu_check.log").write_text("\n".join(LOG))
+    (out_dir / "gpu_check_full.log").write_text("\n".join(LOG))
     print()
     print(f"correctness: {results['correctness']}; sanitizer: {results.get('sanitizer', 'not run')}")
     print(table([r for r in rows if not r["case"].startswith("sweep")]))
