@@ -163,15 +163,15 @@ def test_split_kv_matches_spec(num_splits: int) -> None:
 
 def test_split_heuristic_from_batch_shape() -> None:
     # 2 sequences x 8 KV heads on 132 SMs: split; 64 x 8 programs already fill the GPU: no split
-    assert choose_num_splits(16, 1024, 132) == 33
-    assert choose_num_splits(512, 64, 132) == 1
-    assert choose_num_splits(300, 64, 132) == 1  # a second split would overfill the grid
+    assert choose_num_splits(16, 512, 132) == 16
+    assert choose_num_splits(512, 32, 132) == 1
+    assert choose_num_splits(150, 64, 132) == 1  # a second split would overfill the grid
     assert choose_num_splits(16, 8, 132) == 2  # at least MIN_TILES_PER_SPLIT tiles per split
     assert choose_num_splits(16, 7, 132) == 1
     assert choose_num_splits(1, 10_000, 132) == 64  # bounded
     decode = choose_tiles(1, 4, 128, "bfloat16")
     prefill = choose_tiles(4096, 4, 128, "bfloat16")
-    assert (decode.block_m, decode.block_q) == (16, 4)
+    assert (decode.block_m, decode.block_q, decode.block_n) == (16, 4, 128)
     assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8)
 
 

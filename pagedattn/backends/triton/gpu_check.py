@@ -475,22 +475,15 @@ def sweep(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     time_paged = _time_paged(torch)
     base_d = choose_tiles(1, 4, 128, "bfloat16")
-    for block_n, warps, stages in ((32, 4, 3), (128, 4, 3), (64, 8, 3), (64, 4, 4)):
+    for block_n, warps, stages in ((64, 4, 3), (128, 4, 4), (128, 8, 3)):
         tiles = replace(base_d, block_n=block_n, num_warps=warps, num_stages=stages)
         row = time_paged(f"sweep decode 64x4096 N={block_n} w={warps} s={stages}", 64, 4096, 16, 1,
                          backend_cls(tiles=tiles), None)
         rows.append(row)
         say(str(row))
-    for splits in (16, 66):
+    for splits in (8, 33):
         row = time_paged(f"sweep decode 2x65536 splits={splits}", 2, 65536, 16, 1, backend_cls(num_splits=splits),
                          None)
-        rows.append(row)
-        say(str(row))
-    base_p = choose_tiles(4096, 4, 128, "bfloat16")
-    for block_m, block_n, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3)):
-        tiles = replace(base_p, block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages)
-        row = time_paged(f"sweep prefill 8x4096 M={block_m} N={block_n} w={warps} s={stages}", 8, 4096, 16, 4096,
-                         backend_cls(tiles=tiles), None)
         rows.append(row)
         say(str(row))
     return rows
