@@ -31,6 +31,7 @@ from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.error_model import merge_tolerance
 from pagedattn.spec.online_softmax import merge_states as spec_merge
 
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 BACKEND = TritonBackend()
 CALL = "backend=triton"
 
@@ -140,6 +141,21 @@ def test_alibi_with_window_and_softcap() -> None:
 def test_fp8_caches_with_scales(dtype: str, cache_dtype: str) -> None:
     case = make_case([40, 9], [6, 1], dtype=dtype, cache_dtype=cache_dtype, kv_layout="HND", seed=7)
     assert_within_model(case, cache_dtype=cache_dtype, k_scale=0.37, v_scale=2.5)
+
+
+def test_empty_batches() -> None:
+    """No sequences; decode where every entry is padding (L = 0, no table columns); q_len 0 everywhere."""
+    cache = BACKEND.to_device(np.zeros((3, 16, 2, 16), dtype=np.float32))
+    out, lse = BACKEND.paged_attention(BACKEND.to_device(np.zeros((0, 4, 16), np.float32)), cache, cache,
+                                       np.zeros((0, 2), np.int32), np.zeros((0,), np.int32), return_lse=True)
+    assert tuple(out.shape) == (0, 4, 16) and tuple(lse.shape) == (0, 4)
+    query = np.ones((2, 4, 16), np.float32)
+    out, lse = BACKEND.paged_attention(BACKEND.to_device(query), cache, cache, np.zeros((2, 0), np.int32),
+                                       np.zeros((2,), np.int32), return_lse=True)
+    assert (BACKEND.to_numpy(out) == 0).all() and np.isneginf(BACKEND.to_numpy(lse)).all()
+    out = BACKEND.paged_attention(BACKEND.to_device(np.zeros((0, 4, 16), np.float32)), cache, cache,
+                                  np.zeros((2, 1), np.int32), np.array([3, 5], np.int32), np.zeros(3, np.int32))
+    assert tuple(out.shape) == (0, 4, 16)
 
 
 def test_lse_only_when_asked() -> None:

@@ -174,7 +174,7 @@ class TritonBackend(Backend):
             tiles=tiles,
             num_splits=num_splits,
             num_work=int(work_seq.shape[0]),
-            block_tables=upload(problem.block_tables.reshape(problem.num_seqs, -1)),
+            block_tables=upload(problem.block_tables),
             seq_lens=upload(problem.seq_lens),
             query_start_loc=upload(problem.query_start_loc),
             work_seq=upload(work_seq),
