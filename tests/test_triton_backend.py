@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -175,6 +176,17 @@ def test_split_kv_matches_spec(num_splits: int) -> None:
     assert_within_model(case, backend=TritonBackend(num_splits=num_splits), sliding_window=100)
     prefill = make_case([150, 40], [20, 3], dtype="float16", seed=10)
     assert_within_model(prefill, backend=TritonBackend(num_splits=num_splits), softcap=5.0)
+
+
+@pytest.mark.parametrize("q_lens", [None, [9, 1, 30]], ids=["decode", "prefill"])
+def test_launch_orders_give_the_same_bits(q_lens: list[int] | None) -> None:
+    case = make_case([40, 75, 30], q_lens, dtype="bfloat16", num_q_heads=6, num_kv_heads=3, seed=18)
+    base = choose_tiles(1 if q_lens is None else 30, 2, 16, "bfloat16")
+    results = []
+    for heads_fastest in (True, False):
+        backend = TritonBackend(num_splits=2, tiles=replace(base, heads_fastest=heads_fastest))
+        results.append(assert_within_model(case, backend=backend))
+    assert results[0][0].tobytes() == results[1][0].tobytes(), "launch order changed the output bits"
 
 
 def test_split_heuristic_from_batch_shape() -> None:

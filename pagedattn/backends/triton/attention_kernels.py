@@ -177,14 +177,14 @@ def paged_attention_kernel(
     stride_kb, stride_ks, stride_kh, stride_kd,  #
     stride_vb, stride_vs, stride_vh, stride_vd,  #
     stride_bt,  #
-    num_tokens, num_q_heads, num_splits,  #
+    num_tokens, num_q_heads, num_splits, num_head_programs,  #
     qk_scale2, sm_scale, v_scale, softcap, window,  #
     GROUP_SIZE: tl.constexpr, GROUP_TILE: tl.constexpr, NUM_GROUP_TILES: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,  #
     HAS_ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SPLIT: tl.constexpr,  #
-    IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+    HEADS_FASTEST: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Paged attention of one (work item, KV head and head tile, split): see the module doc.
 
@@ -193,10 +193,16 @@ def paged_attention_kernel(
     :func:`merge_splits_kernel` combines.
     """
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_TILE  # queries per tile
-    work = tl.program_id(0)
-    kv_head = tl.program_id(1) // NUM_GROUP_TILES
-    g0 = (tl.program_id(1) % NUM_GROUP_TILES) * GROUP_TILE
-    split = tl.program_id(2)
+    if HEADS_FASTEST:  # grid (work x head programs, splits): a sequence's heads run side by side
+        work = tl.program_id(0) // num_head_programs
+        head_program = tl.program_id(0) % num_head_programs
+        split = tl.program_id(1)
+    else:  # grid (work, head programs, splits): consecutive work items share a head's K/V in L2
+        work = tl.program_id(0)
+        head_program = tl.program_id(1)
+        split = tl.program_id(2)
+    kv_head = head_program // NUM_GROUP_TILES
+    g0 = (head_program % NUM_GROUP_TILES) * GROUP_TILE
 
     # -- the work item: sequence s, its first query q_tile, L and q_len
     seq = tl.load(work_seq_ptr + work)

@@ -211,7 +211,11 @@ class TritonBackend(Backend):
         (ks, kh), (vs, vh) = ((k1, k2), (v1, v2)) if problem.kv_layout == "NHD" else ((k2, k1), (v2, v1))
         scale_k = problem.scale * (problem.k_scale if problem.cache_dtype in FP8_DTYPES else 1.0)
         v_scale = problem.v_scale if problem.cache_dtype in FP8_DTYPES else 1.0
-        grid = (state.num_work, problem.num_kv_heads * tiles.num_group_tiles, num_splits)
+        head_programs = problem.num_kv_heads * tiles.num_group_tiles
+        if tiles.heads_fastest:
+            grid: tuple[int, ...] = (state.num_work * head_programs, num_splits, 1)
+        else:
+            grid = (state.num_work, head_programs, num_splits)
         paged_attention_kernel[grid](
             out, lse if lse is not None else out, part_out, part_lse,
             q, k_cache, v_cache,
@@ -222,7 +226,7 @@ class TritonBackend(Backend):
             kb, ks, kh, kd,
             vb, vs, vh, vd,
             state.block_tables.stride(0),
-            T, Hq, num_splits,
+            T, Hq, num_splits, head_programs,
             scale_k * LOG2E, scale_k, v_scale,
             problem.softcap if problem.softcap is not None else 1.0,
             problem.sliding_window if problem.sliding_window is not None else 0,
@@ -232,7 +236,7 @@ class TritonBackend(Backend):
             IS_CAUSAL=problem.causal, HAS_WINDOW=problem.sliding_window is not None,
             HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
             STORE_LSE=lse is not None, SPLIT=split,
-            IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
+            HEADS_FASTEST=tiles.heads_fastest, IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )
         if split:

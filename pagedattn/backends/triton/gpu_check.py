@@ -121,8 +121,8 @@ def compare(backend: Any, case: dict[str, Any], device_args: list[Any] | None = 
     return ok, f"worst err/bound {ratio:.3f}, lse {'ok' if lse_ok else 'WRONG'}", out, lse
 
 
-def correctness(torch: Any, backend_cls: Any) -> tuple[int, int]:
-    """Run the correctness cases; return (passed, total)."""
+def correctness(torch: Any, backend_cls: Any, decode_only: bool = False) -> tuple[int, int]:
+    """Run the correctness cases (with ``decode_only``, the decode and garbage ones); return (passed, total)."""
     be = backend_cls()
     slopes = (2.0 ** -np.arange(1, 9)).astype(np.float32)
     cases: list[tuple[str, Callable[[], tuple[bool, str]]]] = []
@@ -214,6 +214,8 @@ def correctness(torch: Any, backend_cls: Any) -> tuple[int, int]:
     cases.append(("copy_blocks with a cycle", lambda: check_copy_blocks(be)))
     cases.append(("merge_states", lambda: check_merge(be)))
 
+    if decode_only:
+        cases = [(n, c) for n, c in cases if n.startswith(("decode", "split-KV", "garbage"))]
     passed = 0
     for name, check in cases:
         start = time.perf_counter()
@@ -418,7 +420,7 @@ def _time_paged(torch: Any, bandwidth: float | None = None) -> Callable[..., dic
     return time_paged
 
 
-def bench(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
+def bench(torch: Any, backend_cls: Any, decode_only: bool = False) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     bandwidth = read_bandwidth(torch)
     BANDWIDTH[:] = [bandwidth]
@@ -447,6 +449,8 @@ def bench(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
             rows.append(time_paged(f"decode {batch}x{length} triton", batch, length, bs, 1, backend_cls(), ref))
             say(str(rows[-1]))
 
+    if decode_only:
+        return rows
     inp = paged_inputs(torch, 8, 4096, 64, 4096, seed=98)
     k4, v4 = contiguous_kv(inp, 8, 4096)
     q4 = inp["q"].view(8, 4096, 32, 128).transpose(1, 2)
@@ -507,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time other tile choices")
     parser.add_argument("--no-sanitizer", action="store_true")
     parser.add_argument("--no-bench", action="store_true")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="decode correctness cases and decode timings, plus the other launch order")
     parser.add_argument("--sanitize-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     import torch
@@ -525,14 +531,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"device": props.name}
     start = time.perf_counter()
     say("1. correctness against the spec (error model; bit-exact where the contract says so)")
-    passed, total = correctness(torch, TritonBackend)
+    passed, total = correctness(torch, TritonBackend, args.decode_only)
     results["correctness"] = f"{passed}/{total} passed"
     say(f"   {passed}/{total} passed ({time.perf_counter() - start:.0f}s)")
     rows: list[dict[str, Any]] = []
     if not args.no_bench:
         say("2. speed (medians of triton.testing.do_bench, L2 flushed before each repetition)")
         try:
-            rows = bench(torch, TritonBackend)
+            rows = bench(torch, TritonBackend, args.decode_only)
         except Exception:
             say(traceback.format_exc())
     print(table(rows), flush=True)
@@ -540,6 +546,16 @@ def main(argv: list[str] | None = None) -> int:
         say("3. compute-sanitizer --tool memcheck, garbage-filled pools")
         results["sanitizer"] = run_sanitizer(out_dir)
         say(f"   {results['sanitizer']}")
+    if args.decode_only:
+        from pagedattn.backends.triton.launch_config import choose_tiles
+
+        time_paged = _time_paged(torch)
+        other = replace(choose_tiles(1, 4, 128, "bfloat16"), heads_fastest=False)
+        for batch, length in ((64, 4096), (2, 65536)):
+            row = time_paged(f"sweep decode {batch}x{length} work-major launch order", batch, length, 16, 1,
+                             TritonBackend(tiles=other), None)
+            rows.append(row)
+            say(str(row))
     if args.sweep:
         say("4. other tile choices")
         try:

@@ -41,6 +41,7 @@ class Tiles:
     head_dim_pad: int  # head_dim rounded up to a power of two >= 16 (tl.dot minimum)
     num_warps: int
     num_stages: int
+    heads_fastest: bool = False  # launch order: the KV heads of a work item next to each other
 
     @property
     def block_q(self) -> int:
@@ -68,7 +69,11 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str) -> 
     block_n = 32 if wide else (128 if decode else 64)
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2
-    return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages)
+    # decode: the heads of a sequence read the same blocks (NHD: interleaved in memory), so
+    # they run side by side; prefill: a head's K/V is reused by the next query tiles, so
+    # consecutive programs take consecutive work items of one head (L2 reuse)
+    return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages,
+                 heads_fastest=decode)
 
 
 def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int) -> int:
