@@ -345,6 +345,19 @@ def test_write_kv_matches_spec_bit_for_bit(dtype: str, cache_dtype: str | None, 
         assert not diff.any(), f"{name}: {int(diff.sum())} bytes differ from the spec's write_kv"
 
 
+def test_cache_operations_on_numpy_caches_write_in_place() -> None:
+    rng = np.random.default_rng(19)
+    pool = rng.standard_normal((4, 2, 2, 8, 16)).astype(numpy_dtype("bfloat16"))  # [blocks, 2, Hkv, bs, D]
+    key = rng.standard_normal((3, 2, 16)).astype(numpy_dtype("bfloat16"))
+    slots = np.array([5, -1, 30])
+    expected = pool.copy()
+    kv_ops.write_kv(key, key, expected[:, 0], expected[:, 1], slots, kv_layout="HND")
+    kv_ops.copy_blocks(expected[:, 0], expected[:, 1], np.array([[0, 3]]), kv_layout="HND")
+    BACKEND.write_kv(key, key, pool[:, 0], pool[:, 1], slots, kv_layout="HND")  # strided NumPy views
+    BACKEND.copy_blocks(pool[:, 0], pool[:, 1], np.array([[0, 3]]), kv_layout="HND")
+    assert pool.tobytes() == expected.tobytes()
+
+
 def test_copy_blocks_chain_reads_sources_first() -> None:
     rng = np.random.default_rng(16)
     cache = rng.standard_normal((6, 4, 2, 16)).astype(numpy_dtype("bfloat16"))

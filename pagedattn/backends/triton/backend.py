@@ -256,12 +256,11 @@ class TritonBackend(Backend):
 
         from pagedattn.backends.triton.cache_kernels import write_kv_kernel
 
-        self._require_device_caches(key_cache, value_cache, "write_kv")
+        if problem.num_tokens == 0:
+            return
         device = self._device()
         k, v = as_tensor(key, device), as_tensor(value, device)
         k_cache, v_cache = as_tensor(key_cache, device), as_tensor(value_cache, device)
-        if problem.num_tokens == 0:
-            return
         slots = numpy_to_torch(problem.slot_mapping.astype(np.int64), k.device)
         to_fp8 = problem.cache_dtype in FP8_DTYPES
         scales = numpy_to_torch(np.array([problem.k_scale, problem.v_scale], dtype=np.float64), k.device)
@@ -284,13 +283,14 @@ class TritonBackend(Backend):
             TO_FP8=to_fp8, MANT_BITS=mant_bits, EXP_BIAS=exp_bias, FP8_MAX=fp8_max, OVERFLOW_BITS=overflow_bits,
             num_warps=1,
         )
+        self._write_back(key_cache, k_cache)
+        self._write_back(value_cache, v_cache)
 
     def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
         import torch
 
         from pagedattn.backends.triton.cache_kernels import copy_blocks_kernel
 
-        self._require_device_caches(key_cache, value_cache, "copy_blocks")
         if pairs.shape[0] == 0:
             return
         device = self._device()
@@ -308,16 +308,13 @@ class TritonBackend(Backend):
                 self._launch_copy(copy_blocks_kernel, staging, cache, order, dst_ids)
             else:
                 self._launch_copy(copy_blocks_kernel, cache, cache, src_ids, dst_ids)
+            self._write_back(cache_arg, cache)
 
-    def _require_device_caches(self, key_cache: Any, value_cache: Any, operation: str) -> None:
-        """In-place operations need caches the kernels write in place: torch tensors."""
-        import torch
-
-        for argument, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-            if not isinstance(cache, torch.Tensor):
-                raise UnsupportedError(
-                    argument, f"{operation} into a {type(cache).__name__}: pass torch tensors (see to_device)",
-                    backend=self.name, capability=operation)
+    @staticmethod
+    def _write_back(original: Any, tensor: Any) -> None:
+        """A NumPy cache was copied to the device: copy the written tensor back into it."""
+        if isinstance(original, np.ndarray):
+            original[...] = torch_to_numpy(tensor)
 
     @staticmethod
     def _launch_copy(kernel: Any, src: Any, dst: Any, src_ids: Any, dst_ids: Any) -> None:
