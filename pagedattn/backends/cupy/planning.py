@@ -1,0 +1,146 @@
+"""Work items of the cupy attention kernel, built on the host from a validated problem.
+
+A work item is one sequence ``s``, one KV head, up to ``ROWS`` query rows (``num_tokens``
+consecutive query tokens times ``num_groups`` query heads of that KV head) and a range of
+logical positions ``[kv_begin, kv_end)`` cut on ``TILE_N`` boundaries. Only positions a row
+can see are covered (causal: up to the last row's ``p_q``; sliding window: from the first
+row's ``p_q - W + 1``), so the kernel never visits blocks it would mask entirely. Long ranges
+are split (split-KV) into parts of about equal length; their partial results are merged by
+``merge_partials``. Every output row belongs to exactly one base item, so every row is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagedattn.backends.cupy.specializations import ITEM_FIELDS, MERGE_FIELDS, ROWS, tile_n
+from pagedattn.spec.arrays import AttentionProblem
+
+
+@dataclass(frozen=True)
+class WorkPlan:
+    """What the attention launch needs: ``items`` int32 ``[n, 9]``, ``merges`` int32 ``[m, 7]``."""
+
+    rows: int
+    tile_n: int
+    items: np.ndarray
+    merges: np.ndarray
+    num_partials: int
+
+
+def choose_rows(group_size: int, is_decode: bool) -> int:
+    """Rows per CTA: 4 covers decode with up to 4 query heads per KV head, else 8."""
+    return ROWS[0] if is_decode and group_size <= ROWS[0] else ROWS[-1]
+
+
+def build_work(
+    problem: AttentionProblem, *, target_ctas: int = 1056, min_tiles_per_split: int = 4
+) -> WorkPlan:
+    """Return the :class:`WorkPlan` of ``problem``.
+
+    ``target_ctas``: about how many CTAs should run (a few per multiprocessor, several waves);
+    ranges longer than ``total_tiles / target_ctas`` (and ``min_tiles_per_split``) tiles are split.
+    """
+    G = problem.group_size
+    rows = choose_rows(G, problem.is_decode)
+    TILE_N = tile_n(problem.dtype)
+    num_groups = min(G, rows)
+    tokens_per_item = max(1, rows // G)
+    group_starts = np.arange(0, G, num_groups)
+
+    # -- token chunks of each sequence: [token_start, token_start + num_tokens)
+    q_lens = problem.q_lens
+    chunks_per_seq = -(-q_lens // tokens_per_item)
+    seq = np.repeat(np.arange(problem.num_seqs), chunks_per_seq)
+    first_chunk = (
+        np.concatenate([[0], np.cumsum(chunks_per_seq)[:-1]])
+        if problem.num_seqs
+        else np.zeros(0, np.int64)
+    )
+    k = np.arange(seq.size) - first_chunk[seq]
+    token_start = problem.query_start_loc[seq] + k * tokens_per_item
+    num_tokens = np.minimum(tokens_per_item, problem.query_start_loc[seq + 1] - token_start)
+    L = problem.seq_lens[seq]
+    p_first = L - q_lens[seq] + (token_start - problem.query_start_loc[seq])
+    p_last = p_first + num_tokens - 1
+    hi = np.minimum(L, p_last + 1) if problem.causal else L
+    lo = (
+        np.zeros_like(L)
+        if problem.sliding_window is None
+        else np.maximum(0, p_first - problem.sliding_window + 1)
+    )
+    tile_lo = lo // TILE_N
+    tiles = np.where(hi > lo, -(-hi // TILE_N) - tile_lo, 0)
+
+    # -- base items: chunk x KV head x group chunk
+    n_chunks, n_heads, n_gchunks = seq.size, problem.num_kv_heads, group_starts.size
+    shape = (n_chunks, n_heads, n_gchunks)
+    c_idx, h_idx, g_idx = (
+        a.ravel()
+        for a in np.meshgrid(
+            np.arange(n_chunks), np.arange(n_heads), np.arange(n_gchunks), indexing="ij"
+        )
+    )
+    del shape
+    base_tiles = tiles[c_idx]
+    base_groups = np.minimum(num_groups, G - group_starts[g_idx])
+
+    # -- split-KV: parts of about equal length
+    total = int(base_tiles.sum())
+    per_split = max(min_tiles_per_split, -(-total // max(1, target_ctas)))
+    splits = np.maximum(1, -(-base_tiles // per_split))
+    item_base = np.repeat(np.arange(base_tiles.size), splits)
+    first_item = (
+        np.concatenate([[0], np.cumsum(splits)[:-1]]) if splits.size else np.zeros(0, np.int64)
+    )
+    part = np.arange(item_base.size) - first_item[item_base]
+    n_split = splits[item_base]
+    t_begin = tile_lo[c_idx][item_base] + (part * base_tiles[item_base]) // n_split
+    t_end = tile_lo[c_idx][item_base] + ((part + 1) * base_tiles[item_base]) // n_split
+    split = n_split > 1
+    partial = np.full(item_base.size, -1, dtype=np.int64)
+    partial[split] = np.arange(int(split.sum()))
+
+    items = (
+        np.stack(
+            [
+                seq[c_idx][item_base],
+                h_idx[item_base],
+                token_start[c_idx][item_base],
+                num_tokens[c_idx][item_base],
+                group_starts[g_idx][item_base],
+                base_groups[item_base],
+                t_begin * TILE_N,
+                t_end * TILE_N,
+                partial,
+            ],
+            axis=1,
+        )
+        .astype(np.int32)
+        .reshape(-1, ITEM_FIELDS)
+    )
+    # longest ranges first, so the last wave is made of short items
+    items = items[np.argsort(-(items[:, 7] - items[:, 6]), kind="stable")]
+
+    merged = splits > 1
+    merges = (
+        np.stack(
+            [
+                token_start[c_idx][merged],
+                num_tokens[c_idx][merged],
+                h_idx[merged],
+                group_starts[g_idx][merged],
+                base_groups[merged],
+                partial[first_item[merged]],
+                splits[merged],
+            ],
+            axis=1,
+        )
+        .astype(np.int32)
+        .reshape(-1, MERGE_FIELDS)
+    )
+    return WorkPlan(
+        rows=rows, tile_n=TILE_N, items=items, merges=merges, num_partials=int(split.sum())
+    )
