@@ -36,7 +36,7 @@ template <typename T, int HEAD_DIM, int ROWS> __host__ __device__ constexpr int 
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, int ROWS>
-__global__ void __launch_bounds__(NUM_THREADS, 3) paged_attention(
+__global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attention(
     const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
     float* __restrict__ partial_lse,  //
