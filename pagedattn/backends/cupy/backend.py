@@ -102,6 +102,14 @@ class CupyBackend(Backend):
         slopes = (
             problem.alibi_slopes if problem.alibi_slopes is not None else np.zeros(1, np.float32)
         )
+        with current_stream():  # uploads ordered before the launches on the same stream
+            return self._upload(work, problem, slopes)
+
+    def _upload(
+        self, work: planning.WorkPlan, problem: AttentionProblem, slopes: np.ndarray
+    ) -> Any:
+        import cupy
+
         return CupyPlanState(
             work=work,
             items=cupy.asarray(work.items),
@@ -133,6 +141,12 @@ class CupyBackend(Backend):
         return raw, (s_block, s_slot, s_head)
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        with current_stream():
+            return self._launch_attention(plan, query, key_cache, value_cache)
+
+    def _launch_attention(
+        self, plan: Plan, query: Any, key_cache: Any, value_cache: Any
+    ) -> tuple[Any, Any]:
         import cupy
 
         p: AttentionProblem = plan.problem
@@ -198,8 +212,28 @@ class CupyBackend(Backend):
             )
         return out, (lse if p.return_lse else None)
 
-    # -- other operations ------------------------------------------------------
+    # -- other operations (uploads, copies and launches all on the current stream) --
     def _write_kv(
+        self,
+        problem: WriteKVProblem,
+        key: Any,
+        value: Any,
+        key_cache: Any,
+        value_cache: Any,
+        slot_mapping: Any,
+    ) -> None:
+        with current_stream():
+            self._write_kv_on_stream(problem, key, value, key_cache, value_cache, slot_mapping)
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        with current_stream():
+            self._copy_blocks_on_stream(key_cache, value_cache, pairs)
+
+    def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+        with current_stream():
+            return self._merge_states_on_stream(out_a, lse_a, out_b, lse_b)
+
+    def _write_kv_on_stream(
         self,
         problem: WriteKVProblem,
         key: Any,
@@ -247,7 +281,7 @@ class CupyBackend(Backend):
             ),
         )
 
-    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+    def _copy_blocks_on_stream(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
         import cupy
 
         if len(pairs) == 0:
@@ -299,7 +333,9 @@ class CupyBackend(Backend):
                 ),
             )
 
-    def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+    def _merge_states_on_stream(
+        self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any
+    ) -> tuple[Any, Any]:
         import cupy
 
         raws = []
