@@ -195,7 +195,7 @@ def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) ->
         case.query_start_loc,
         **options,
     )
-    work = build_work(problem, target_ctas=8, min_tiles_per_split=1)  # force split-KV
+    work = build_work(problem, slots=64, min_tiles_per_split=1)  # force split-KV
     out, lse = _model(problem, work, case.query, case.key_cache, case.value_cache)
     exact = exact_attention(
         case.query,
@@ -224,7 +224,7 @@ def test_long_decode_is_split_and_merged() -> None:
     problem = check_paged_attention(
         case.query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens
     )
-    work = build_work(problem, target_ctas=1056)
+    work = build_work(problem, slots=396)
     assert len(work.merges) == 16 and len(work.items) >= 512
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from pagedattn.backends.capabilities import ALL_FEATURES, Capabilities
 from pagedattn.backends.cupy import arrays, planning, specializations
-from pagedattn.backends.cupy.runtime import current_stream, launch
+from pagedattn.backends.cupy.runtime import current_stream, kernel, launch
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
@@ -95,10 +95,8 @@ class CupyBackend(Backend):
         query_start_loc: Any,
         alibi_slopes: Any,
     ) -> CupyPlanState:
-        import cupy
 
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        work = planning.build_work(problem, target_ctas=8 * sms)
+        work = planning.build_work(problem, slots=self._resident_ctas(problem))
         slopes = (
             problem.alibi_slopes if problem.alibi_slopes is not None else np.zeros(1, np.float32)
         )
@@ -119,6 +117,21 @@ class CupyBackend(Backend):
             query_start_loc=cupy.asarray(problem.query_start_loc.astype(np.int32)),
             alibi_slopes=cupy.asarray(slopes.astype(np.float32)),
         )
+
+    def _resident_ctas(self, problem: AttentionProblem) -> int:
+        """CTAs of the attention kernel resident on the whole device (registers, shared memory)."""
+        import cupy
+
+        attributes = cupy.cuda.Device().attributes
+        rows = planning.choose_rows(problem.group_size, problem.is_decode)
+        spec = specializations.attention(problem.dtype, problem.head_dim, problem.block_size, rows)
+        registers = int(getattr(kernel(spec), "num_regs", 0) or 255)
+        per_warp = -(-registers * 32 // 256) * 256  # registers are allocated per warp in 256s
+        by_registers = attributes["MaxRegistersPerMultiprocessor"] // (per_warp * NUM_THREADS // 32)
+        smem = specializations.attention_smem_bytes(problem.dtype, problem.head_dim, rows) + 1024
+        by_smem = attributes["MaxSharedMemoryPerMultiprocessor"] // smem
+        per_sm = max(1, min(by_registers, by_smem, 2048 // NUM_THREADS))
+        return per_sm * attributes["MultiProcessorCount"]
 
     def _cache_strides(
         self, cache: Any, argument: str, kv_layout: str

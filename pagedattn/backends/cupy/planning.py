@@ -35,13 +35,34 @@ def choose_rows(group_size: int, is_decode: bool) -> int:
     return ROWS[0] if is_decode and group_size <= ROWS[0] else ROWS[-1]
 
 
-def build_work(
-    problem: AttentionProblem, *, target_ctas: int = 1056, min_tiles_per_split: int = 4
-) -> WorkPlan:
-    """Return the :class:`WorkPlan` of ``problem``.
+def choose_split(
+    base_tiles: np.ndarray, slots: int, *, min_tiles: int = 4, overhead: float = 2.0
+) -> int:
+    """Tiles per split-KV part minimising the estimated time of ``base_tiles`` on ``slots`` CTAs.
 
-    ``target_ctas``: about how many CTAs should run (a few per multiprocessor, several waves);
-    ranges longer than ``total_tiles / target_ctas`` (and ``min_tiles_per_split``) tiles are split.
+    Estimate: waves (``ceil(items / slots)``) times the longest part plus ``overhead`` tiles of
+    per-CTA setup and epilogue; candidates are about 48 geometrically spaced part lengths.
+    """
+    longest = int(base_tiles.max(initial=0))
+    if longest <= min_tiles:
+        return max(1, longest)
+    candidates = np.unique(np.geomspace(min_tiles, longest, 48).astype(np.int64))
+    best, best_time = longest, np.inf
+    for per_split in candidates:
+        splits = np.maximum(1, -(-base_tiles // per_split))
+        part = int((-(-base_tiles // splits)).max())
+        estimate = -(-int(splits.sum()) // slots) * (part + overhead)
+        if estimate < best_time:
+            best, best_time = int(per_split), estimate
+    return best
+
+
+def build_work(
+    problem: AttentionProblem, *, slots: int = 396, min_tiles_per_split: int = 4
+) -> WorkPlan:
+    """Return the :class:`WorkPlan` of ``problem`` for ``slots`` CTAs resident on the device.
+
+    Ranges are split into parts of :func:`choose_split` tiles (at least ``min_tiles_per_split``).
     """
     G = problem.group_size
     rows = choose_rows(G, problem.is_decode)
@@ -88,8 +109,7 @@ def build_work(
     base_groups = np.minimum(num_groups, G - group_starts[g_idx])
 
     # -- split-KV: parts of about equal length
-    total = int(base_tiles.sum())
-    per_split = max(min_tiles_per_split, -(-total // max(1, target_ctas)))
+    per_split = choose_split(base_tiles, max(1, slots), min_tiles=min_tiles_per_split)
     splits = np.maximum(1, -(-base_tiles // per_split))
     item_base = np.repeat(np.arange(base_tiles.size), splits)
     first_item = (

@@ -20,7 +20,6 @@ BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: Query rows (tokens x query heads of one KV head) per CTA of the attention kernel.
 ROWS: tuple[int, ...] = (4, 8)
 NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)
-STAGES = 2  # K/V tiles in shared memory
 ITEM_FIELDS = 9  # ints per work item
 MERGE_FIELDS = 7  # ints per split-KV merge
 
@@ -38,7 +37,12 @@ class Specialization:
 
 def tile_n(dtype: str) -> int:
     """Keys per K/V tile of the attention kernel (``Tile<T>::TILE_N``)."""
-    return 32 if dtype == "float32" else 64
+    return 32
+
+
+def stages(dtype: str) -> int:
+    """K/V tiles held in shared memory (``Tile<T>::STAGES``)."""
+    return 2 if dtype == "float32" else 4
 
 
 def itemsize(dtype: str) -> int:
@@ -49,7 +53,7 @@ def attention_smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
     """Dynamic shared memory of ``paged_attention`` (as ``attention_smem_bytes`` in the .cu)."""
     size = itemsize(dtype)
     chunks_per_row = head_dim * size // 16
-    tiles = 2 * STAGES * tile_n(dtype) * head_dim * size
+    tiles = 2 * stages(dtype) * tile_n(dtype) * head_dim * size
     reduction = (NUM_THREADS // chunks_per_row) * rows * head_dim * 4
     return max(tiles, reduction) + rows * tile_n(dtype) * 4 + 5 * rows * 4
 

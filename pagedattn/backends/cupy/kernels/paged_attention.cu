@@ -17,20 +17,21 @@
 
 constexpr int NUM_THREADS = 128;  // 4 warps
 constexpr int NUM_WARPS = NUM_THREADS / 32;
-constexpr int STAGES = 2;         // K/V tiles in flight: one computed while the next loads
 constexpr int ITEM_FIELDS = 9;    // seq, kv_head, token_start, num_tokens, group_start, num_groups,
                                   // kv_begin, kv_end, partial (-1: write out directly)
 
 template <typename T> struct Tile {
-  static constexpr int ELEMS_PER_CHUNK = 16 / sizeof(T);       // elements in one 16-byte load
-  static constexpr int TILE_N = sizeof(T) == 4 ? 32 : 64;      // keys per tile: 16 KiB at d=128
+  static constexpr int ELEMS_PER_CHUNK = 16 / sizeof(T);  // elements in one 16-byte load
+  static constexpr int TILE_N = 32;                       // keys per tile (the softmax step needs >= 32)
+  static constexpr int STAGES = sizeof(T) == 4 ? 2 : 4;   // tiles in shared memory: STAGES - 1 load
+                                                          // while one is computed (64 KiB at d=128)
 };
 
 // Shared-memory bytes the kernel needs; the host computes the same (planning.shared_bytes).
 template <typename T, int HEAD_DIM, int ROWS> __host__ __device__ constexpr int attention_smem_bytes() {
-  return (2 * STAGES * Tile<T>::TILE_N * HEAD_DIM * (int)sizeof(T) >
+  return (2 * Tile<T>::STAGES * Tile<T>::TILE_N * HEAD_DIM * (int)sizeof(T) >
                   (NUM_THREADS / (HEAD_DIM / Tile<T>::ELEMS_PER_CHUNK)) * ROWS * HEAD_DIM * 4
-              ? 2 * STAGES * Tile<T>::TILE_N * HEAD_DIM * (int)sizeof(T)
+              ? 2 * Tile<T>::STAGES * Tile<T>::TILE_N * HEAD_DIM * (int)sizeof(T)
               : (NUM_THREADS / (HEAD_DIM / Tile<T>::ELEMS_PER_CHUNK)) * ROWS * HEAD_DIM * 4) +
          ROWS * Tile<T>::TILE_N * 4 + 5 * ROWS * 4;
 }
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
     float scale, float softcap, int sliding_window, int causal, int has_alibi) {
   constexpr int ELEMS_PER_CHUNK = Tile<T>::ELEMS_PER_CHUNK;
   constexpr int TILE_N = Tile<T>::TILE_N;
+  constexpr int STAGES = Tile<T>::STAGES;
   constexpr int CHUNKS_PER_ROW = HEAD_DIM / ELEMS_PER_CHUNK;   // 16-byte chunks in one key row
   constexpr int TILE_CHUNKS = TILE_N * CHUNKS_PER_ROW;
   constexpr int LOADS_PER_THREAD = TILE_CHUNKS / NUM_THREADS;
@@ -218,6 +220,7 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
         l_ij += p;
       }
       l_ij = warp_sum(l_ij);
+      __syncwarp();  // every lane has read m_i[r] before lane 0 overwrites it
       if (lane == 0) {
         const float a = exp2f(m_old - m_safe);
         alpha[r] = a;
@@ -246,15 +249,19 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
     }
   };
 
-  // ---- inner loop over tiles of logical positions, loads one tile ahead
+  // ---- inner loop over tiles of logical positions, loading STAGES - 1 tiles ahead
   const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + TILE_N - 1) / TILE_N : 0;
   __syncthreads();
-  if (num_tiles > 0) load_tile(0, kv_begin);
-  cp_async_commit();
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < num_tiles) load_tile(i, kv_begin + i * TILE_N);
+    cp_async_commit();  // one group per tile, empty ones included, so the wait count below holds
+  }
   for (int i = 0; i < num_tiles; ++i) {
-    if (i + 1 < num_tiles) load_tile((i + 1) % STAGES, kv_begin + (i + 1) * TILE_N);
+    const int next = i + STAGES - 1;  // goes to the stage computed in iteration i - 1
+    if (next < num_tiles) load_tile(next % STAGES, kv_begin + next * TILE_N);
     cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<STAGES - 1>();  // tile i has landed
     __syncthreads();
     attend_tile(i % STAGES, kv_begin + i * TILE_N);
     __syncthreads();
