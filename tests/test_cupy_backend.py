@@ -20,7 +20,7 @@ import pytest
 
 from pagedattn.backends.cupy.backend import CupyBackend
 from pagedattn.backends.cupy.cases import make_case
-from pagedattn.backends.cupy.planning import build_work
+from pagedattn.backends.cupy.planning import build_work, choose_rows
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec.arrays import check_paged_attention
 from pagedattn.spec.exact import exact_attention
@@ -171,6 +171,7 @@ WORK_CASES = {
     "G=12 prefill": dict(seq_lens=[50], q_lens=[50], num_q_heads=24, num_kv_heads=2),
     "window": dict(seq_lens=[400, 100], q_lens=[30, 1], sliding_window=37, block_size=64),
     "non-causal HND": dict(seq_lens=[120, 64], q_lens=[20, 64], causal=False, kv_layout="HND"),
+    "tensor-core rows": dict(seq_lens=[300, 129, 7], q_lens=[300, 50, 7], dtype="float16"),
     "softcap alibi": dict(
         seq_lens=[300],
         q_lens=[4],
@@ -183,8 +184,22 @@ WORK_CASES = {
 @pytest.mark.parametrize("name", list(WORK_CASES))
 def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) -> None:
     case = make_case(
-        name, np.random.default_rng(1), head_dim=64, dtype="float32", **WORK_CASES[name]
+        name, np.random.default_rng(1), head_dim=64, **{"dtype": "float32", **WORK_CASES[name]}
     )
+    if name == "tensor-core rows":
+        assert (
+            choose_rows(
+                check_paged_attention(
+                    case.query,
+                    case.key_cache,
+                    case.value_cache,
+                    case.block_tables,
+                    case.seq_lens,
+                    case.query_start_loc,
+                )
+            )
+            == 64
+        )
     options = case.options
     problem = check_paged_attention(
         case.query,

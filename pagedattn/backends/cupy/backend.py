@@ -123,12 +123,12 @@ class CupyBackend(Backend):
         import cupy
 
         attributes = cupy.cuda.Device().attributes
-        rows = planning.choose_rows(problem.group_size, problem.is_decode)
+        rows = planning.choose_rows(problem)
         spec = specializations.attention(problem.dtype, problem.head_dim, problem.block_size, rows)
         registers = int(getattr(kernel(spec), "num_regs", 0) or 255)
         per_warp = -(-registers * 32 // 256) * 256  # registers are allocated per warp in 256s
         by_registers = attributes["MaxRegistersPerMultiprocessor"] // (per_warp * NUM_THREADS // 32)
-        smem = specializations.attention_smem_bytes(problem.dtype, problem.head_dim, rows) + 1024
+        smem = specializations.smem_bytes(problem.dtype, problem.head_dim, rows) + 1024
         by_smem = attributes["MaxSharedMemoryPerMultiprocessor"] // smem
         per_sm = max(1, min(by_registers, by_smem, 2048 // NUM_THREADS))
         return per_sm * attributes["MultiProcessorCount"]
@@ -204,7 +204,7 @@ class CupyBackend(Backend):
                 np.int32(p.causal),
                 np.int32(p.alibi_slopes is not None),
             ),
-            shared_mem=specializations.attention_smem_bytes(name, D, rows),
+            shared_mem=specializations.smem_bytes(name, D, rows),
             stream=stream,
         )
         if len(work.merges):

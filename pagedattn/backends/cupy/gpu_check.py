@@ -100,6 +100,23 @@ def correctness_cases(rng: np.random.Generator, small: bool = False) -> list[Cas
                         kv_layout=layout,
                     )
                 )
+    for dtype in ("bfloat16", "float16"):  # the tensor-core kernel: >= 8 queries per sequence
+        for bs in (16, 32, 64):
+            for layout in ("NHD", "HND"):
+                cases.append(
+                    make_case(
+                        f"prefill mma {dtype} bs{bs} {layout}",
+                        rng,
+                        seq_lens=[300, 129, 64, 7],
+                        q_lens=[300, 50, 64, 7],
+                        num_q_heads=8,
+                        num_kv_heads=2,
+                        block_size=bs,
+                        dtype=dtype,
+                        kv_layout=layout,
+                    )
+                )
+    cases.append(make_case("chunked prefill mma split-KV", rng, seq_lens=[6000], q_lens=[64]))
     for head_dim in (64, 256):
         cases.append(
             make_case(

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagedattn.backends.cupy.specializations import ITEM_FIELDS, MERGE_FIELDS, ROWS, tile_n
+from pagedattn.backends.cupy.specializations import (
+    ITEM_FIELDS,
+    MERGE_FIELDS,
+    MMA_DTYPES,
+    MMA_HEAD_DIMS,
+    MMA_ROWS,
+    ROWS,
+    tile_n,
+)
 from pagedattn.spec.arrays import AttentionProblem
 
 
@@ -30,9 +38,21 @@ class WorkPlan:
     num_partials: int
 
 
-def choose_rows(group_size: int, is_decode: bool) -> int:
-    """Rows per CTA: 4 covers decode with up to 4 query heads per KV head, else 8."""
-    return ROWS[0] if is_decode and group_size <= ROWS[0] else ROWS[-1]
+def choose_rows(problem: AttentionProblem) -> int:
+    """Rows per CTA, which also picks the kernel.
+
+    ``MMA_ROWS`` (tensor cores) for float16/bfloat16 batches of at least 8 queries per sequence
+    on average at head_dim 64 or 128; else the CUDA-core kernel with 4 rows (decode with up to
+    4 query heads per KV head) or 8.
+    """
+    if (
+        not problem.is_decode
+        and problem.dtype in MMA_DTYPES
+        and problem.head_dim in MMA_HEAD_DIMS
+        and problem.num_tokens >= 8 * problem.num_seqs
+    ):
+        return MMA_ROWS
+    return ROWS[0] if problem.is_decode and problem.group_size <= ROWS[0] else ROWS[-1]
 
 
 def choose_split(
@@ -65,8 +85,8 @@ def build_work(
     Ranges are split into parts of :func:`choose_split` tiles (at least ``min_tiles_per_split``).
     """
     G = problem.group_size
-    rows = choose_rows(G, problem.is_decode)
-    TILE_N = tile_n(problem.dtype)
+    rows = choose_rows(problem)
+    TILE_N = tile_n(problem.dtype, rows)
     num_groups = min(G, rows)
     tokens_per_item = max(1, rows // G)
     group_starts = np.arange(0, G, num_groups)

@@ -17,8 +17,12 @@ KERNEL_DIR = Path(__file__).with_name("kernels")
 CUDA_TYPES: dict[str, str] = {"float32": "float", "float16": "half_t", "bfloat16": "bfloat16_t"}
 HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
-#: Query rows (tokens x query heads of one KV head) per CTA of the attention kernel.
+#: Query rows (tokens x query heads of one KV head) per CTA of the CUDA-core attention kernel.
 ROWS: tuple[int, ...] = (4, 8)
+#: The tensor-core kernel (kernels/paged_attention_mma.cu): 64 rows, 64-key tiles, 16-bit dtypes.
+MMA_ROWS = 64
+MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)
 ITEM_FIELDS = 9  # ints per work item
 MERGE_FIELDS = 7  # ints per split-KV merge
@@ -35,9 +39,9 @@ class Specialization:
     name_expression: str
 
 
-def tile_n(dtype: str) -> int:
-    """Keys per K/V tile of the attention kernel (``Tile<T>::TILE_N``)."""
-    return 32
+def tile_n(dtype: str, rows: int = ROWS[0]) -> int:
+    """Keys per K/V tile: ``Tile<T>::TILE_N`` (CUDA cores) or ``MMA_TILE_N`` (tensor cores)."""
+    return 64 if rows == MMA_ROWS else 32
 
 
 def stages(dtype: str) -> int:
@@ -58,7 +62,25 @@ def attention_smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
     return max(tiles, reduction) + rows * tile_n(dtype) * 4 + 5 * rows * 4
 
 
+def mma_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of ``paged_attention_mma`` (as ``mma_smem_bytes`` in the .cu)."""
+    return (MMA_ROWS + 2 * 2 * 64) * head_dim * 2 + 3 * MMA_ROWS * 4
+
+
+def smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
+    """Dynamic shared memory of the attention kernel used for ``rows``."""
+    if rows == MMA_ROWS:
+        return mma_smem_bytes(head_dim)
+    return attention_smem_bytes(dtype, head_dim, rows)
+
+
 def attention(dtype: str, head_dim: int, block_size: int, rows: int) -> Specialization:
+    """The attention kernel for ``rows`` rows per CTA (``MMA_ROWS``: the tensor-core kernel)."""
+    if rows == MMA_ROWS:
+        return Specialization(
+            "paged_attention_mma",
+            f"paged_attention_mma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}>",
+        )
     return Specialization(
         "paged_attention", f"paged_attention<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {rows}>"
     )
@@ -91,6 +113,9 @@ def all_specializations() -> list[Specialization]:
             for rows in ROWS:
                 specs.extend(attention(dtype, head_dim, bs, rows) for bs in BLOCK_SIZES)
                 specs.append(merge_partials(dtype, head_dim, rows))
+            if dtype in MMA_DTYPES and head_dim in MMA_HEAD_DIMS:
+                specs.extend(attention(dtype, head_dim, bs, MMA_ROWS) for bs in BLOCK_SIZES)
+                specs.append(merge_partials(dtype, head_dim, MMA_ROWS))
         specs.extend(kv_op(kernel, dtype) for kernel in KV_OP_KERNELS)
     return specs
 
