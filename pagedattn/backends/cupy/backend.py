@@ -127,10 +127,11 @@ class CupyBackend(Backend):
         spec = specializations.attention(problem.dtype, problem.head_dim, problem.block_size, rows)
         registers = int(getattr(kernel(spec), "num_regs", 0) or 255)
         per_warp = -(-registers * 32 // 256) * 256  # registers are allocated per warp in 256s
-        by_registers = attributes["MaxRegistersPerMultiprocessor"] // (per_warp * NUM_THREADS // 32)
+        threads = specializations.threads(rows)
+        by_registers = attributes["MaxRegistersPerMultiprocessor"] // (per_warp * threads // 32)
         smem = specializations.smem_bytes(problem.dtype, problem.head_dim, rows) + 1024
         by_smem = attributes["MaxSharedMemoryPerMultiprocessor"] // smem
-        per_sm = max(1, min(by_registers, by_smem, 2048 // NUM_THREADS))
+        per_sm = max(1, min(by_registers, by_smem, 2048 // threads))
         return per_sm * attributes["MultiProcessorCount"]
 
     def _cache_strides(
@@ -179,7 +180,7 @@ class CupyBackend(Backend):
         launch(
             specializations.attention(name, D, p.block_size, rows),
             (len(work.items),),
-            (NUM_THREADS,),
+            (specializations.threads(rows),),
             (
                 raw_q,
                 raw_k,

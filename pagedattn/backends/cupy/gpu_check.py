@@ -519,6 +519,20 @@ def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
                 "",
             ]
         )
+        os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"
+        ms = time_paged(backend, batch, seq_len, 16, None, sets)
+        del os.environ["PAGEDATTN_CUPY_DECODE"]
+        gbs = kv_bytes / ms / 1e6
+        log[f"cupy CUDA-core decode {batch}x{seq_len} bs16"] = {"ms": ms, "GBps": gbs}
+        rows.append(
+            [
+                f"cupy CUDA-core decode {batch}x{seq_len}",
+                "bs=16",
+                f"{ms:.4f} ms",
+                f"{gbs:.0f} GB/s = {gbs / read_gbs:.0%} of read",
+                "",
+            ]
+        )
         for bs in (16, 32, 64):
             ms = time_paged(backend, batch, seq_len, bs, None, sets)
             gbs = kv_bytes / ms / 1e6
@@ -619,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
             ok, summary = False, f"{type(error).__name__}: {error}"
         checks.append((f"attention {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention {case.name}: {summary}", flush=True)
+    os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"  # the CUDA-core kernel on 16-bit decode too
+    for case in correctness_cases(rng)[:12:2]:
+        ok, summary = check_case(backend, case)
+        checks.append((f"attention (CUDA-core decode) {case.name}", ok, summary))
+        print(f"{'ok  ' if ok else 'FAIL'} attention (CUDA-core decode) {case.name}: {summary}")
+    del os.environ["PAGEDATTN_CUPY_DECODE"]
     for name, fn in (("determinism", check_determinism), ("torch inputs", check_torch_inputs)):
         try:
             ok, summary = fn(backend, rng)

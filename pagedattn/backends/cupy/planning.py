@@ -11,11 +11,13 @@ are split (split-KV) into parts of about equal length; their partial results are
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from pagedattn.backends.cupy.specializations import (
+    DECODE_ROWS,
     ITEM_FIELDS,
     MERGE_FIELDS,
     MMA_DTYPES,
@@ -41,10 +43,20 @@ class WorkPlan:
 def choose_rows(problem: AttentionProblem) -> int:
     """Rows per CTA, which also picks the kernel.
 
-    ``MMA_ROWS`` (tensor cores) for float16/bfloat16 batches of at least 8 queries per sequence
-    on average at head_dim 64 or 128; else the CUDA-core kernel with 4 rows (decode with up to
-    4 query heads per KV head) or 8.
+    ``DECODE_ROWS`` (tensor-core decode, keys split among warps) for float16/bfloat16 decode
+    at head_dim 64 or 128 with up to 16 query heads per KV head, unless the environment sets
+    ``PAGEDATTN_CUPY_DECODE=simt``; ``MMA_ROWS`` (tensor cores) for float16/bfloat16 batches
+    of at least 8 queries per sequence on average at head_dim 64 or 128; else the CUDA-core
+    kernel with 4 rows (decode with up to 4 query heads per KV head) or 8.
     """
+    tensor_cores = problem.dtype in MMA_DTYPES and problem.head_dim in MMA_HEAD_DIMS
+    if (
+        problem.is_decode
+        and tensor_cores
+        and problem.group_size <= DECODE_ROWS
+        and os.environ.get("PAGEDATTN_CUPY_DECODE", "mma") != "simt"
+    ):
+        return DECODE_ROWS
     if (
         not problem.is_decode
         and problem.dtype in MMA_DTYPES

@@ -23,6 +23,10 @@ ROWS: tuple[int, ...] = (4, 8)
 MMA_ROWS = 64
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
+#: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 8 warps
+#: splitting the keys; same dtypes and head dims as the tensor-core prefill kernel.
+DECODE_ROWS = 16
+DECODE_THREADS = 256
 NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)
 ITEM_FIELDS = 9  # ints per work item
 MERGE_FIELDS = 7  # ints per split-KV merge
@@ -41,7 +45,12 @@ class Specialization:
 
 def tile_n(dtype: str, rows: int = ROWS[0]) -> int:
     """Keys per K/V tile: ``Tile<T>::TILE_N`` (CUDA cores) or ``MMA_TILE_N`` (tensor cores)."""
-    return 64 if rows == MMA_ROWS else 32
+    return {MMA_ROWS: 64, DECODE_ROWS: 128}.get(rows, 32)
+
+
+def threads(rows: int) -> int:
+    """Threads per CTA of the attention kernel used for ``rows``."""
+    return DECODE_THREADS if rows == DECODE_ROWS else NUM_THREADS
 
 
 def stages(dtype: str) -> int:
@@ -67,8 +76,19 @@ def mma_smem_bytes(head_dim: int) -> int:
     return (MMA_ROWS + 2 * 2 * 64) * head_dim * 2 + 3 * MMA_ROWS * 4
 
 
+def decode_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu)."""
+    return (
+        (DECODE_ROWS + 8 * 3 * 2 * 16) * head_dim * 2
+        + 3 * DECODE_ROWS * 4
+        + 2 * 8 * DECODE_ROWS * 4
+    )
+
+
 def smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
     """Dynamic shared memory of the attention kernel used for ``rows``."""
+    if rows == DECODE_ROWS:
+        return decode_smem_bytes(head_dim)
     if rows == MMA_ROWS:
         return mma_smem_bytes(head_dim)
     return attention_smem_bytes(dtype, head_dim, rows)
@@ -76,6 +96,11 @@ def smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
 
 def attention(dtype: str, head_dim: int, block_size: int, rows: int) -> Specialization:
     """The attention kernel for ``rows`` rows per CTA (``MMA_ROWS``: the tensor-core kernel)."""
+    if rows == DECODE_ROWS:
+        return Specialization(
+            "paged_attention_decode",
+            f"paged_attention_decode<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}>",
+        )
     if rows == MMA_ROWS:
         return Specialization(
             "paged_attention_mma",
@@ -114,8 +139,9 @@ def all_specializations() -> list[Specialization]:
                 specs.extend(attention(dtype, head_dim, bs, rows) for bs in BLOCK_SIZES)
                 specs.append(merge_partials(dtype, head_dim, rows))
             if dtype in MMA_DTYPES and head_dim in MMA_HEAD_DIMS:
-                specs.extend(attention(dtype, head_dim, bs, MMA_ROWS) for bs in BLOCK_SIZES)
-                specs.append(merge_partials(dtype, head_dim, MMA_ROWS))
+                for rows in (MMA_ROWS, DECODE_ROWS):
+                    specs.extend(attention(dtype, head_dim, bs, rows) for bs in BLOCK_SIZES)
+                    specs.append(merge_partials(dtype, head_dim, rows))
         specs.extend(kv_op(kernel, dtype) for kernel in KV_OP_KERNELS)
     return specs
 
