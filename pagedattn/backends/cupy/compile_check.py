@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     spilling = [r for r in results if r.spill_store_bytes or r.spill_load_bytes]
     print(
-        f"{len(results)} specializations compiled for {args.arch}; {len(spilling)} spill registers"
+        f"{len(results)} specializations compiled for {args.arch}; {len(spilling)} of them spill"
     )
     return 0
 

@@ -227,7 +227,8 @@ def check_case(backend: CupyBackend, case: Case) -> tuple[bool, str]:
     problems = []
     if not np.isfinite(out64).all():
         problems.append(f"{int((~np.isfinite(out64)).sum())} non-finite outputs")
-    ratio = float(np.max(np.abs(out64 - exact.out) / bound, initial=0.0, where=bound > 0))
+    error = np.abs(out64 - exact.out)
+    ratio = float(np.divide(error, bound, out=np.zeros_like(error), where=bound > 0).max(initial=0.0))
     if ratio > 1.0:
         idx = np.unravel_index(
             np.argmax(np.abs(out64 - exact.out) / np.maximum(bound, 1e-300)), out.shape
