@@ -48,9 +48,13 @@ class FlatSpace:
         """Return ``[start, start + size)`` to the free ranges, merging with its neighbours."""
         i = bisect.bisect_left(self._starts, start)
         if i < len(self._starts) and start + size > self._starts[i]:
-            raise PagedAttentionError("start", f"range [{start}, {start + size}) overlaps a free range")
+            raise PagedAttentionError(
+                "start", f"range [{start}, {start + size}) overlaps a free range"
+            )
         if i and self._starts[i - 1] + self._sizes[i - 1] > start:
-            raise PagedAttentionError("start", f"range [{start}, {start + size}) overlaps a free range")
+            raise PagedAttentionError(
+                "start", f"range [{start}, {start + size}) overlaps a free range"
+            )
         self.free += size
         if i < len(self._starts) and start + size == self._starts[i]:  # merge right
             size += self._sizes[i]
@@ -78,8 +82,9 @@ class _Sample:
     final: int
 
 
-def simulate_contiguous(requests: list[Request], capacity: int, *, reserve: str = "max",
-                        max_steps: int = 1_000_000) -> tuple[Summary, Meter]:
+def simulate_contiguous(
+    requests: list[Request], capacity: int, *, reserve: str = "max", max_steps: int = 1_000_000
+) -> tuple[Summary, Meter]:
     """Replay ``requests`` on ``capacity`` token slots with contiguous preallocation.
 
     Each step: running samples decode one token; finished ones release their range;
@@ -113,8 +118,10 @@ def simulate_contiguous(requests: list[Request], capacity: int, *, reserve: str 
         running = still
         while waiting:  # admit, first come first served
             request = waiting[0]
-            sizes = [request.prompt_len + (request.max_tokens if reserve == "max" else out)
-                     for out in request.output_lens]
+            sizes = [
+                request.prompt_len + (request.max_tokens if reserve == "max" else out)
+                for out in request.output_lens
+            ]
             if sum(sizes) > capacity:
                 waiting.popleft()
                 rejected += 1
@@ -130,14 +137,21 @@ def simulate_contiguous(requests: list[Request], capacity: int, *, reserve: str 
                     space.release(start, size)
                 break
             waiting.popleft()
-            running.append([
-                _Sample(start, size, request.prompt_len, request.prompt_len + out)
-                for start, size, out in zip(starts, sizes, request.output_lens, strict=True)
-            ])
+            running.append(
+                [
+                    _Sample(start, size, request.prompt_len, request.prompt_len + out)
+                    for start, size, out in zip(starts, sizes, request.output_lens, strict=True)
+                ]
+            )
         stored = sum(s.length for samples in running for s in samples)
         reserved = capacity - space.free
-        meter.record(stored=stored, reserved=reserved, external=space.free - space.largest,
-                     running=len(running), waiting=len(waiting))
+        meter.record(
+            stored=stored,
+            reserved=reserved,
+            external=space.free - space.largest,
+            running=len(running),
+            waiting=len(waiting),
+        )
         step += 1
     name = "contiguous" if reserve == "max" else "contiguous (oracle)"
     return summarize(meter, name, completed=completed, rejected=rejected, preempted=0), meter

@@ -30,7 +30,9 @@ class Meter:
     running: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
 
-    def record(self, *, stored: int, reserved: int, external: int, running: int, waiting: int) -> None:
+    def record(
+        self, *, stored: int, reserved: int, external: int, running: int, waiting: int
+    ) -> None:
         assert 0 <= stored <= reserved <= self.capacity, (stored, reserved, self.capacity)
         assert 0 <= external <= self.capacity - reserved, (external, reserved, self.capacity)
         self.stored.append(stored)
@@ -59,8 +61,16 @@ class Summary:
     copies: int = 0  # copy-on-write block copies
 
 
-def summarize(meter: Meter, scheme: str, *, completed: int, rejected: int, preempted: int,
-              cached_fraction: float = 0.0, copies: int = 0) -> Summary:
+def summarize(
+    meter: Meter,
+    scheme: str,
+    *,
+    completed: int,
+    rejected: int,
+    preempted: int,
+    cached_fraction: float = 0.0,
+    copies: int = 0,
+) -> Summary:
     """Reduce a run's series to its :class:`Summary` (see the module docstring)."""
     stored = np.asarray(meter.stored, dtype=np.float64)
     reserved = np.asarray(meter.reserved, dtype=np.float64)

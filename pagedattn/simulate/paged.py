@@ -41,9 +41,15 @@ class _Running:
     alive: bool = True  # False once preempted or finished
 
 
-def simulate_paged(requests: list[Request], capacity: int, *, block_size: int,
-                   prefix_caching: bool = False, watermark: float = 0.01,
-                   max_steps: int = 1_000_000) -> tuple[Summary, Meter]:
+def simulate_paged(
+    requests: list[Request],
+    capacity: int,
+    *,
+    block_size: int,
+    prefix_caching: bool = False,
+    watermark: float = 0.01,
+    max_steps: int = 1_000_000,
+) -> tuple[Summary, Meter]:
     """Replay ``requests`` on ``capacity`` token slots cut into blocks of ``block_size``."""
     num_blocks = capacity // block_size
     if num_blocks < 1:
@@ -152,7 +158,11 @@ def simulate_paged(requests: list[Request], capacity: int, *, block_size: int,
         step += 1
     name = f"paged B={block_size}" + (" +prefix cache" if prefix_caching else "")
     return summarize(
-        meter, name, completed=completed, rejected=rejected, preempted=preempted,
+        meter,
+        name,
+        completed=completed,
+        rejected=rejected,
+        preempted=preempted,
         cached_fraction=cached_tokens / prompt_tokens if prompt_tokens else 0.0,
         copies=alloc.num_copies,
     ), meter

@@ -81,7 +81,11 @@ def generate(spec: WorkloadSpec) -> list[Request]:
     arrivals = np.cumsum(rng.exponential(1.0 / spec.arrival_rate, count))
     prompts = _lognormal(rng, spec.mean_prompt, spec.sigma, count)
     max_tokens = rng.choice(np.asarray(spec.max_tokens_choices), count)
-    shared = rng.random(count) < spec.shared_prefix_fraction if spec.num_prefixes else np.zeros(count, bool)
+    shared = (
+        rng.random(count) < spec.shared_prefix_fraction
+        if spec.num_prefixes
+        else np.zeros(count, bool)
+    )
     prefix_ids = rng.integers(0, max(spec.num_prefixes, 1), count)
     parallel = rng.random(count) < spec.parallel_fraction
     requests = []
@@ -118,7 +122,8 @@ def read_csv(path: str | Path, *, max_model_len: int = 2048) -> list[Request]:
         missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise PagedAttentionError(
-                "trace", f"{path}: missing columns {missing}; needs {list(CSV_COLUMNS)},"
+                "trace",
+                f"{path}: missing columns {missing}; needs {list(CSV_COLUMNS)},"
                 f" optional {list(CSV_OPTIONAL)}",
             )
         for line, row in enumerate(reader, start=2):
@@ -134,10 +139,13 @@ def read_csv(path: str | Path, *, max_model_len: int = 2048) -> list[Request]:
                 raise PagedAttentionError("trace", f"{path}:{line}: {error}") from None
             if prompt < 1 or output < 1 or n < 1 or max_tokens < output or prefix_len > prompt:
                 raise PagedAttentionError(
-                    "trace", f"{path}:{line}: need prompt_len >= 1, 1 <= output_len <= max_tokens,"
+                    "trace",
+                    f"{path}:{line}: need prompt_len >= 1, 1 <= output_len <= max_tokens,"
                     f" n >= 1, prefix_len <= prompt_len; received {dict(row)}",
                 )
-            requests.append(Request(arrival, prompt, (output,) * n, max_tokens, prefix_id, prefix_len))
+            requests.append(
+                Request(arrival, prompt, (output,) * n, max_tokens, prefix_id, prefix_len)
+            )
     if not requests:
         raise PagedAttentionError("trace", f"{path} holds no requests")
     return sorted(requests, key=lambda r: r.arrival)
@@ -150,8 +158,17 @@ def write_csv(requests: list[Request], path: str | Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(CSV_COLUMNS + CSV_OPTIONAL)
         for r in requests:
-            writer.writerow([r.arrival, r.prompt_len, r.output_lens[0], r.max_tokens, r.n,
-                             r.prefix_id, r.prefix_len])
+            writer.writerow(
+                [
+                    r.arrival,
+                    r.prompt_len,
+                    r.output_lens[0],
+                    r.max_tokens,
+                    r.n,
+                    r.prefix_id,
+                    r.prefix_len,
+                ]
+            )
 
 
 class TokenIds:
