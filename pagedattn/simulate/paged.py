@@ -49,8 +49,12 @@ def simulate_paged(
     prefix_caching: bool = False,
     watermark: float = 0.01,
     max_steps: int = 1_000_000,
+    check_invariants: bool = False,
 ) -> tuple[Summary, Meter]:
-    """Replay ``requests`` on ``capacity`` token slots cut into blocks of ``block_size``."""
+    """Replay ``requests`` on ``capacity`` token slots cut into blocks of ``block_size``.
+
+    ``check_invariants=True`` checks the allocator's invariants after every step (slow; tests).
+    """
     num_blocks = capacity // block_size
     if num_blocks < 1:
         raise PagedAttentionError("capacity", f"{capacity} tokens hold no block of {block_size}")
@@ -155,7 +159,13 @@ def simulate_paged(
             running=len(running),
             waiting=len(waiting),
         )
+        if check_invariants:
+            alloc.check_invariants()
+            live = sum(len(e.samples) for e in running)
+            assert len(alloc.seq_ids) == live, f"{len(alloc.seq_ids)} sequences, {live} samples"
         step += 1
+    if check_invariants:
+        assert alloc.num_used_blocks == 0 or step >= max_steps, "blocks held after the last request"
     name = f"paged B={block_size}" + (" +prefix cache" if prefix_caching else "")
     return summarize(
         meter,
