@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace",
         help="CSV trace: arrival,prompt_len,output_len[,max_tokens,n,prefix_id,prefix_len]",
     )
-    work.add_argument("--requests", type=int, default=3000)
+    work.add_argument("--requests", type=int, default=10000)
     work.add_argument("--rate", type=float, default=20.0, help="arrivals per step (Poisson)")
     work.add_argument("--mean-prompt", type=float, default=161.0)
     work.add_argument("--mean-output", type=float, default=338.0)

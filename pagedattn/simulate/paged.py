@@ -39,6 +39,7 @@ class _Running:
     order: int  # admission order; the largest is the youngest
     samples: list[_Sample] = field(default_factory=list)
     alive: bool = True  # False once preempted or finished
+    remaining: int = 0  # samples still generating
 
 
 def simulate_paged(
@@ -75,9 +76,12 @@ def simulate_paged(
     def preempt_youngest() -> None:
         nonlocal pending_total, preempted
         victim = running.pop()  # running is in admission order
+        while not victim.alive:  # finished earlier in this step: just drop it
+            victim = running.pop()
         for sample in victim.samples:
-            alloc.free(sample.seq_id)
-            pending_total -= sample.pending
+            if sample.generated < sample.output_len:  # finished samples are freed already
+                alloc.free(sample.seq_id)
+                pending_total -= sample.pending
         victim.alive = False
         waiting.appendleft(victim.request)
         preempted += 1
@@ -100,30 +104,27 @@ def simulate_paged(
                     sample.room -= 1
                     sample.pending += 1
                     pending_total += 1
-                    sample.generated += 1
-                    continue
-                count = sample.pending + 1
-                tokens = ids.fresh(count) if prefix_caching else count
-                while True:
-                    try:
-                        alloc.append(sample.seq_id, tokens)
-                        break
-                    except OutOfBlocksError:
-                        preempt_youngest()
-                        if not entry.alive:
+                else:
+                    count = sample.pending + 1
+                    tokens = ids.fresh(count) if prefix_caching else count
+                    while entry.alive:
+                        try:
+                            alloc.append(sample.seq_id, tokens)
                             break
-                if not entry.alive:
-                    break
-                pending_total -= sample.pending
-                sample.pending = 0
-                sample.room = alloc.room(sample.seq_id)
+                        except OutOfBlocksError:
+                            preempt_youngest()
+                    if not entry.alive:
+                        break
+                    pending_total -= sample.pending
+                    sample.pending = 0
+                    sample.room = alloc.room(sample.seq_id)
                 sample.generated += 1
-        # release finished requests
-        for entry in running:
-            if all(s.generated >= s.output_len for s in entry.samples):
-                for sample in entry.samples:
+                if sample.generated == sample.output_len:  # finished: free it now
                     alloc.free(sample.seq_id)
                     pending_total -= sample.pending
+                    sample.pending = 0
+                    entry.remaining -= 1
+            if entry.alive and entry.remaining == 0:
                 entry.alive = False
                 completed += 1
         running = [entry for entry in running if entry.alive]
@@ -138,7 +139,7 @@ def simulate_paged(
             if alloc.blocks_needed_to_add(tokens) > alloc.num_free_blocks - watermark_blocks:
                 break
             waiting.popleft()
-            entry = _Running(request, order)
+            entry = _Running(request, order, remaining=request.n)
             order += 1
             first = next_seq
             result = alloc.add_sequence(first, tokens)
@@ -161,7 +162,7 @@ def simulate_paged(
         )
         if check_invariants:
             alloc.check_invariants()
-            live = sum(len(e.samples) for e in running)
+            live = sum(s.generated < s.output_len for e in running for s in e.samples)
             assert len(alloc.seq_ids) == live, f"{len(alloc.seq_ids)} sequences, {live} samples"
         step += 1
     if check_invariants:
