@@ -25,7 +25,7 @@ def print_table(
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        Console = None  # type: ignore[assignment,misc]  # noqa: N806
+        Console = None  # type: ignore[assignment,misc]
     if Console is not None and stream.isatty():
         table = Table(*headers, title=title or None)
         for row in rows:

@@ -81,7 +81,8 @@ class Backend(abc.ABC):
         """Return a device array as a NumPy array of the same dtype (ml_dtypes for bf16/fp8)."""
 
     def synchronize(self) -> None:
-        """Wait until all work queued by this backend is done (for timing)."""
+        """Wait until all work queued by this backend is done (for timing); CPU backends: no-op."""
+        return None
 
     def _host_or_none(self, array: Any) -> np.ndarray | None:
         return None if array is None else np.asarray(self.to_numpy(array))

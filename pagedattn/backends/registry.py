@@ -105,7 +105,7 @@ def _entry(name: str) -> BackendEntry:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_backend_class(name: str) -> type[Backend]:
     """Import the class of backend ``name`` (cached); raise BackendUnavailableError on failure."""
     entry = _entry(name)
@@ -120,7 +120,7 @@ def load_backend_class(name: str) -> type[Backend]:
     return cls
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_backend(name: str) -> Backend:
     """Return the instance of backend ``name`` (cached); raise if unknown or unavailable here."""
     cls = load_backend_class(name)

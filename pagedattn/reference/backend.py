@@ -8,10 +8,10 @@ import numpy as np
 
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.interface import Backend, Plan
+from pagedattn.reference.paged import paged_attention_reference
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.online_softmax import merge_states
-from pagedattn.reference.paged import paged_attention_reference
 
 
 class NumpyBackend(Backend):

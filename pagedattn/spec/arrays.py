@@ -282,10 +282,7 @@ def check_paged_attention(
                 f" and is needed for seq_lens[{s}]={lens[s]}",
             )
 
-    if scale is None:
-        resolved_scale = 1.0 / math.sqrt(head_dim)
-    else:
-        resolved_scale = _check_scalar(scale, "scale", positive=False)
+    resolved_scale = 1.0 / math.sqrt(head_dim) if scale is None else _check_scalar(scale, "scale", positive=False)
     if not isinstance(causal, bool | np.bool_):
         raise _fail("causal", f"expected a bool, received {causal!r}")
     if sliding_window is not None and (

@@ -83,3 +83,11 @@ def merge_tolerance(dtype: str) -> Tolerance:
     """Return the :class:`Tolerance` of ``merge_states`` on outputs of ``dtype``: rounding only."""
     u = unit_roundoff(dtype)
     return Tolerance(u_out=u, u_op=0.0, u_p=u if dtype != "float32" else U_ACC, u_acc=U_ACC, head_dim=1)
+
+
+U_FLOAT64 = 2.0**-53
+
+
+def float64_tolerance(head_dim: int) -> Tolerance:
+    """Return the model with every roundoff at float64's: two float64 algorithms' agreement."""
+    return Tolerance(u_out=U_FLOAT64, u_op=U_FLOAT64, u_p=U_FLOAT64, u_acc=U_FLOAT64, head_dim=head_dim)

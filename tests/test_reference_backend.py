@@ -1,0 +1,166 @@
+"""The ``numpy`` reference backend is checked against the spec, not trusted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cases import make_case
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagedattn.backends import load_backend
+from pagedattn.spec import exact_attention, kv_ops, tolerance
+from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.error_model import merge_tolerance
+from pagedattn.spec.online_softmax import merge_states as spec_merge
+
+BACKEND = load_backend("numpy")
+
+
+def assert_within_model(case, dtype: str, cache_dtype: str | None = None, **options) -> None:
+    """Compare the backend with the spec under the error model, lse included."""
+    expected = exact_attention(*case.args(), kv_layout=case.kv_layout, **options)
+    out, lse = BACKEND.paged_attention(*case.args(), kv_layout=case.kv_layout, return_lse=True, **options)
+    assert out.dtype == case.query.dtype and lse.dtype == np.float32
+    tol = tolerance(dtype, case.query.shape[-1], cache_dtype=cache_dtype)
+    bound = tol.out_bound(expected.out, expected.value_scale, expected.score_scale, expected.num_visible)
+    err = np.abs(out.astype(np.float64) - expected.out)
+    if not (err <= bound).all():
+        worst = np.unravel_index(np.argmax(err - bound), err.shape)
+        raise AssertionError(f"worst at (token, head, dim)={worst}: {out[worst]} vs {expected.out[worst]}")
+    assert np.array_equal(np.isneginf(lse), np.isneginf(expected.lse)), "lse -inf placement"
+    fin = np.isfinite(expected.lse)
+    lse_bound = tol.lse_bound(expected.score_scale, expected.num_visible)
+    assert (np.abs(lse - expected.lse)[fin] <= lse_bound[fin]).all()
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> dict:
+    block_size = draw(st.sampled_from([1, 4, 16, 32]), label="block_size")
+    num_seqs = draw(st.integers(1, 4), label="num_seqs")
+    lens = draw(st.lists(st.integers(0, 3 * block_size + 1), min_size=num_seqs, max_size=num_seqs), label="L")
+    decode = draw(st.booleans(), label="decode")
+    q_lens = None if decode else [draw(st.integers(0, n), label="q_len") for n in lens]
+    kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")
+    group = draw(st.sampled_from([1, 2, 3, 7]), label="group")
+    dtype = draw(st.sampled_from(["float32", "float16", "bfloat16"]), label="dtype")
+    cache_dtype = draw(st.sampled_from([None, None, "float8_e4m3fn", "float8_e5m2"]), label="cache_dtype")
+    options = draw(st.fixed_dictionaries({}, optional={
+        "causal": st.booleans(),
+        "sliding_window": st.integers(1, 40),
+        "softcap": st.floats(0.5, 50),
+        "scale": st.floats(0.01, 2),
+        "k_scale": st.floats(0.25, 4),
+        "v_scale": st.floats(0.25, 4),
+    }), label="options")
+    if cache_dtype is None:
+        options.pop("k_scale", None)
+        options.pop("v_scale", None)
+    return {
+        "case": make_case(lens, q_lens, block_size=block_size, num_q_heads=kv_heads * group,
+                          num_kv_heads=kv_heads, head_dim=8, dtype=dtype, cache_dtype=cache_dtype,
+                          kv_layout=draw(st.sampled_from(["NHD", "HND"]), label="layout"),
+                          seed=draw(st.integers(0, 2**16), label="seed")),
+        "dtype": dtype, "cache_dtype": cache_dtype, "options": options,
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs())
+def test_reference_matches_spec(config) -> None:
+    assert_within_model(config["case"], config["dtype"], config["cache_dtype"], **config["options"])
+
+
+def test_reference_with_alibi_and_large_scores() -> None:
+    case = make_case([40, 7], [40, 2], dtype="bfloat16")
+    case = case._replace(query=(case.query.astype(np.float32) * 30).astype(case.query.dtype))
+    assert_within_model(case, "bfloat16", alibi_slopes=np.array([0.5, 0.1, 1.0, 2.0], np.float32))
+
+
+def test_garbage_and_relocation_give_identical_bits() -> None:
+    case = make_case([5, 20, 33], [1, 4, 33], block_size=8)
+    base = BACKEND.paged_attention(*case.args(), return_lse=True)
+    kc, vc, tables = case.key_cache.copy(), case.value_cache.copy(), case.block_tables.copy()
+    used = set()
+    for s, length in enumerate(case.seq_lens):
+        n = -(-int(length) // 8)
+        used.update(tables[s, :n].tolist())
+        kc[tables[s, n - 1], length - (n - 1) * 8 :] = np.nan
+        vc[tables[s, n - 1], length - (n - 1) * 8 :] = -np.inf
+        tables[s, n:] = [-1, 2**31 - 1, 0][s]
+    for b in set(range(kc.shape[0])) - used:
+        kc[b], vc[b] = np.inf, np.nan
+    poisoned = BACKEND.paged_attention(case.query, kc, vc, tables, case.seq_lens, case.query_start_loc,
+                                       return_lse=True)
+    assert all(np.array_equal(a, b) for a, b in zip(base, poisoned, strict=True))
+    perm = np.random.default_rng(1).permutation(kc.shape[0])  # move block b to perm[b]
+    moved_k, moved_v = np.empty_like(case.key_cache), np.empty_like(case.value_cache)
+    moved_k[perm], moved_v[perm] = case.key_cache, case.value_cache
+    moved_tables = np.where(case.block_tables >= 0, perm[case.block_tables], -1).astype(np.int32)
+    moved = BACKEND.paged_attention(case.query, moved_k, moved_v, moved_tables, case.seq_lens,
+                                    case.query_start_loc, return_lse=True)
+    assert all(np.array_equal(a, b) for a, b in zip(base, moved, strict=True))
+
+
+def test_strided_view_of_a_multilayer_pool() -> None:
+    """Caches that are one layer of ``[num_blocks, 2, num_layers, Hkv, block_size, D]`` (HND)."""
+    case = make_case([9, 30], [2, 30], block_size=8, kv_layout="HND")
+    pool = np.random.default_rng(3).standard_normal((case.key_cache.shape[0], 2, 3, 2, 8, 16)).astype(np.float32)
+    pool[:, 0, 1], pool[:, 1, 1] = case.key_cache, case.value_cache
+    out = BACKEND.paged_attention(case.query, pool[:, 0, 1], pool[:, 1, 1], *case.args()[3:], kv_layout="HND")
+    assert np.array_equal(out, BACKEND.paged_attention(*case.args(), kv_layout="HND"))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("cache_dtype", ["float16", "float8_e4m3fn"])
+def test_write_kv_writes_only_its_slots(layout: str, cache_dtype: str) -> None:
+    case = make_case([30], [1], block_size=8, dtype="float16", cache_dtype=cache_dtype, kv_layout=layout)
+    rng = np.random.default_rng(5)
+    key = rng.standard_normal((5, 2, 16)).astype(np.float16)
+    value = rng.standard_normal((5, 2, 16)).astype(np.float16)
+    slots = np.array([3, -1, 17, 8, 40], np.int64)
+    kc, vc = case.key_cache.copy(), case.value_cache.copy()
+    BACKEND.write_kv(key, value, kc, vc, slots, kv_layout=layout, k_scale=0.5, v_scale=2.0)
+    kv, kc_view = kv_ops.slot_view(case.key_cache, layout), kv_ops.slot_view(kc, layout)
+    changed = np.zeros(kc_view.shape[:2], bool)
+    for t, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        changed[slot // 8, slot % 8] = True
+        want = (key[t].astype(np.float64) / 0.5).astype(numpy_dtype(cache_dtype))
+        assert np.array_equal(kc_view[slot // 8, slot % 8].view(np.uint8), want.view(np.uint8))
+    assert np.array_equal(kc_view[~changed].view(np.uint8), kv[~changed].view(np.uint8))
+
+
+def test_copy_blocks_reads_every_source_before_writing() -> None:
+    case = make_case([30], [1], block_size=8)
+    kc, vc = case.key_cache.copy(), case.value_cache.copy()
+    pairs = np.array([[0, 1], [1, 2], [2, 0]])  # a cycle: a sequential copy would smear block 0
+    BACKEND.copy_blocks(kc, vc, pairs)
+    for src, dst in pairs:
+        assert np.array_equal(kc[dst], case.key_cache[src]) and np.array_equal(vc[dst], case.value_cache[src])
+    assert np.array_equal(kc[3:], case.key_cache[3:])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_merge_states_matches_spec(dtype: str) -> None:
+    rng = np.random.default_rng(2)
+    out_a, out_b = (rng.standard_normal((4, 3, 8)).astype(numpy_dtype(dtype)) for _ in range(2))
+    lse_a = rng.standard_normal((4, 3)).astype(np.float32) * 5
+    lse_b = rng.standard_normal((4, 3)).astype(np.float32) * 5
+    lse_a[0, 0] = -np.inf
+    out_a[0, 0] = np.nan
+    lse_a[1, 1] = lse_b[1, 1] = -np.inf
+    out, lse = BACKEND.merge_states(out_a, lse_a, out_b, lse_b)
+    want_out, want_lse = spec_merge(out_a, lse_a, out_b, lse_b)
+    tol = merge_tolerance(dtype)
+    scale = np.maximum(np.abs(out_a.astype(float)).max(-1), np.abs(out_b.astype(float)).max(-1))
+    scale = np.nan_to_num(scale, nan=np.abs(out_b.astype(float)).max())
+    bound = tol.out_bound(want_out, scale, np.zeros_like(scale), np.full(scale.shape, 2))
+    assert (np.abs(out.astype(float) - want_out) <= bound).all()
+    assert np.array_equal(out[1, 1].astype(float), np.zeros(8)) and lse[1, 1] == -np.inf
+    assert out.dtype == out_a.dtype and lse.dtype == np.float32
+    assert np.array_equal(np.isneginf(lse), np.isneginf(want_lse))
+    fin = np.isfinite(want_lse)
+    lse_bound = tol.lse_bound(np.abs(want_lse), np.full(want_lse.shape, 2))
+    assert (np.abs(lse - want_lse)[fin] <= lse_bound[fin]).all()
