@@ -106,10 +106,8 @@ class EngineLoop:
         shape = (config.vocab_size, config.max_seq_len, 2, config.num_kv_heads, config.head_dim)
         self.kv_table = rng.standard_normal(shape).astype(np.float32).astype(self.np_dtype)
         B, Hkv, D = config.block_size, config.num_kv_heads, config.head_dim
-        if config.kv_layout == "NHD":
-            cache_shape = (config.num_blocks, B, Hkv, D)
-        else:
-            cache_shape = (config.num_blocks, Hkv, B, D)
+        nhd = config.kv_layout == "NHD"
+        cache_shape = (config.num_blocks, B, Hkv, D) if nhd else (config.num_blocks, Hkv, B, D)
         # NaN in never-written slots: a backend reading one would show it
         empty = np.full(cache_shape, np.nan, dtype=np.float32).astype(self.np_dtype)
         self.key_cache = backend.to_device(empty)
@@ -314,6 +312,14 @@ def make_engine_machine(backend: str | Backend, config: EngineConfig | None = No
         instance = backend
     base = fit_config(instance, config)
     vocab = st.integers(0, base.vocab_size - 1)
+    B = base.block_size
+    # a few shared "system prompts" of whole blocks, so the prefix cache gets hits
+    system_prompts = [[], [1] * B, [1] * B + [2] * B, [3] * B]
+    prompts = st.builds(
+        lambda system, rest: (system + rest)[: base.max_seq_len] or [0],
+        st.sampled_from(system_prompts),
+        st.lists(vocab, max_size=B + 2),
+    )
 
     class EngineMachine(RuleBasedStateMachine):
         seqs = Bundle("seqs")
@@ -331,7 +337,7 @@ def make_engine_machine(backend: str | Backend, config: EngineConfig | None = No
         def _live(self, seq: int) -> bool:
             return self.engine is not None and seq in self.engine.tokens
 
-        @rule(target=seqs, prompt=st.lists(vocab, min_size=1, max_size=3 * base.block_size))
+        @rule(target=seqs, prompt=prompts)
         def add_request(self, prompt: list[int]) -> Any:
             assert self.engine is not None
             seq = self.engine.add_request(prompt)
@@ -350,6 +356,17 @@ def make_engine_machine(backend: str | Backend, config: EngineConfig | None = No
         def fork(self, seq: int) -> Any:
             assert self.engine is not None
             return self.engine.fork(seq) if self._live(seq) else multiple()
+
+        @rule(target=seqs, seq=seqs, first=vocab, second=vocab)
+        def beam_step(self, seq: int, first: int, second: int) -> Any:
+            """Fork, then both beams append one token: copy-on-write if the block is partial."""
+            assert self.engine is not None
+            if not self._live(seq) or len(self.engine.tokens[seq]) >= base.max_seq_len:
+                return multiple()
+            child = self.engine.fork(seq)
+            if self.engine.append(child, [first]) and self._live(seq):
+                self.engine.append(seq, [second])
+            return child if self._live(child) else multiple()
 
         @rule(seq=consumes(seqs))
         def finish(self, seq: int) -> None:
