@@ -117,3 +117,29 @@ def test_backend_without_write_kv_is_reported_unsupported():
             return Capabilities(features=frozenset(ALL_FEATURES) - {"write_kv"})
 
     assert unsupported_reason(NoWrite()) == "backend 'nowrite' does not declare write_kv"
+
+
+class _Restricted(NumpyBackend):
+    """A backend declaring only block_size 16, head_dim 64, float16 and HND."""
+
+    name = "restricted"
+
+    def capabilities(self):
+        from pagedattn.backends.capabilities import Capabilities
+
+        return Capabilities(dtypes=("float16",), cache_dtypes=("float16",), block_sizes=(16,),
+                            head_dims=(64,), kv_layouts=("HND",))
+
+
+def test_engine_config_fits_the_declared_capabilities():
+    from pagedattn.simulate.engine_loop import fit_config
+
+    config = fit_config(_Restricted())
+    assert (config.block_size, config.head_dim, config.dtype, config.kv_layout) == (16, 64, "float16", "HND")
+    assert config.num_blocks * config.block_size >= EngineConfig().num_blocks * EngineConfig().block_size
+    assert config.max_seq_len >= 2 * config.block_size
+
+
+def test_engine_loop_runs_within_restricted_capabilities():
+    machine = make_engine_machine(_Restricted())
+    run_state_machine_as_test(machine, settings=settings(max_examples=5, stateful_step_count=10, deadline=None))

@@ -113,6 +113,19 @@ def test_generator_shared_prefixes_and_parallel_sampling():
     assert (a[:64] == b[:64]) == same and a[64:] != b[64:]
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("num_requests", 0), ("arrival_rate", 0.0), ("sigma", -1.0), ("max_tokens_choices", ()),
+     ("prefix_len", 4096), ("shared_prefix_fraction", 1.5), ("parallel_n", 0)],
+)
+def test_generator_rejects_parameters_out_of_range(field, value):
+    from dataclasses import replace
+
+    with pytest.raises(PagedAttentionError) as info:
+        generate(replace(SMALL, **{field: value}))
+    assert info.value.argument == field
+
+
 def test_csv_trace_round_trip(tmp_path):
     requests = [
         Request(0.0, 10, (5,), 20),
@@ -235,6 +248,8 @@ def test_main_replays_a_csv_trace(tmp_path, capsys):
 def test_main_rejects_bad_input(tmp_path, capsys):
     assert cli.main(["--trace", str(tmp_path / "missing.csv"), "--no-plot"]) == 2
     assert cli.main(["--capacity-tokens", "0", "--no-plot"]) == 2
+    assert cli.main(["--capacity-tokens", "100", "--rate", "-1", "--no-plot"]) == 2
+    assert "arrival_rate: must be > 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["--block-sizes", "16,x"])
 

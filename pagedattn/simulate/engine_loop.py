@@ -311,6 +311,12 @@ def make_engine_machine(backend: str | Backend, config: EngineConfig | None = No
     else:
         instance = backend
     base = fit_config(instance, config)
+    caps = instance.capabilities()
+    # every float dtype the backend takes as query and cache dtype alike; both layouts if declared
+    float_dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
+    dtypes = [d for d in float_dtypes if d in caps.dtypes and d in caps.cache_dtypes] or [base.dtype]
+    all_layouts: tuple[str, ...] = ("NHD", "HND")
+    layouts = [layout for layout in all_layouts if layout in caps.kv_layouts] or [base.kv_layout]
     vocab = st.integers(0, base.vocab_size - 1)
     B = base.block_size
     # a few shared "system prompts" of whole blocks, so the prefix cache gets hits
@@ -329,9 +335,14 @@ def make_engine_machine(backend: str | Backend, config: EngineConfig | None = No
             self.engine: EngineLoop | None = None
             self.step = 0
 
-        @initialize(prefix_caching=st.booleans(), seed=st.integers(0, 2**16))
-        def start(self, prefix_caching: bool, seed: int) -> None:
-            config = replace(base, prefix_caching=prefix_caching)
+        @initialize(
+            prefix_caching=st.booleans(),
+            dtype=st.sampled_from(dtypes),
+            kv_layout=st.sampled_from(layouts),
+            seed=st.integers(0, 2**16),
+        )
+        def start(self, prefix_caching: bool, dtype: str, kv_layout: str, seed: int) -> None:
+            config = replace(base, prefix_caching=prefix_caching, dtype=dtype, kv_layout=kv_layout)
             self.engine = EngineLoop(instance, config, seed=seed)
 
         def _live(self, seq: int) -> bool:

@@ -70,12 +70,31 @@ def _lognormal(rng: np.random.Generator, mean: float, sigma: float, size: int) -
     return np.maximum(1, np.rint(rng.lognormal(mu, sigma, size))).astype(np.int64)
 
 
+def check_spec(spec: WorkloadSpec) -> None:
+    """Raise PagedAttentionError naming the first parameter of ``spec`` out of range."""
+    checks = [
+        ("num_requests", spec.num_requests >= 1, ">= 1"),
+        ("arrival_rate", spec.arrival_rate > 0, "> 0"),
+        ("mean_prompt", spec.mean_prompt >= 1, ">= 1"),
+        ("mean_output", spec.mean_output >= 1, ">= 1"),
+        ("sigma", spec.sigma >= 0, ">= 0"),
+        ("max_model_len", spec.max_model_len >= 2, ">= 2"),
+        ("max_tokens_choices", len(spec.max_tokens_choices) > 0 and min(spec.max_tokens_choices) >= 1,
+         "non-empty, each >= 1"),
+        ("num_prefixes", spec.num_prefixes >= 0, ">= 0"),
+        ("prefix_len", 0 <= spec.prefix_len < spec.max_model_len, f"in [0, max_model_len={spec.max_model_len})"),
+        ("shared_prefix_fraction", 0 <= spec.shared_prefix_fraction <= 1, "in [0, 1]"),
+        ("parallel_n", spec.parallel_n >= 1, ">= 1"),
+        ("parallel_fraction", 0 <= spec.parallel_fraction <= 1, "in [0, 1]"),
+    ]
+    for name, ok, expected in checks:
+        if not ok:
+            raise PagedAttentionError(name, f"must be {expected}, received {getattr(spec, name)!r}")
+
+
 def generate(spec: WorkloadSpec) -> list[Request]:
     """Return ``spec.num_requests`` requests, arrivals a Poisson process of ``arrival_rate``."""
-    if spec.num_requests < 1 or spec.arrival_rate <= 0:
-        raise PagedAttentionError("workload", "num_requests must be >= 1 and arrival_rate > 0")
-    if spec.num_prefixes and spec.prefix_len >= spec.max_model_len:
-        raise PagedAttentionError("prefix_len", f"{spec.prefix_len} must be < max_model_len")
+    check_spec(spec)
     rng = np.random.default_rng(spec.seed)
     count = spec.num_requests
     arrivals = np.cumsum(rng.exponential(1.0 / spec.arrival_rate, count))
