@@ -8,11 +8,13 @@ than :data:`DEFAULT_FAIL` (pytest-benchmark's ``--benchmark-compare-fail``).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pagedattn.perf.device import device_slug
 
-BASELINES = Path(__file__).parent / "baselines"
+#: The folder of kept baselines; ``PAGEDATTN_PERF_BASELINES`` points elsewhere (tests do).
+BASELINES = Path(os.environ.get("PAGEDATTN_PERF_BASELINES", Path(__file__).parent / "baselines"))
 DEFAULT_FAIL = "median:30%"  # launch-bound small cases move ~10% between runs on one GPU
 
 

@@ -3,6 +3,8 @@ heads, 8 KV heads, head_dim 128, float32, block size 16."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pagedattn.perf import shapes, suite
@@ -12,7 +14,7 @@ CASE = shapes.Case(shapes.MODELS["llama3-8b"], "decode", batch=8, context=2048, 
 
 
 @pytest.mark.benchmark(group="numpy/float32/bs16")
-def test_numpy_reference_decode(benchmark: pytest.FixtureDef, ceilings: Ceilings) -> None:
+def test_numpy_reference_decode(benchmark: Any, ceilings: Ceilings) -> None:
     from pagedattn.backends.registry import load_backend
 
     prepared = suite.prepare(load_backend("numpy"), CASE, suite.CPU_FLUSH_BYTES)

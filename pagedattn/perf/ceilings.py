@@ -50,11 +50,9 @@ def measure_gpu(read_gib: float = 2.0, matmul_n: int = 8192, repeats: int = 10) 
     x = torch.randn(int(read_gib * 2**30) // 4, dtype=torch.float32, device="cuda")
     read_s = _median_seconds(lambda: x.sum(), sync, repeats)
     read_bytes = x.numel() * 4
-    del x
     a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device="cuda")
     mm_s = _median_seconds(lambda: a @ b, sync, repeats)
-    del a, b
     torch.cuda.empty_cache()
     return Ceilings(
         device=str(torch.cuda.get_device_name(0)),

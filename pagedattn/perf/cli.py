@@ -21,7 +21,7 @@ from typing import Any
 from pagedattn.errors import BackendNotFoundError, BackendUnavailableError, PagedAttentionError
 from pagedattn.perf import device, inputs, shapes, timing
 from pagedattn.perf.measure import DevicePool, Result, case_work, measure_backend, measure_peer
-from pagedattn.perf.peers import PEERS
+from pagedattn.perf.peers import PEERS, FlexPeer
 from pagedattn.perf.report import HEADERS, add_reference_ratios, document, format_seconds, table_rows, write_json
 
 GPU_FLUSH_BYTES = 256 << 20  # rotated regions hold at least this much: several times a GPU's L2
@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     backends, notes = choose_backends(args.backend, on_gpu)
     peer_names = (["sdpa", "flex"] if args.peers is None else args.peers) if on_gpu else []
-    peers = [PEERS[n](args.flex_budget) if n == "flex" else PEERS[n]() for n in peer_names]
+    peers = [FlexPeer(args.flex_budget) if n == "flex" else PEERS[n]() for n in peer_names]
     policy = timing.GPU_POLICY if on_gpu else timing.CPU_POLICY
     if args.budget is not None:
         policy = timing.TimingPolicy(**{**policy.__dict__, "budget_s": args.budget})

@@ -182,7 +182,8 @@ class FlexPeer:
         softcap = m.softcap
 
         def capped(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-            return softcap * torch.tanh(score / softcap)
+            cap = float(softcap or 1.0)
+            return cap * torch.tanh(score / cap)
 
         def run(i: int) -> Any:
             r = i % rotations

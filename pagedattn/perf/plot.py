@@ -59,7 +59,7 @@ def save_plot(results: Sequence[Result], ceilings: Ceilings, path: Path, *, titl
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("GB/s")
-        ax.set_ylim(0, max(ceiling, *(y for _, y in sum(series.values(), []))) * 1.1)
+        ax.set_ylim(0, max([ceiling] + [y for points in series.values() for _, y in points]) * 1.1)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(data):]:
         ax.axis("off")

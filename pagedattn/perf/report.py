@@ -34,7 +34,7 @@ def add_reference_ratios(results: Sequence[Result]) -> None:
 
 def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
     """One row per result; unsupported and failed rows carry their reason in the time column."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in results:
         shape = r.case.rsplit("/", 1)[0]
         if r.status != "ok" or r.seconds is None:

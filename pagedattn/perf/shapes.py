@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pagedattn.errors import PagedAttentionError
 
@@ -76,9 +77,9 @@ class Case:
         return [min(self.chunk, self.context)] + [1] * (self.batch - 1)
 
     @property
-    def options(self) -> dict[str, object]:
+    def options(self) -> dict[str, Any]:
         """The model's keyword options for ``plan`` (sliding_window, softcap)."""
-        options: dict[str, object] = {}
+        options: dict[str, Any] = {}
         if self.model.sliding_window is not None:
             options["sliding_window"] = self.model.sliding_window
         if self.model.softcap is not None:
