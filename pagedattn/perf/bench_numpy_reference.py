@@ -14,11 +14,11 @@ CASE = shapes.Case(shapes.MODELS["llama3-8b"], "decode", batch=8, context=2048, 
 
 
 @pytest.mark.benchmark(group="numpy/float32/bs16")
-def test_numpy_reference_decode(benchmark: Any, ceilings: Ceilings) -> None:
+def test_numpy_reference_decode(benchmark: Any, cpu_ceilings: Ceilings) -> None:
     from pagedattn.backends.registry import load_backend
 
     prepared = suite.prepare(load_backend("numpy"), CASE, suite.CPU_FLUSH_BYTES)
     benchmark.pedantic(prepared.call, rounds=5, warmup_rounds=1)
-    benchmark.extra_info.update(suite.extra_info(prepared.work, benchmark.stats.stats.median, ceilings))
+    benchmark.extra_info.update(suite.extra_info(prepared.work, benchmark.stats.stats.median, cpu_ceilings))
     benchmark.extra_info["case"] = CASE.name
     assert prepared.work.visible_pairs == 8 * 2048

@@ -139,6 +139,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{done}/{total} {time.perf_counter() - started:5.0f}s] {result.runner:<8} {result.case}  {figure}",
               file=sys.stderr, flush=True)
 
+    machine = {"gpu": gpu, "cpu": device.cpu_name(), "python": platform.python_version(),
+               "backends": {b.name: b.version for b in backends}, **_library_versions()}
+    command = "pagedattn bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+
+    def save(partial: bool) -> None:
+        doc = document(results, ceilings, command=command, machine=machine,
+                       elapsed_s=time.perf_counter() - started)
+        doc["complete"] = not partial
+        write_json(args.out / "bench.json", doc)
+
     for pool_cases in group_by_pool(cases):
         rotations = inputs.rotations_for(pool_cases[0], flush)
         pool = inputs.make_pool(pool_cases[0], rotations)
@@ -158,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for case in pool_cases:
                 progress(measure_peer(peer, case, rotations, works[case], ceilings, policy))
         del pool
+        save(partial=True)  # a run cut short still leaves its rows
 
     add_reference_ratios(results)
     from pagedattn.tables import print_table
@@ -165,11 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = f"pagedattn bench: {where}; read ceiling {ceilings.read_bytes_per_s / 1e9:.0f} GB/s"
     print_table(HEADERS, table_rows(results), title=title)
     elapsed = time.perf_counter() - started
-    machine = {"gpu": gpu, "cpu": device.cpu_name(), "python": platform.python_version(),
-               "backends": {b.name: b.version for b in backends}, **_library_versions()}
-    command = "pagedattn bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-    write_json(args.out / "bench.json", document(results, ceilings, command=command, machine=machine,
-                                                 elapsed_s=elapsed))
+    save(partial=False)
     wrote = [str(args.out / "bench.json")]
     if not args.no_plot:
         from pagedattn.perf.plot import save_plot

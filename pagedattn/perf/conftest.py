@@ -83,3 +83,11 @@ def ceilings() -> Ceilings:
     from pagedattn.perf import ceilings as ceilings_mod
 
     return ceilings_mod.measure_gpu() if device.gpu_name() else ceilings_mod.measure_cpu()
+
+
+@pytest.fixture(scope="session")
+def cpu_ceilings() -> Ceilings:
+    """The CPU's ceilings, for benchmarks of CPU backends (also on a GPU machine)."""
+    from pagedattn.perf import ceilings as ceilings_mod
+
+    return ceilings_mod.measure_cpu()
