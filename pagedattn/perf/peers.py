@@ -102,20 +102,22 @@ class FlexPeer:
 
     name = "flex"
 
-    def __init__(self, budget_s: float = 60.0) -> None:
+    def __init__(self, budget_s: float = 60.0, device: str = "cuda") -> None:
         self.budget_s = budget_s
+        self.device = device
         self.spent_s = 0.0
         self._compiled: Any = None
 
     def synchronize(self) -> None:
         import torch
 
-        torch.cuda.synchronize()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
     def prepare(self, case: Case, rotations: int) -> Callable[[int], Any]:
         import torch
 
-        if not torch.cuda.is_available():
+        if self.device == "cuda" and not torch.cuda.is_available():
             raise _unsupported(self.name, "needs a CUDA GPU")
         if case.kind != "decode":
             raise _unsupported(self.name, "decode only here")
@@ -146,7 +148,7 @@ class FlexPeer:
         m, dtype, bs, B = case.model, _torch_dtype(case.dtype), case.block_size, case.batch
         blocks_per_seq = -(-case.context // bs)
         n_pages = rotations * B * blocks_per_seq
-        dev = "cuda"
+        dev = self.device
         order = torch.randperm(n_pages, device=dev).view(rotations, B, blocks_per_seq)  # physical pages
         owner = torch.empty(n_pages, dtype=torch.int64, device=dev)
         logical = torch.empty(n_pages, dtype=torch.int64, device=dev)
@@ -164,12 +166,15 @@ class FlexPeer:
         full = blocks_per_seq - (1 if length % bs else 0)  # blocks with every slot visible
         masks = []
         for r in range(rotations):
-            pages = order[r].to(torch.int32)[:, None, None, :]  # [B, 1, 1, blocks]
+            # the block mask's index rows are n_pages wide, as PagedAttention.convert_logical_block_mask makes them
+            partial_idx = torch.zeros((B, 1, 1, n_pages), dtype=torch.int32, device=dev)
+            full_idx = torch.zeros((B, 1, 1, n_pages), dtype=torch.int32, device=dev)
+            pages = order[r].to(torch.int32)  # [B, blocks]
+            full_idx[:, 0, 0, :full] = pages[:, :full]
+            partial_idx[:, 0, 0, : blocks_per_seq - full] = pages[:, full:]
             masks.append(BlockMask.from_kv_blocks(
-                torch.full((B, 1, 1), blocks_per_seq - full, dtype=torch.int32, device=dev),
-                pages[..., full:].contiguous() if full < blocks_per_seq else pages[..., :1].contiguous(),
-                torch.full((B, 1, 1), full, dtype=torch.int32, device=dev),
-                pages[..., :full].contiguous(),
+                torch.full((B, 1, 1), blocks_per_seq - full, dtype=torch.int32, device=dev), partial_idx,
+                torch.full((B, 1, 1), full, dtype=torch.int32, device=dev), full_idx,
                 BLOCK_SIZE=(128, bs), mask_mod=mask_mod, seq_lengths=(1, n_pages * bs),
             ))
         cache_shape = (1, m.num_kv_heads, n_pages * bs, m.head_dim)
@@ -192,7 +197,7 @@ class FlexPeer:
                                   score_mod=capped if softcap is not None else None, enable_gqa=gqa)
 
         run(0)
-        torch.cuda.synchronize()
+        self.synchronize()
         return run
 
 
