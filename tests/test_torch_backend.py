@@ -110,6 +110,15 @@ def test_decode_matches_spec(backend: TorchBackend, dtype: str, kv_layout: str) 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_all_padding_decode_gives_zeros(backend: TorchBackend, dtype: str) -> None:
+    rng = np.random.default_rng(10)
+    batch = make_batch(rng, seq_lens=[0, 0], q_lens=None, num_q_heads=2, num_kv_heads=1, head_dim=8,
+                       block_size=4, dtype=dtype)
+    check_against_spec(backend, batch)
+    check_against_spec(backend, batch, return_lse=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_uniform_decode_and_prefill_take_sdpa_shortcuts(backend: TorchBackend, dtype: str) -> None:
     rng = np.random.default_rng(2)
     decode = make_batch(rng, seq_lens=[24, 24, 24], q_lens=None, num_q_heads=4, num_kv_heads=4,

@@ -26,8 +26,7 @@ class GroupTensors:
     """A group's index arrays on the device (see :class:`~.groups.Group`)."""
 
     q_len: int
-    blocks: torch.Tensor  # int64 [S, L_max]
-    slots: torch.Tensor  # int64 [S, L_max]
+    blocks: torch.Tensor  # int64 [S, ceil(L_max / block_size)]
     valid: torch.Tensor  # bool [S, L_max]
     tokens: torch.Tensor  # int64 [S, q_len]
     p_q: torch.Tensor  # int64 [S, q_len]
@@ -37,14 +36,15 @@ class GroupTensors:
 
 
 def gather(cache: torch.Tensor, kv_layout: str, group: GroupTensors) -> torch.Tensor:
-    """Gather ``[S, Hkv, L_max, D]`` from a cache (any strides), padding positions zeroed."""
+    """Gather whole blocks into ``[S, Hkv, L_max, D]`` (any cache strides); positions ``p >= L`` zeroed."""
     raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache  # fp8 indexing on CPU
-    # NHD and HND both give [S, L_max, Hkv, D] (advanced indices come first)
-    x = raw[group.blocks, group.slots] if kv_layout == "NHD" else raw[group.blocks, :, group.slots]
-    x = torch.where(group.valid[:, :, None, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
-    if raw is not cache:
-        x = x.view(cache.dtype)
-    return x.permute(0, 2, 1, 3)
+    x = raw[group.blocks]  # NHD [S, nb, bs, Hkv, D]; HND [S, nb, Hkv, bs, D]
+    S = x.shape[0]
+    x = x.permute(0, 3, 1, 2, 4) if kv_layout == "NHD" else x.permute(0, 2, 1, 3, 4)  # [S, Hkv, nb, bs, D]
+    x = x.reshape(S, x.shape[1], -1, x.shape[-1])[:, :, : group.max_length]
+    if not group.uniform:  # shorter sequences: slots past their L may hold anything (NaN)
+        x = torch.where(group.valid[:, None, :, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return x.view(cache.dtype) if raw is not cache else x
 
 
 def visibility(problem: AttentionProblem, group: GroupTensors) -> tuple[torch.Tensor, torch.Tensor]:

@@ -95,9 +95,9 @@ class TorchBackend(Backend):
 
         groups = [
             GroupTensors(
-                q_len=g.q_len, blocks=upload(g.blocks), slots=upload(g.slots), valid=upload(g.valid),
+                q_len=g.q_len, blocks=upload(g.blocks), valid=upload(g.valid),
                 tokens=upload(g.tokens), p_q=upload(g.p_q), lengths=upload(g.lengths),
-                uniform=g.uniform, max_length=int(g.blocks.shape[1]),
+                uniform=g.uniform, max_length=int(g.valid.shape[1]),
             )
             for g in plan_groups(problem)
         ]

@@ -1,9 +1,10 @@
 """Host-side planning of the torch backend: sequences grouped by ``q_len``, gather indices.
 
-Sequences with the same ``q_len`` are attended together: their keys are gathered into a
-padded ``[num_seqs_g, L_max, Hkv, D]`` tensor. Only block-table columns below
-``ceil(L / block_size)`` are read (see :mod:`pagedattn.spec.arrays`); padding positions
-point at slot 0 of block 0 and are zeroed and masked after the gather.
+Sequences with the same ``q_len`` are attended together: their blocks are gathered whole
+into a padded ``[num_seqs_g, Hkv, L_max, D]`` tensor. Only block-table columns below
+``ceil(L / block_size)`` are read (see :mod:`pagedattn.spec.arrays`); padding columns
+point at block 0, and every position ``p >= L`` is zeroed and masked after the gather,
+so whatever those slots hold never reaches the output.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pagedattn.spec.arrays import AttentionProblem
 class Group:
     """Sequences of one ``q_len`` and the host index arrays to gather and scatter them.
 
-    seqs: int64 ``[S_g]``; blocks, slots: int64 ``[S_g, L_max]`` (padding 0);
+    seqs: int64 ``[S_g]``; blocks: int64 ``[S_g, ceil(L_max / block_size)]`` physical blocks
+    (padding 0);
     valid: bool ``[S_g, L_max]`` (``p < L``); tokens: int64 ``[S_g, q_len]`` rows of query/out;
     p_q: int64 ``[S_g, q_len]`` query positions; lengths: int64 ``[S_g]``.
     """
@@ -27,7 +29,6 @@ class Group:
     q_len: int
     seqs: np.ndarray
     blocks: np.ndarray
-    slots: np.ndarray
     valid: np.ndarray
     tokens: np.ndarray
     p_q: np.ndarray
@@ -35,8 +36,8 @@ class Group:
 
     @property
     def uniform(self) -> bool:
-        """All sequences of the group have the same length (no padding mask needed)."""
-        return bool((self.lengths == self.lengths[0]).all())
+        """All sequences of the group have the same length L > 0 (no padding to zero or mask)."""
+        return bool((self.lengths == self.lengths[0]).all() and self.lengths[0] > 0)
 
 
 def plan_groups(problem: AttentionProblem) -> list[Group]:
@@ -51,15 +52,16 @@ def plan_groups(problem: AttentionProblem) -> list[Group]:
         l_max = max(int(lengths.max()), 1)
         p = np.arange(l_max)
         valid = p[None, :] < lengths[:, None]
-        columns = np.where(valid, p // problem.block_size, 0)
+        width = -(-l_max // problem.block_size)
+        column = np.arange(width)
+        used = column[None, :] < -(-lengths[:, None] // problem.block_size)  # column < ceil(L / block_size)
         if problem.max_blocks_per_seq == 0:  # every sequence empty: nothing to look up
-            blocks = np.zeros_like(columns)
+            blocks = np.zeros((len(seqs), width), dtype=np.int64)
         else:
-            blocks = np.take_along_axis(problem.block_tables[seqs], columns, axis=1)
-            blocks = np.where(valid, blocks, 0)
-        slots = np.where(valid, p % problem.block_size, 0)
+            table = problem.block_tables[seqs][:, np.minimum(column, problem.max_blocks_per_seq - 1)]
+            blocks = np.where(used, table, 0)
         j = np.arange(int(q_len))
         tokens = problem.query_start_loc[seqs][:, None] + j[None, :]
         p_q = lengths[:, None] - int(q_len) + j[None, :]
-        groups.append(Group(int(q_len), seqs, blocks, slots, valid, tokens, p_q, lengths))
+        groups.append(Group(int(q_len), seqs, blocks, valid, tokens, p_q, lengths))
     return groups
