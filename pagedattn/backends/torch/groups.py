@@ -41,13 +41,17 @@ class Group:
 
 
 def plan_groups(problem: AttentionProblem) -> list[Group]:
-    """Split the batch into groups of equal ``q_len`` (sequences with ``q_len = 0`` dropped)."""
+    """Split the batch into groups of equal ``q_len``.
+
+    Sequences with ``q_len = 0``, or ``L = 0`` (decode padding: its query sees no key), are
+    left out: their rows keep the initial ``out = 0``, ``lse = -inf``.
+    """
     q_lens = problem.q_lens
     groups = []
     for q_len in np.unique(q_lens):
-        if q_len == 0:
+        seqs = np.flatnonzero((q_lens == q_len) & (problem.seq_lens > 0))
+        if q_len == 0 or len(seqs) == 0:
             continue
-        seqs = np.flatnonzero(q_lens == q_len)
         lengths = problem.seq_lens[seqs]
         l_max = max(int(lengths.max()), 1)
         p = np.arange(l_max)
