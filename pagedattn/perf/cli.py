@@ -42,7 +42,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="folder for bench.json and bench.png (default: ./bench-results)")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds of timing per measurement (default 0.25 on a GPU, 0.5 on the CPU)")
-    parser.add_argument("--flex-budget", type=float, default=60.0,
+    parser.add_argument("--flex-budget", type=float, default=30.0,
                         help="seconds FlexAttention may spend compiling before its remaining cases are skipped")
     parser.add_argument("--list", action="store_true", help="list the named sets and their cases, then exit")
     parser.add_argument("--no-plot", action="store_true", help="write no PNG")

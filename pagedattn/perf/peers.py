@@ -102,7 +102,7 @@ class FlexPeer:
 
     name = "flex"
 
-    def __init__(self, budget_s: float = 60.0, device: str = "cuda") -> None:
+    def __init__(self, budget_s: float = 30.0, device: str = "cuda") -> None:
         self.budget_s = budget_s
         self.device = device
         self.spent_s = 0.0
