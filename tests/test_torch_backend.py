@@ -129,6 +129,24 @@ def test_uniform_decode_and_prefill_take_sdpa_shortcuts(backend: TorchBackend, d
     check_against_spec(backend, prefill)
 
 
+@pytest.mark.parametrize("window", [8, 11, 64])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_sliding_window_gathers_only_the_window(backend: TorchBackend, window: int, q_len: int) -> None:
+    """Equal lengths: the blocks before the window are skipped (aligned, unaligned, wider window)."""
+    from pagedattn.backends.torch.groups import plan_groups
+    from pagedattn.spec.arrays import check_paged_attention
+
+    rng = np.random.default_rng(11)
+    batch = make_batch(rng, seq_lens=[40, 40], q_lens=[q_len, q_len], num_q_heads=4, num_kv_heads=2,
+                       head_dim=8, block_size=8, dtype="bfloat16")
+    (group,) = plan_groups(check_paged_attention(**batch, sliding_window=window))
+    assert group.offset == max(0, 40 - q_len + 1 - window) // 8 * 8
+    expected = "all" if q_len == 1 and window in (8, 64) else "mask"
+    assert group.pattern == expected
+    check_against_spec(backend, batch, sliding_window=window)
+    check_against_spec(backend, batch, sliding_window=window, causal=False, return_lse=True)
+
+
 OPTION_CASES = {
     "varlen_causal": {},
     "non_causal": {"causal": False},

@@ -31,8 +31,10 @@ class GroupTensors:
     tokens: torch.Tensor  # int64 [S, q_len]
     p_q: torch.Tensor  # int64 [S, q_len]
     lengths: torch.Tensor  # int64 [S]
-    uniform: bool  # all lengths equal
-    max_length: int  # L_max of the group (>= 1)
+    uniform: bool  # all lengths equal (and > 0)
+    max_length: int  # gathered positions: L_max - offset (>= 1)
+    offset: int  # position of the first gathered key (a multiple of block_size)
+    pattern: str  # "all", "causal" or "mask" (see groups.sdpa_pattern)
 
 
 def gather(cache: torch.Tensor, kv_layout: str, group: GroupTensors) -> torch.Tensor:
@@ -48,8 +50,8 @@ def gather(cache: torch.Tensor, kv_layout: str, group: GroupTensors) -> torch.Te
 
 
 def visibility(problem: AttentionProblem, group: GroupTensors) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(visible bool [S, q_len, L_max], distance float32 p - p_q [S, q_len, L_max])``."""
-    p = torch.arange(group.max_length, device=group.p_q.device)
+    """``(visible bool, distance float32 p - p_q)``, each ``[S, q_len, L_max - offset]``."""
+    p = group.offset + torch.arange(group.max_length, device=group.p_q.device)
     distance = p[None, None, :] - group.p_q[:, :, None]
     visible = p[None, None, :] < group.lengths[:, None, None]
     if problem.causal:
@@ -61,14 +63,12 @@ def visibility(problem: AttentionProblem, group: GroupTensors) -> tuple[torch.Te
 
 def sdpa_mask(problem: AttentionProblem, group: GroupTensors) -> tuple[torch.Tensor | None, bool]:
     """The mask SDPA needs: ``(None, False)`` all visible, ``(None, True)`` SDPA's causal, else bool."""
-    if group.uniform and problem.sliding_window is None:
-        length = group.max_length
-        if not problem.causal or group.q_len == 1:
-            return None, False  # a query at the last position sees every key
-        if group.q_len == length:
-            return None, True  # p_q = j: SDPA's top-left causal pattern
+    if group.pattern == "all":
+        return None, False
+    if group.pattern == "causal":
+        return None, True
     visible, _ = visibility(problem, group)
-    return visible[:, None], False  # [S, 1, q_len, L_max], broadcast over heads
+    return visible[:, None], False  # [S, 1, q_len, L_max - offset], broadcast over heads
 
 
 def sdpa_attention(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

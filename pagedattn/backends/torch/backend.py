@@ -97,7 +97,7 @@ class TorchBackend(Backend):
             GroupTensors(
                 q_len=g.q_len, blocks=upload(g.blocks), valid=upload(g.valid),
                 tokens=upload(g.tokens), p_q=upload(g.p_q), lengths=upload(g.lengths),
-                uniform=g.uniform, max_length=int(g.valid.shape[1]),
+                uniform=g.uniform, max_length=int(g.valid.shape[1]), offset=g.offset, pattern=g.pattern,
             )
             for g in plan_groups(problem)
         ]

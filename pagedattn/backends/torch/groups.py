@@ -15,15 +15,21 @@ import numpy as np
 
 from pagedattn.spec.arrays import AttentionProblem
 
+#: How SDPA sees a group's gathered keys: all visible to every query, its own top-left
+#: causal pattern, or an explicit boolean mask.
+SDPA_PATTERNS: tuple[str, ...] = ("all", "causal", "mask")
+
 
 @dataclass(frozen=True)
 class Group:
     """Sequences of one ``q_len`` and the host index arrays to gather and scatter them.
 
-    seqs: int64 ``[S_g]``; blocks: int64 ``[S_g, ceil(L_max / block_size)]`` physical blocks
-    (padding 0);
-    valid: bool ``[S_g, L_max]`` (``p < L``); tokens: int64 ``[S_g, q_len]`` rows of query/out;
-    p_q: int64 ``[S_g, q_len]`` query positions; lengths: int64 ``[S_g]``.
+    The gathered keys are positions ``offset … L_max - 1`` (``offset`` a multiple of
+    block_size: blocks wholly before every query's sliding window are not gathered).
+    seqs: int64 ``[S_g]``; blocks: int64 ``[S_g, n]`` physical blocks of columns
+    ``offset / block_size …`` (padding 0); valid: bool ``[S_g, L_max - offset]`` (``p < L``);
+    tokens: int64 ``[S_g, q_len]`` rows of query/out; p_q: int64 ``[S_g, q_len]`` query
+    positions; lengths: int64 ``[S_g]``; pattern: one of :data:`SDPA_PATTERNS`.
     """
 
     q_len: int
@@ -33,11 +39,26 @@ class Group:
     tokens: np.ndarray
     p_q: np.ndarray
     lengths: np.ndarray
+    offset: int
+    pattern: str
 
     @property
     def uniform(self) -> bool:
         """All sequences of the group have the same length L > 0 (no padding to zero or mask)."""
         return bool((self.lengths == self.lengths[0]).all() and self.lengths[0] > 0)
+
+
+def sdpa_pattern(problem: AttentionProblem, q_len: int, lengths: np.ndarray, offset: int) -> str:
+    """Which of :data:`SDPA_PATTERNS` the visible keys of a group follow."""
+    if not ((lengths == lengths[0]).all() and lengths[0] > 0):
+        return "mask"
+    length, window = int(lengths[0]), problem.sliding_window
+    # the last query (p_q = L - 1) has the narrowest window; q_len = 1 sees every p <= L - 1
+    if (not problem.causal or q_len == 1) and (window is None or length - window <= offset):
+        return "all"
+    if problem.causal and window is None and offset == 0 and q_len == length:
+        return "causal"  # p_q = j: SDPA's top-left causal pattern
+    return "mask"
 
 
 def plan_groups(problem: AttentionProblem) -> list[Group]:
@@ -47,25 +68,27 @@ def plan_groups(problem: AttentionProblem) -> list[Group]:
     left out: their rows keep the initial ``out = 0``, ``lse = -inf``.
     """
     q_lens = problem.q_lens
+    bs = problem.block_size
     groups = []
     for q_len in np.unique(q_lens):
         seqs = np.flatnonzero((q_lens == q_len) & (problem.seq_lens > 0))
         if q_len == 0 or len(seqs) == 0:
             continue
         lengths = problem.seq_lens[seqs]
-        l_max = max(int(lengths.max()), 1)
-        p = np.arange(l_max)
+        l_max = int(lengths.max())
+        offset = 0
+        if problem.sliding_window is not None:  # lowest visible key: p > p_q - W for the first query
+            lowest = np.maximum(lengths - int(q_len) + 1 - problem.sliding_window, 0)
+            offset = int(lowest.min()) // bs * bs
+        p = offset + np.arange(l_max - offset)
         valid = p[None, :] < lengths[:, None]
-        width = -(-l_max // problem.block_size)
-        column = np.arange(width)
-        used = column[None, :] < -(-lengths[:, None] // problem.block_size)  # column < ceil(L / block_size)
-        if problem.max_blocks_per_seq == 0:  # every sequence empty: nothing to look up
-            blocks = np.zeros((len(seqs), width), dtype=np.int64)
-        else:
-            table = problem.block_tables[seqs][:, np.minimum(column, problem.max_blocks_per_seq - 1)]
-            blocks = np.where(used, table, 0)
+        column = np.arange(offset // bs, -(-l_max // bs))
+        used = column[None, :] < -(-lengths[:, None] // bs)  # column < ceil(L / block_size)
+        table = problem.block_tables[seqs][:, np.minimum(column, problem.max_blocks_per_seq - 1)]
+        blocks = np.where(used, table, 0)
         j = np.arange(int(q_len))
         tokens = problem.query_start_loc[seqs][:, None] + j[None, :]
         p_q = lengths[:, None] - int(q_len) + j[None, :]
-        groups.append(Group(int(q_len), seqs, blocks, valid, tokens, p_q, lengths))
+        pattern = sdpa_pattern(problem, int(q_len), lengths, offset)
+        groups.append(Group(int(q_len), seqs, blocks, valid, tokens, p_q, lengths, offset, pattern))
     return groups
