@@ -114,3 +114,10 @@ def test_unused_slots_and_entries_do_not_matter() -> None:
         tables[s, -(-length // 8) :] = 2**31 - 1
     poisoned = exact_attention(case.query, kc, vc, tables, case.seq_lens, case.query_start_loc)
     assert np.array_equal(base.out, poisoned.out) and np.array_equal(base.lse, poisoned.lse)
+
+
+def test_scales_are_ignored_for_non_fp8_caches() -> None:
+    case = make_case([9, 3], None, block_size=4, head_dim=8)
+    plain = exact_attention(*case.args())
+    scaled = exact_attention(*case.args(), k_scale=0.5, v_scale=3.0)
+    assert np.array_equal(plain.out, scaled.out)

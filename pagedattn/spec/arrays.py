@@ -182,6 +182,12 @@ def _check_scalar(value: Any, argument: str, *, positive: bool) -> float:
     return number
 
 
+def _cache_scale(value: Any, argument: str, cache_dtype: str) -> float:
+    """Validate an fp8 scale; the contract ignores it (uses 1.0) for non-fp8 caches."""
+    number = _check_scalar(value, argument, positive=True)
+    return number if cache_dtype in FP8_DTYPES else 1.0
+
+
 def check_paged_attention(
     query: Any,
     key_cache: Any,
@@ -319,8 +325,8 @@ def check_paged_attention(
         sliding_window=None if sliding_window is None else int(sliding_window),
         softcap=cap,
         alibi_slopes=slopes,
-        k_scale=_check_scalar(k_scale, "k_scale", positive=True),
-        v_scale=_check_scalar(v_scale, "v_scale", positive=True),
+        k_scale=_cache_scale(k_scale, "k_scale", cache_dtype),
+        v_scale=_cache_scale(v_scale, "v_scale", cache_dtype),
         return_lse=bool(return_lse),
     )
 
@@ -399,8 +405,8 @@ def check_write_kv(
         dtype=dtype,
         cache_dtype=cache_dtype,
         slot_mapping=slots,
-        k_scale=_check_scalar(k_scale, "k_scale", positive=True),
-        v_scale=_check_scalar(v_scale, "v_scale", positive=True),
+        k_scale=_cache_scale(k_scale, "k_scale", cache_dtype),
+        v_scale=_cache_scale(v_scale, "v_scale", cache_dtype),
     )
 
 

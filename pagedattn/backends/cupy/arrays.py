@@ -1,0 +1,149 @@
+"""Device arrays of the cupy backend: cupy arrays, raw-bit views for bfloat16/fp8, torch via DLPack.
+
+cupy has no bfloat16 or fp8 dtype the kernels rely on, so those arrays live on the device as
+:class:`RawArray`: a cupy array of their 16-/8-bit patterns plus the contract dtype (ml_dtypes),
+which is what validation reads. torch CUDA tensors are accepted through DLPack (bfloat16 and
+fp8 tensors are viewed as int16/uint8 first). cupy and torch are imported inside functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pagedattn.errors import PagedAttentionError
+from pagedattn.spec.dtypes import dtype_name, numpy_dtype
+
+#: Contract dtypes held as raw bits, and the unsigned integer type of their bits.
+RAW_DTYPES: dict[str, Any] = {
+    "bfloat16": np.uint16,
+    "float8_e4m3fn": np.uint8,
+    "float8_e5m2": np.uint8,
+}
+
+
+class RawArray:
+    """A device array of a contract dtype (bfloat16, fp8) stored as a cupy array of its bits.
+
+    ``raw``: the cupy array (uint16 or uint8, same shape and strides); ``dtype``: the NumPy
+    (ml_dtypes) dtype it stands for. Indexing returns views, like cupy.
+    """
+
+    def __init__(self, raw: Any, dtype: Any) -> None:
+        self.raw = raw
+        self.dtype = np.dtype(dtype)
+
+    shape = property(lambda self: tuple(self.raw.shape))
+    strides = property(lambda self: tuple(self.raw.strides))
+    ndim = property(lambda self: self.raw.ndim)
+    size = property(lambda self: self.raw.size)
+    itemsize = property(lambda self: self.raw.itemsize)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __getitem__(self, key: Any) -> RawArray:
+        return RawArray(self.raw[key], self.dtype)
+
+    def swapaxes(self, a: int, b: int) -> RawArray:
+        return RawArray(self.raw.swapaxes(a, b), self.dtype)
+
+    def copy(self) -> RawArray:
+        return RawArray(self.raw.copy(), self.dtype)
+
+    def __repr__(self) -> str:
+        return f"RawArray(shape={self.shape}, dtype={dtype_name(self.dtype)})"
+
+
+def is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def to_device(array: Any) -> Any:
+    """Return a NumPy array (ml_dtypes included) on the device: cupy, or RawArray for bf16/fp8."""
+    import cupy
+
+    host = np.ascontiguousarray(array)
+    name = dtype_name(host.dtype)
+    if name in RAW_DTYPES:
+        return RawArray(cupy.asarray(host.view(RAW_DTYPES[name])), host.dtype)
+    return cupy.asarray(host)
+
+
+def to_numpy(array: Any) -> np.ndarray:
+    """Return a device array (cupy, RawArray, torch) as NumPy of the contract dtype."""
+    if isinstance(array, RawArray):
+        return np.asarray(array.raw.get()).view(array.dtype)
+    if is_torch(array):
+        name = dtype_name(array.dtype)
+        tensor = array.detach().cpu()
+        if name in RAW_DTYPES:
+            import torch
+
+            bits = torch.int16 if RAW_DTYPES[name] is np.uint16 else torch.uint8
+            return tensor.contiguous().view(bits).numpy().view(numpy_dtype(name))
+        return tensor.numpy()
+    if hasattr(array, "get"):  # cupy
+        return np.asarray(array.get())
+    return np.asarray(array)
+
+
+def raw_view(array: Any, argument: str) -> tuple[Any, str]:
+    """Return ``(cupy array of the bits or values, contract dtype name)`` of a device array."""
+    import cupy
+
+    if isinstance(array, RawArray):
+        return array.raw, dtype_name(array.dtype)
+    if isinstance(array, cupy.ndarray):
+        return array, dtype_name(array.dtype)
+    if is_torch(array):
+        if not array.is_cuda:
+            raise PagedAttentionError(
+                argument, f"expected a CUDA tensor, received one on {array.device}"
+            )
+        import torch
+
+        name = dtype_name(array.dtype)
+        if name in RAW_DTYPES:
+            bits = torch.int16 if RAW_DTYPES[name] is np.uint16 else torch.uint8
+            raw = cupy.from_dlpack(array.view(bits))
+            return (raw.view(cupy.uint16) if bits is torch.int16 else raw), name
+        return cupy.from_dlpack(array), name
+    raise PagedAttentionError(
+        argument,
+        f"expected a cupy array, RawArray or torch CUDA tensor, received {type(array).__name__}",
+    )
+
+
+def element_strides(raw: Any) -> tuple[int, ...]:
+    """Strides of a cupy array in elements."""
+    return tuple(int(s) // raw.itemsize for s in raw.strides)
+
+
+def empty_like_output(query: Any, raw_query: Any, name: str) -> tuple[Any, Any]:
+    """Allocate out ``[T, Hq, D]`` in the query's kind (torch, RawArray, cupy): ``(out, raw)``."""
+    import cupy
+
+    shape = tuple(raw_query.shape)
+    if is_torch(query):
+        import torch
+
+        out = torch.empty(shape, dtype=query.dtype, device=query.device)
+        raw, _ = raw_view(out, "out")
+        return out, raw
+    raw = cupy.empty(shape, dtype=raw_query.dtype)
+    return (RawArray(raw, numpy_dtype(name)) if name in RAW_DTYPES else raw), raw
+
+
+def empty_lse(query: Any, shape: tuple[int, int]) -> tuple[Any, Any]:
+    """Allocate float32 lse ``[T, Hq]`` in the query's kind: ``(lse, raw)``."""
+    import cupy
+
+    if is_torch(query):
+        import torch
+
+        lse = torch.empty(shape, dtype=torch.float32, device=query.device)
+        return lse, cupy.from_dlpack(lse)
+    raw = cupy.empty(shape, dtype=cupy.float32)
+    return raw, raw

@@ -1,0 +1,379 @@
+"""The ``cupy`` backend: CUDA C++ kernels (``kernels/*.cu``) compiled by NVRTC (``cupy.RawModule``).
+
+``plan`` builds the work items (:mod:`.planning`) and uploads them with the block tables;
+``run`` launches ``paged_attention`` (and ``merge_partials`` when ranges were split) on the
+current stream. Arrays: cupy arrays, :class:`~.arrays.RawArray` for bfloat16/fp8 bits, or
+torch CUDA tensors (DLPack); outputs come back in the query's kind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pagedattn.backends.capabilities import ALL_FEATURES, Capabilities
+from pagedattn.backends.cupy import arrays, planning, specializations
+from pagedattn.backends.cupy.runtime import current_stream, kernel, launch
+from pagedattn.backends.interface import Backend, Plan
+from pagedattn.errors import PagedAttentionError, UnsupportedError
+from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
+from pagedattn.spec.dtypes import QUERY_DTYPES
+
+NUM_THREADS = specializations.NUM_THREADS
+
+
+@dataclass(frozen=True)
+class CupyPlanState:
+    """Device copies of what the kernels read besides query and caches."""
+
+    work: planning.WorkPlan
+    items: Any  # cupy int32 [n, 9]
+    merges: Any  # cupy int32 [m, 7]
+    block_tables: Any  # cupy int32 [num_seqs, max_blocks_per_seq]
+    seq_lens: Any  # cupy int32 [num_seqs]
+    query_start_loc: Any  # cupy int32 [num_seqs + 1]
+    alibi_slopes: Any  # cupy float32 [num_q_heads] (zeros when unused)
+
+
+class CupyBackend(Backend):
+    """Paged attention on CUDA cores with split-KV; write_kv, copy_blocks, merge_states kernels."""
+
+    name = "cupy"
+    version = "0.1.0"
+    description = (
+        "CuPy RawModule: hand-written CUDA C++ compiled by NVRTC (online softmax, split-KV)"
+    )
+
+    @classmethod
+    def availability(cls) -> str | None:
+        if importlib.util.find_spec("cupy") is None:
+            return "cupy is not installed (pip install 'pagedattn[cupy]')"
+        try:
+            import cupy
+
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as error:
+            return f"no CUDA device ({type(error).__name__}: {error})"
+        return None if count > 0 else "no CUDA device"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            dtypes=QUERY_DTYPES,
+            cache_dtypes=QUERY_DTYPES,  # fp8 caches are not implemented
+            block_sizes=specializations.BLOCK_SIZES,
+            head_dims=specializations.HEAD_DIMS,
+            kv_layouts=("NHD", "HND"),
+            features=frozenset(ALL_FEATURES) - {"fp8"},
+            tf32=False,
+            device="cuda",
+        )
+
+    def device_name(self) -> str:
+        import cupy
+
+        device = cupy.cuda.Device()
+        return str(cupy.cuda.runtime.getDeviceProperties(device.id)["name"].decode())
+
+    def to_device(self, array: np.ndarray) -> Any:
+        return arrays.to_device(array)
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        return arrays.to_numpy(array)
+
+    def synchronize(self) -> None:
+        current_stream().synchronize()
+
+    # -- paged attention -----------------------------------------------------
+    def _plan(
+        self,
+        problem: AttentionProblem,
+        block_tables: Any,
+        seq_lens: Any,
+        query_start_loc: Any,
+        alibi_slopes: Any,
+    ) -> CupyPlanState:
+
+        work = planning.build_work(problem, slots=self._resident_ctas(problem))
+        slopes = (
+            problem.alibi_slopes if problem.alibi_slopes is not None else np.zeros(1, np.float32)
+        )
+        with current_stream():  # uploads ordered before the launches on the same stream
+            return self._upload(work, problem, slopes)
+
+    def _upload(
+        self, work: planning.WorkPlan, problem: AttentionProblem, slopes: np.ndarray
+    ) -> Any:
+        import cupy
+
+        return CupyPlanState(
+            work=work,
+            items=cupy.asarray(work.items),
+            merges=cupy.asarray(work.merges),
+            block_tables=cupy.asarray(problem.block_tables.astype(np.int32)),
+            seq_lens=cupy.asarray(problem.seq_lens.astype(np.int32)),
+            query_start_loc=cupy.asarray(problem.query_start_loc.astype(np.int32)),
+            alibi_slopes=cupy.asarray(slopes.astype(np.float32)),
+        )
+
+    def _resident_ctas(self, problem: AttentionProblem) -> int:
+        """CTAs of the attention kernel resident on the whole device (registers, shared memory)."""
+        import cupy
+
+        attributes = cupy.cuda.Device().attributes
+        rows = planning.choose_rows(problem)
+        spec = specializations.attention(problem.dtype, problem.head_dim, problem.block_size, rows)
+        registers = int(getattr(kernel(spec), "num_regs", 0) or 255)
+        per_warp = -(-registers * 32 // 256) * 256  # registers are allocated per warp in 256s
+        threads = specializations.threads(rows)
+        by_registers = attributes["MaxRegistersPerMultiprocessor"] // (per_warp * threads // 32)
+        smem = specializations.smem_bytes(problem.dtype, problem.head_dim, rows) + 1024
+        by_smem = attributes["MaxSharedMemoryPerMultiprocessor"] // smem
+        per_sm = max(1, min(by_registers, by_smem, 2048 // threads))
+        return per_sm * attributes["MultiProcessorCount"]
+
+    def _cache_strides(
+        self, cache: Any, argument: str, kv_layout: str
+    ) -> tuple[Any, tuple[int, int, int]]:
+        """``(raw, (stride_block, stride_slot, stride_head))`` in elements; rows 16-byte aligned."""
+        raw, _ = arrays.raw_view(cache, argument)
+        s_block, s1, s2, s_dim = arrays.element_strides(raw)
+        s_slot, s_head = (s1, s2) if kv_layout == "NHD" else (s2, s1)
+        aligned = raw.data.ptr % 16 == 0 and all(
+            (s * raw.itemsize) % 16 == 0 for s in (s_block, s_slot, s_head)
+        )
+        if s_dim != 1 or not aligned:
+            raise UnsupportedError(
+                argument,
+                f"cache view with element strides {arrays.element_strides(raw)}: the kernel needs"
+                " a unit head_dim stride and 16-byte aligned rows",
+                backend=self.name,
+                capability="strided_caches",
+            )
+        return raw, (s_block, s_slot, s_head)
+
+    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        with current_stream():
+            return self._launch_attention(plan, query, key_cache, value_cache)
+
+    def _launch_attention(
+        self, plan: Plan, query: Any, key_cache: Any, value_cache: Any
+    ) -> tuple[Any, Any]:
+        import cupy
+
+        p: AttentionProblem = plan.problem
+        state: CupyPlanState = plan.state
+        work = state.work
+        raw_q, name = arrays.raw_view(query, "query")
+        raw_k, k_strides = self._cache_strides(key_cache, "key_cache", p.kv_layout)
+        raw_v, v_strides = self._cache_strides(value_cache, "value_cache", p.kv_layout)
+        if not raw_q.flags.c_contiguous or raw_q.data.ptr % 16:
+            raw_q = cupy.ascontiguousarray(raw_q).copy()
+        out, raw_out = arrays.empty_like_output(query, raw_q, name)
+        lse, raw_lse = arrays.empty_lse(query, (p.num_tokens, p.num_q_heads))
+        rows, D = work.rows, p.head_dim
+        partial_out = cupy.empty((max(1, work.num_partials), rows, D), dtype=cupy.float32)
+        partial_lse = cupy.empty((max(1, work.num_partials), rows), dtype=cupy.float32)
+        stream = current_stream()
+        launch(
+            specializations.attention(name, D, p.block_size, rows),
+            (len(work.items),),
+            (specializations.threads(rows),),
+            (
+                raw_q,
+                raw_k,
+                raw_v,
+                raw_out,
+                raw_lse,
+                partial_out,
+                partial_lse,
+                state.block_tables,
+                state.seq_lens,
+                state.query_start_loc,
+                state.alibi_slopes,
+                state.items,
+                *(np.int64(s) for s in k_strides),
+                *(np.int64(s) for s in v_strides),
+                np.int32(p.max_blocks_per_seq),
+                np.int32(p.num_q_heads),
+                np.int32(p.group_size),
+                np.float32(p.scale),
+                np.float32(p.softcap or 0.0),
+                np.int32(p.sliding_window or 0),
+                np.int32(p.causal),
+                np.int32(p.alibi_slopes is not None),
+            ),
+            shared_mem=specializations.smem_bytes(name, D, rows),
+            stream=stream,
+        )
+        if len(work.merges):
+            launch(
+                specializations.merge_partials(name, D, rows),
+                (len(work.merges),),
+                (NUM_THREADS,),
+                (
+                    partial_out,
+                    partial_lse,
+                    state.merges,
+                    raw_out,
+                    raw_lse,
+                    np.int32(p.num_q_heads),
+                    np.int32(p.group_size),
+                ),
+                stream=stream,
+            )
+        return out, (lse if p.return_lse else None)
+
+    # -- other operations (uploads, copies and launches all on the current stream) --
+    def _write_kv(
+        self,
+        problem: WriteKVProblem,
+        key: Any,
+        value: Any,
+        key_cache: Any,
+        value_cache: Any,
+        slot_mapping: Any,
+    ) -> None:
+        with current_stream():
+            self._write_kv_on_stream(problem, key, value, key_cache, value_cache, slot_mapping)
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        with current_stream():
+            self._copy_blocks_on_stream(key_cache, value_cache, pairs)
+
+    def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+        with current_stream():
+            return self._merge_states_on_stream(out_a, lse_a, out_b, lse_b)
+
+    def _write_kv_on_stream(
+        self,
+        problem: WriteKVProblem,
+        key: Any,
+        value: Any,
+        key_cache: Any,
+        value_cache: Any,
+        slot_mapping: Any,
+    ) -> None:
+        import cupy
+
+        if problem.cache_dtype != problem.dtype:
+            raise UnsupportedError(
+                "key_cache",
+                f"cache dtype {problem.cache_dtype} (fp8 caches are not implemented)",
+                backend=self.name,
+                capability="fp8",
+            )
+        raw_key, name = arrays.raw_view(key, "key")
+        raw_value, _ = arrays.raw_view(value, "value")
+        raw_key, raw_value = cupy.ascontiguousarray(raw_key), cupy.ascontiguousarray(raw_value)
+        strides = []
+        for cache, argument in ((key_cache, "key_cache"), (value_cache, "value_cache")):
+            raw, _ = arrays.raw_view(cache, argument)
+            s0, s1, s2, s3 = arrays.element_strides(raw)
+            strides.append(
+                (raw, (s0, s1, s2, s3) if problem.kv_layout == "NHD" else (s0, s2, s1, s3))
+            )
+        slots = cupy.asarray(problem.slot_mapping.astype(np.int64))
+        (raw_kc, k_strides), (raw_vc, v_strides) = strides
+        launch(
+            specializations.kv_op("write_kv", name),
+            (problem.num_tokens,),
+            (NUM_THREADS,),
+            (
+                raw_key,
+                raw_value,
+                raw_kc,
+                raw_vc,
+                slots,
+                np.int32(problem.num_kv_heads),
+                np.int32(problem.head_dim),
+                np.int32(problem.block_size),
+                *(np.int64(s) for s in k_strides),
+                *(np.int64(s) for s in v_strides),
+            ),
+        )
+
+    def _copy_blocks_on_stream(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        import cupy
+
+        if len(pairs) == 0:
+            return
+        src = cupy.asarray(np.ascontiguousarray(pairs[:, 0], dtype=np.int64))
+        dst = cupy.asarray(np.ascontiguousarray(pairs[:, 1], dtype=np.int64))
+        raws = [
+            arrays.raw_view(c, a)
+            for c, a in ((key_cache, "key_cache"), (value_cache, "value_cache"))
+        ]
+        name = raws[0][1]
+        if name not in specializations.CUDA_TYPES:
+            raise UnsupportedError(
+                "key_cache", f"cache dtype {name}", backend=self.name, capability="fp8"
+            )
+        buffers = []
+        for raw, _ in raws:  # every source is read before any destination is written
+            _, d1, d2, d3 = raw.shape
+            buffer = cupy.empty((len(pairs), d1 * d2 * d3), dtype=raw.dtype)
+            launch(
+                specializations.kv_op("copy_blocks_gather", name),
+                (len(pairs),),
+                (NUM_THREADS,),
+                (
+                    raw,
+                    buffer,
+                    src,
+                    np.int32(d1),
+                    np.int32(d2),
+                    np.int32(d3),
+                    *(np.int64(s) for s in arrays.element_strides(raw)),
+                ),
+            )
+            buffers.append(buffer)
+        for (raw, _), buffer in zip(raws, buffers, strict=True):
+            _, d1, d2, d3 = raw.shape
+            launch(
+                specializations.kv_op("copy_blocks_scatter", name),
+                (len(pairs),),
+                (NUM_THREADS,),
+                (
+                    raw,
+                    buffer,
+                    dst,
+                    np.int32(d1),
+                    np.int32(d2),
+                    np.int32(d3),
+                    *(np.int64(s) for s in arrays.element_strides(raw)),
+                ),
+            )
+
+    def _merge_states_on_stream(
+        self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any
+    ) -> tuple[Any, Any]:
+        import cupy
+
+        raws = []
+        for array, argument in (
+            (out_a, "out_a"),
+            (lse_a, "lse_a"),
+            (out_b, "out_b"),
+            (lse_b, "lse_b"),
+        ):
+            raw, _ = arrays.raw_view(array, argument)
+            raws.append(cupy.ascontiguousarray(raw))
+        _, name = arrays.raw_view(out_a, "out_a")
+        if name not in specializations.CUDA_TYPES:
+            raise PagedAttentionError(
+                "out_a", f"dtype {name} is not one of {', '.join(QUERY_DTYPES)}"
+            )
+        T, H, D = raws[0].shape
+        out, raw_out = arrays.empty_like_output(out_a, raws[0], name)
+        lse, raw_lse = arrays.empty_lse(out_a, (T, H))
+        total = T * H * D
+        launch(
+            specializations.kv_op("merge_states", name),
+            (-(-total // 256),),
+            (256,),
+            (raws[0], raws[1], raws[2], raws[3], raw_out, raw_lse, np.int64(T * H), np.int32(D)),
+        )
+        return out, lse

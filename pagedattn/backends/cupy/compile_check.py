@@ -1,0 +1,118 @@
+"""Compile every declared specialization for sm_90 with NVRTC, without a GPU, and report resources.
+
+``python -m pagedattn.backends.cupy.compile_check`` compiles each kernel module once with all
+its name expressions (:func:`.specializations.all_specializations`), fails (exit 1) on any
+compile error, and prints registers, stack frame and spills per specialization from ptxas'
+verbose report. Needs cupy (for its NVRTC binding) and libnvrtc, not a CUDA driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pagedattn.backends.cupy.specializations import COMPILE_OPTIONS, all_specializations, source
+
+ARCH = "sm_90"
+_RESOURCES = re.compile(
+    r"Function properties for (?P<name>\S+)\s*\n"
+    r"ptxas\s+\.\s+(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, "
+    r"(?P<loads>\d+) bytes spill loads\s*\n"
+    r"ptxas info\s+: Used (?P<registers>\d+) registers"
+)
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """ptxas' resource report of one specialization."""
+
+    name_expression: str
+    registers: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a kernel module; the message holds its log."""
+
+
+def compile_module(
+    module: str, name_expressions: list[str], arch: str = ARCH
+) -> list[CompiledKernel]:
+    """Compile ``module`` with ``name_expressions`` for ``arch``; return their resource reports."""
+    from cupy.cuda import nvrtc
+
+    program = nvrtc.createProgram(source(module), f"{module}.cu", [], [])
+    try:
+        for name in name_expressions:
+            nvrtc.addNameExpression(program, name)
+        try:
+            nvrtc.compileProgram(program, [f"-arch={arch}", *COMPILE_OPTIONS, "-Xptxas=-v"])
+        except nvrtc.NVRTCError as error:
+            raise CompileError(f"{module}.cu: {error}\n{nvrtc.getProgramLog(program)}") from None
+        log = nvrtc.getProgramLog(program)
+        lowered = {nvrtc.getLoweredName(program, name): name for name in name_expressions}
+        if not nvrtc.getCUBIN(program):
+            raise CompileError(f"{module}.cu: NVRTC produced no cubin for {arch}")
+    finally:
+        nvrtc.destroyProgram(program)
+    reports = {}
+    for match in _RESOURCES.finditer(log):
+        if match["name"] in lowered:
+            reports[lowered[match["name"]]] = CompiledKernel(
+                lowered[match["name"]],
+                int(match["registers"]),
+                int(match["stack"]),
+                int(match["stores"]),
+                int(match["loads"]),
+            )
+    missing = [name for name in name_expressions if name not in reports]
+    if missing:
+        raise CompileError(f"{module}.cu: no ptxas report for {missing}\n{log}")
+    return [reports[name] for name in name_expressions]
+
+
+def compile_all(arch: str = ARCH, only: str | None = None) -> list[CompiledKernel]:
+    """Compile every declared specialization (those containing ``only``, if given)."""
+    by_module: dict[str, list[str]] = defaultdict(list)
+    for spec in all_specializations():
+        if only is None or only in spec.name_expression:
+            by_module[spec.module].append(spec.name_expression)
+    results: list[CompiledKernel] = []
+    for module, names in by_module.items():
+        results.extend(compile_module(module, names, arch))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default=ARCH)
+    parser.add_argument(
+        "--only", default=None, help="compile only name expressions containing this"
+    )
+    args = parser.parse_args(argv)
+    try:
+        results = compile_all(args.arch, args.only)
+    except CompileError as error:
+        print(f"compile error: {error}", file=sys.stderr)
+        return 1
+    width = max(len(r.name_expression) for r in results)
+    print(f"{'specialization':<{width}}  regs  stack  spill st/ld (bytes)  [{args.arch}]")
+    for r in results:
+        print(
+            f"{r.name_expression:<{width}}  {r.registers:4d}  {r.stack_bytes:5d}"
+            f"  {r.spill_store_bytes}/{r.spill_load_bytes}"
+        )
+    spilling = [r for r in results if r.spill_store_bytes or r.spill_load_bytes]
+    print(
+        f"{len(results)} specializations compiled for {args.arch}; {len(spilling)} of them spill"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,678 @@
+"""The cupy backend's GPU check: correctness, compute-sanitizer, and timings, in one run.
+
+``python -m pagedattn.backends.cupy.gpu_check --out DIR`` (on a CUDA machine with torch):
+
+1. correctness against :func:`pagedattn.spec.exact.exact_attention` within
+   :func:`pagedattn.spec.error_model.tolerance` on a range of cases with poisoned pools
+   (NaN in unused slots and blocks, -1 / 2**31-1 in unused table columns), plus write_kv,
+   copy_blocks, merge_states, bit-for-bit determinism and torch (DLPack) inputs;
+2. ``compute-sanitizer`` memcheck and racecheck on a few small cases (``--sanitize`` mode,
+   run as a child process without cupy's memory pool);
+3. medians (CUDA events, warm-up, rotating input sets) of decode 64 x 4096 and 2 x 65536
+   (32 q heads, 8 KV heads, d=128, bf16, block sizes 16/32/64) against the read bandwidth
+   measured in the same run and cuDNN SDPA on contiguous K/V, and of causal prefill 8 x 4096
+   against cuDNN's FLOP rate. A short table is printed last; logs go to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from pagedattn.backends.cupy.backend import CupyBackend
+from pagedattn.backends.cupy.cases import Case, make_case
+from pagedattn.spec import kv_ops
+from pagedattn.spec.dtypes import dtype_name
+from pagedattn.spec.error_model import merge_tolerance, tolerance
+from pagedattn.spec.exact import exact_attention
+from pagedattn.spec.online_softmax import merge_states
+
+
+def correctness_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
+    """Cases covering the declared envelope (``small``: the few run under compute-sanitizer)."""
+    if small:
+        return [
+            make_case(
+                "decode split-KV bs16",
+                rng,
+                seq_lens=[0, 1500, 17],
+                num_q_heads=8,
+                num_kv_heads=2,
+                head_dim=128,
+                block_size=16,
+            ),
+            make_case(
+                "varlen prefill HND bs32",
+                rng,
+                seq_lens=[70, 33],
+                q_lens=[70, 5],
+                block_size=32,
+                kv_layout="HND",
+                dtype="float16",
+                head_dim=64,
+            ),
+            make_case(
+                "pool view fp32 window",
+                rng,
+                seq_lens=[300],
+                q_lens=[3],
+                block_size=64,
+                dtype="float32",
+                kv_layout="HND",
+                pool_view=True,
+                sliding_window=50,
+            ),
+        ]
+    cases = []
+    for dtype in ("bfloat16", "float16", "float32"):
+        for bs in (16, 32, 64):
+            for layout in ("NHD", "HND"):
+                cases.append(
+                    make_case(
+                        f"decode {dtype} bs{bs} {layout} GQA4",
+                        rng,
+                        seq_lens=[0, 1, 15, 16, 17, 300, 2100],
+                        num_q_heads=8,
+                        num_kv_heads=2,
+                        block_size=bs,
+                        dtype=dtype,
+                        kv_layout=layout,
+                    )
+                )
+                cases.append(
+                    make_case(
+                        f"mixed {dtype} bs{bs} {layout}",
+                        rng,
+                        seq_lens=[1, 40, 129, 300, 77],
+                        q_lens=[1, 40, 7, 1, 0],
+                        num_q_heads=8,
+                        num_kv_heads=2,
+                        block_size=bs,
+                        dtype=dtype,
+                        kv_layout=layout,
+                    )
+                )
+    for dtype in ("bfloat16", "float16"):  # the tensor-core kernel: >= 8 queries per sequence
+        for bs in (16, 32, 64):
+            for layout in ("NHD", "HND"):
+                cases.append(
+                    make_case(
+                        f"prefill mma {dtype} bs{bs} {layout}",
+                        rng,
+                        seq_lens=[300, 129, 64, 7],
+                        q_lens=[300, 50, 64, 7],
+                        num_q_heads=8,
+                        num_kv_heads=2,
+                        block_size=bs,
+                        dtype=dtype,
+                        kv_layout=layout,
+                    )
+                )
+    cases.append(make_case("chunked prefill mma split-KV", rng, seq_lens=[6000], q_lens=[64]))
+    for head_dim in (64, 256):
+        cases.append(
+            make_case(
+                f"prefill d{head_dim}",
+                rng,
+                seq_lens=[200, 90],
+                q_lens=[200, 30],
+                head_dim=head_dim,
+                dtype="float16",
+            )
+        )
+    cases += [
+        make_case("decode MQA 8/1", rng, seq_lens=[33, 700], num_q_heads=8, num_kv_heads=1),
+        make_case("decode G=7", rng, seq_lens=[33, 700], num_q_heads=14, num_kv_heads=2),
+        make_case("prefill G=12", rng, seq_lens=[50], q_lens=[50], num_q_heads=24, num_kv_heads=2),
+        make_case("decode MHA", rng, seq_lens=[33, 1000], num_q_heads=4, num_kv_heads=4),
+        make_case("non-causal", rng, seq_lens=[120, 64], q_lens=[20, 64], causal=False),
+        make_case("sliding window", rng, seq_lens=[400, 100], q_lens=[30, 1], sliding_window=37),
+        make_case("window decode", rng, seq_lens=[3000], sliding_window=100),
+        make_case("softcap", rng, seq_lens=[300, 20], q_lens=[4, 20], softcap=5.0),
+        make_case(
+            "alibi",
+            rng,
+            seq_lens=[300, 20],
+            q_lens=[4, 20],
+            alibi_slopes=(2.0 ** -np.arange(1, 9)).astype(np.float32),
+        ),
+        make_case(
+            "scale, window, softcap, alibi",
+            rng,
+            seq_lens=[500],
+            q_lens=[9],
+            scale=0.3,
+            sliding_window=64,
+            softcap=20.0,
+            alibi_slopes=np.linspace(0.01, 0.2, 8).astype(np.float32),
+        ),
+        make_case("long decode split-KV", rng, seq_lens=[20000, 5], num_q_heads=32, num_kv_heads=8),
+        make_case(
+            "pool view HND",
+            rng,
+            seq_lens=[300, 45],
+            q_lens=[3, 45],
+            kv_layout="HND",
+            pool_view=True,
+        ),
+        make_case(
+            "pool view decode fp32",
+            rng,
+            seq_lens=[1000, 3],
+            dtype="float32",
+            kv_layout="HND",
+            pool_view=True,
+            block_size=32,
+        ),
+    ]
+    return cases
+
+
+def device_inputs(backend: CupyBackend, case: Case) -> tuple[Any, Any, Any]:
+    """Query and caches on the device; pool views for ``case.pool_view`` (HND only)."""
+    if not case.pool_view:
+        return tuple(backend.to_device(x) for x in (case.query, case.key_cache, case.value_cache))
+    shape = case.key_cache.shape
+    pool = np.full((shape[0], 2, 2, *shape[1:]), np.nan, dtype=np.float32).astype(
+        case.key_cache.dtype
+    )
+    pool[:, 0, 1], pool[:, 1, 1] = case.key_cache, case.value_cache
+    device_pool = backend.to_device(pool)
+    return backend.to_device(case.query), device_pool[:, 0, 1], device_pool[:, 1, 1]
+
+
+def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | None = None) -> Any:
+    q, k, v = inputs or device_inputs(backend, case)
+    to_dev = backend.to_device
+    options = dict(case.options)
+    if "alibi_slopes" in options:
+        options["alibi_slopes"] = to_dev(options["alibi_slopes"])
+    out, lse = backend.paged_attention(
+        q,
+        k,
+        v,
+        to_dev(case.block_tables),
+        to_dev(case.seq_lens),
+        None if case.query_start_loc is None else to_dev(case.query_start_loc),
+        return_lse=True,
+        **options,
+    )
+    return backend.to_numpy(out), backend.to_numpy(lse)
+
+
+def check_case(backend: CupyBackend, case: Case) -> tuple[bool, str]:
+    """Compare with the exact answer; return (ok, summary with the worst error / bound ratio)."""
+    out, lse = run_case(backend, case)
+    exact = exact_attention(
+        case.query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        **case.options,
+    )
+    tol = tolerance(dtype_name(case.query.dtype), case.query.shape[-1])
+    out64 = out.astype(np.float64)
+    bound = tol.out_bound(exact.out, exact.value_scale, exact.score_scale, exact.num_visible)
+    empty = exact.num_visible == 0
+    problems = []
+    if not np.isfinite(out64).all():
+        problems.append(f"{int((~np.isfinite(out64)).sum())} non-finite outputs")
+    error = np.abs(out64 - exact.out)
+    ratio = float(np.divide(error, bound, out=np.zeros_like(error), where=bound > 0).max(initial=0.0))
+    if ratio > 1.0:
+        idx = np.unravel_index(
+            np.argmax(np.abs(out64 - exact.out) / np.maximum(bound, 1e-300)), out.shape
+        )
+        problems.append(
+            f"out error/bound {ratio:.3g} at (token, head, dim)={idx}: "
+            f"{out64[idx]!r} vs {exact.out[idx]!r}"
+        )
+    if (out64[empty] != 0).any() or (lse[empty] != -np.inf).any():
+        problems.append("empty rows are not out=0, lse=-inf")
+    lse_bound = tol.lse_bound(exact.score_scale, exact.num_visible)
+    full = ~empty
+    lse_ratio = float(np.max(np.abs(lse[full] - exact.lse[full]) / lse_bound[full], initial=0.0))
+    if lse_ratio > 1.0:
+        problems.append(f"lse error/bound {lse_ratio:.3g}")
+    summary = f"out err/bound {ratio:.3f}, lse err/bound {lse_ratio:.3f}"
+    return not problems, summary + ("; " + "; ".join(problems) if problems else "")
+
+
+def check_determinism(backend: CupyBackend, rng: np.random.Generator) -> tuple[bool, str]:
+    """Same inputs twice, and the same logical K/V in other physical blocks: identical bits."""
+    case = make_case("determinism", rng, seq_lens=[3000, 70], q_lens=[5, 70], block_size=16)
+    first, second = run_case(backend, case), run_case(backend, case)
+    moved = Case(**{**case.__dict__})
+    perm = rng.permutation(case.key_cache.shape[0])
+    inverse = np.argsort(perm)
+    moved.key_cache, moved.value_cache = case.key_cache[perm], case.value_cache[perm]
+    used = np.arange(case.block_tables.shape[1])[None, :] < -(-case.seq_lens[:, None] // 16)
+    moved.block_tables = np.where(
+        used, inverse[np.clip(case.block_tables, 0, len(perm) - 1)], case.block_tables
+    ).astype(np.int32)
+    third = run_case(backend, moved)
+    same = all(
+        np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        for x, y in ((first, second), (first, third))
+        for a, b in zip(x, y, strict=True)
+    )
+    return same, "bit-identical twice and after moving blocks" if same else "bits differ"
+
+
+def check_ops(backend: CupyBackend, rng: np.random.Generator) -> list[tuple[str, bool, str]]:
+    """write_kv, copy_blocks (bit for bit) and merge_states (merge tolerance) against the spec."""
+    results = []
+    for dtype in ("bfloat16", "float16", "float32"):
+        for layout in ("NHD", "HND"):
+            case = make_case(
+                "ops",
+                rng,
+                seq_lens=[40],
+                num_kv_heads=2,
+                head_dim=64,
+                block_size=16,
+                dtype=dtype,
+                kv_layout=layout,
+            )
+            kc, vc = case.key_cache.copy(), case.value_cache.copy()
+            T = 7
+            key = rng.standard_normal((T, 2, 64)).astype(kc.dtype)
+            value = rng.standard_normal((T, 2, 64)).astype(kc.dtype)
+            slots = np.array([3, -1, 17, 40, 0, 63, -1], dtype=np.int64)
+            dk, dv = backend.to_device(kc), backend.to_device(vc)
+            backend.write_kv(
+                backend.to_device(key),
+                backend.to_device(value),
+                dk,
+                dv,
+                backend.to_device(slots),
+                kv_layout=layout,
+            )
+            kv_ops.write_kv(key, value, kc, vc, slots, kv_layout=layout)
+            ok = all(
+                np.array_equal(backend.to_numpy(d).view(np.uint8), h.view(np.uint8))
+                for d, h in ((dk, kc), (dv, vc))
+            )
+            results.append((f"write_kv {dtype} {layout}", ok, "bit-identical" if ok else "differs"))
+            pairs = np.array([[0, 1], [1, 2], [3, 0]], dtype=np.int64)  # chained: sources first
+            backend.copy_blocks(dk, dv, backend.to_device(pairs), kv_layout=layout)
+            kv_ops.copy_blocks(kc, vc, pairs, kv_layout=layout)
+            ok = all(
+                np.array_equal(backend.to_numpy(d).view(np.uint8), h.view(np.uint8))
+                for d, h in ((dk, kc), (dv, vc))
+            )
+            results.append(
+                (f"copy_blocks {dtype} {layout}", ok, "bit-identical" if ok else "differs")
+            )
+        shape = (9, 4, 64)
+        out_a = rng.standard_normal(shape).astype(case.query.dtype)
+        out_b = rng.standard_normal(shape).astype(case.query.dtype)
+        lse_a = rng.standard_normal(shape[:2]).astype(np.float32) * 3
+        lse_b = rng.standard_normal(shape[:2]).astype(np.float32) * 3
+        lse_a[0, :2] = -np.inf
+        lse_b[0, 1:3] = -np.inf
+        out_a[0, :2] = np.nan  # an empty part's out is ignored, even NaN
+        out, lse = backend.merge_states(
+            *(backend.to_device(x) for x in (out_a, lse_a, out_b, lse_b))
+        )
+        out, lse = backend.to_numpy(out).astype(np.float64), backend.to_numpy(lse)
+        ref_out, ref_lse = merge_states(out_a, lse_a, out_b, lse_b)
+        tol = merge_tolerance(dtype)
+        bound = 2 * (tol.u_out * np.abs(ref_out) + 4 * tol.u_p * np.abs(ref_out).max())
+        finite = np.isfinite(ref_lse)
+        ok = (
+            np.isfinite(out).all()
+            and (np.abs(out - ref_out) <= bound).all()
+            and (lse[~finite] == -np.inf).all()
+            and (
+                np.abs(lse[finite] - ref_lse[finite]) <= 1e-5 * (1 + np.abs(ref_lse[finite]))
+            ).all()
+        )
+        results.append(
+            (f"merge_states {dtype}", bool(ok), "within merge tolerance" if ok else "differs")
+        )
+    return results
+
+
+def check_torch_inputs(backend: CupyBackend, rng: np.random.Generator) -> tuple[bool, str]:
+    """torch CUDA tensors in (DLPack), torch tensors out, launched on torch's current stream."""
+    import torch
+
+    case = make_case("torch", rng, seq_lens=[500, 3], q_lens=[4, 3])
+    to_torch = lambda x: torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).cuda()  # noqa: E731
+    q, k, v = (to_torch(x) for x in (case.query, case.key_cache, case.value_cache))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out, _ = backend.paged_attention(
+            q,
+            k,
+            v,
+            torch.from_numpy(case.block_tables).cuda(),
+            torch.from_numpy(case.seq_lens).cuda(),
+            torch.from_numpy(case.query_start_loc).cuda(),
+            return_lse=True,
+        )
+    stream.synchronize()
+    expected, _ = run_case(backend, case)
+    got = backend.to_numpy(out)
+    ok = isinstance(out, torch.Tensor) and np.array_equal(
+        got.view(np.uint16), expected.view(np.uint16)
+    )
+    return ok, f"torch in/out, same bits as cupy inputs: {ok}"
+
+
+def sanitize_main() -> int:
+    """Small cases for compute-sanitizer: no memory pool, so out-of-bounds accesses are caught."""
+    import cupy
+
+    cupy.cuda.set_allocator(None)
+    backend = CupyBackend()
+    rng = np.random.default_rng(7)
+    failures = 0
+    for case in correctness_cases(rng, small=True):
+        ok, summary = check_case(backend, case)
+        failures += not ok
+        print(f"sanitize case {case.name}: {'ok' if ok else 'FAIL'} ({summary})", flush=True)
+    for name, ok, detail in check_ops(backend, rng)[:4]:
+        failures += not ok
+        print(f"sanitize op {name}: {'ok' if ok else 'FAIL'} ({detail})", flush=True)
+    backend.synchronize()
+    return 1 if failures else 0
+
+
+# -- timing ------------------------------------------------------------------------
+def median_ms(calls: list[Any], *, warmup: int = 3, repeats: int = 15) -> float:
+    """Median ms per call: CUDA events around one pass over ``calls`` (rotating inputs)."""
+    import torch
+
+    for _ in range(warmup):
+        for call in calls:
+            call()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        for call in calls:
+            call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(calls))
+    return float(np.median(times))
+
+
+def read_bandwidth() -> tuple[float, float]:
+    """(read GB/s of a bf16 sum over 4 GiB, copy GB/s counting read + write), same run."""
+    import torch
+
+    x = torch.randn(2**31 // 2, device="cuda").to(torch.bfloat16)  # 2 GiB
+    y = torch.randn(2**31 // 2, device="cuda").to(torch.bfloat16)
+    read_ms = median_ms([lambda: x.sum(dtype=torch.float32), lambda: y.sum(dtype=torch.float32)])
+    z = torch.empty_like(x)
+    copy_ms = median_ms([lambda: z.copy_(x), lambda: z.copy_(y)])
+    return x.numel() * 2 / read_ms / 1e6, 2 * x.numel() * 2 / copy_ms / 1e6
+
+
+def paged_inputs(batch: int, seq_len: int, block_size: int, q_len: int | None, seed: int) -> dict:
+    """torch inputs: bf16 query, NHD caches with shuffled blocks, int32 index arrays."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    Hq, Hkv, D = 32, 8, 128
+    blocks_per_seq = seq_len // block_size
+    num_blocks = batch * blocks_per_seq
+    tokens = batch if q_len is None else batch * q_len
+    kc = torch.randn(
+        (num_blocks, block_size, Hkv, D), device="cuda", generator=g, dtype=torch.bfloat16
+    )
+    vc = torch.randn(
+        (num_blocks, block_size, Hkv, D), device="cuda", generator=g, dtype=torch.bfloat16
+    )
+    tables = torch.randperm(num_blocks, device="cuda", generator=g).to(torch.int32)
+    return {
+        "query": torch.randn((tokens, Hq, D), device="cuda", generator=g, dtype=torch.bfloat16),
+        "key_cache": kc,
+        "value_cache": vc,
+        "block_tables": tables.reshape(batch, blocks_per_seq),
+        "seq_lens": torch.full((batch,), seq_len, device="cuda", dtype=torch.int32),
+        "query_start_loc": None
+        if q_len is None
+        else torch.arange(0, tokens + 1, q_len, device="cuda", dtype=torch.int32),
+    }
+
+
+def time_paged(
+    backend: CupyBackend, batch: int, seq_len: int, block_size: int, q_len: int | None, sets: int
+) -> float:
+    calls = []
+    keep = []
+    for seed in range(sets):
+        x = paged_inputs(batch, seq_len, block_size, q_len, seed)
+        plan = backend.plan(
+            x["query"],
+            x["key_cache"],
+            x["value_cache"],
+            x["block_tables"],
+            x["seq_lens"],
+            x["query_start_loc"],
+        )
+        keep.append((plan, x))
+        calls.append(
+            lambda plan=plan, x=x: backend.run(plan, x["query"], x["key_cache"], x["value_cache"])
+        )
+    ms = median_ms(calls)
+    print(f"timed cupy {batch}x{seq_len} q_len={q_len} bs={block_size}: {ms:.4f} ms", flush=True)
+    return ms
+
+
+def time_cudnn(
+    batch: int, seq_len: int, q_len: int, sets: int, causal: bool
+) -> tuple[float | None, str]:
+    """cuDNN SDPA on contiguous K/V [B, 8, L, 128] with 32 query heads (GQA), bf16."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    calls = []
+    for seed in range(sets):
+        g = torch.Generator(device="cuda").manual_seed(100 + seed)
+        q = torch.randn((batch, 32, q_len, 128), device="cuda", generator=g, dtype=torch.bfloat16)
+        k = torch.randn((batch, 8, seq_len, 128), device="cuda", generator=g, dtype=torch.bfloat16)
+        v = torch.randn((batch, 8, seq_len, 128), device="cuda", generator=g, dtype=torch.bfloat16)
+        calls.append(
+            lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=True
+            )
+        )
+    try:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return median_ms(calls), "cuDNN GQA"
+    except Exception as error:  # cuDNN may refuse a shape; say so rather than guess
+        first = str(error).splitlines()[0][:120]
+        return None, f"cuDNN failed: {first}"
+
+
+def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
+    rows = []
+    read_gbs, copy_gbs = read_bandwidth()
+    log["read_GBps"], log["copy_GBps"] = read_gbs, copy_gbs
+    rows.append(["read bandwidth (bf16 sum, 2 GiB)", "", f"{read_gbs:.0f} GB/s", "", ""])
+    rows.append(["copy bandwidth (read + write)", "", f"{copy_gbs:.0f} GB/s", "", ""])
+    for batch, seq_len, sets in ((64, 4096, 3), (2, 65536, 4)):
+        kv_bytes = batch * seq_len * 8 * 128 * 2 * 2
+        cudnn_ms, note = time_cudnn(batch, seq_len, 1, sets, causal=False)
+        cudnn_gbs = kv_bytes / cudnn_ms / 1e6 if cudnn_ms else None
+        log[f"cudnn decode {batch}x{seq_len}"] = {"ms": cudnn_ms, "note": note}
+        rows.append(
+            [
+                f"cuDNN SDPA decode {batch}x{seq_len} (contiguous)",
+                "",
+                f"{cudnn_ms:.4f} ms" if cudnn_ms else note,
+                f"{cudnn_gbs:.0f} GB/s" if cudnn_gbs else "",
+                "",
+            ]
+        )
+        os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"
+        ms = time_paged(backend, batch, seq_len, 16, None, sets)
+        del os.environ["PAGEDATTN_CUPY_DECODE"]
+        gbs = kv_bytes / ms / 1e6
+        log[f"cupy CUDA-core decode {batch}x{seq_len} bs16"] = {"ms": ms, "GBps": gbs}
+        rows.append(
+            [
+                f"cupy CUDA-core decode {batch}x{seq_len}",
+                "bs=16",
+                f"{ms:.4f} ms",
+                f"{gbs:.0f} GB/s = {gbs / read_gbs:.0%} of read",
+                "",
+            ]
+        )
+        for bs in (16, 32, 64):
+            ms = time_paged(backend, batch, seq_len, bs, None, sets)
+            gbs = kv_bytes / ms / 1e6
+            log[f"cupy decode {batch}x{seq_len} bs{bs}"] = {"ms": ms, "GBps": gbs}
+            vs = f"{cudnn_ms / ms:.2f}x cuDNN" if cudnn_ms else ""
+            rows.append(
+                [
+                    f"cupy decode {batch}x{seq_len}",
+                    f"bs={bs}",
+                    f"{ms:.4f} ms",
+                    f"{gbs:.0f} GB/s = {gbs / read_gbs:.0%} of read",
+                    vs,
+                ]
+            )
+    flops = 4 * 8 * 32 * 128 * (4096 * 4097 / 2)  # causal: QK^T and PV over the visible half
+    cudnn_ms, note = time_cudnn(8, 4096, 4096, 2, causal=True)
+    log["cudnn prefill 8x4096"] = {"ms": cudnn_ms, "note": note}
+    rows.append(
+        [
+            "cuDNN SDPA causal prefill 8x4096",
+            "",
+            f"{cudnn_ms:.3f} ms" if cudnn_ms else note,
+            f"{flops / cudnn_ms / 1e9:.0f} TFLOP/s" if cudnn_ms else "",
+            "",
+        ]
+    )
+    for bs in (16, 64):
+        ms = time_paged(backend, 8, 4096, bs, 4096, 2)
+        log[f"cupy prefill 8x4096 bs{bs}"] = {"ms": ms}
+        rows.append(
+            [
+                "cupy causal prefill 8x4096",
+                f"bs={bs}",
+                f"{ms:.3f} ms",
+                f"{flops / ms / 1e9:.0f} TFLOP/s",
+                f"{cudnn_ms / ms:.2f}x cuDNN" if cudnn_ms else "",
+            ]
+        )
+    return rows
+
+
+def run_sanitizer(out_dir: str) -> list[tuple[str, bool, str]]:
+    results = []
+    tool_path = shutil.which("compute-sanitizer")
+    if tool_path is None:
+        return [("compute-sanitizer", False, "not on PATH")]
+    for tool in ("memcheck", "racecheck"):
+        command = [
+            tool_path,
+            "--tool",
+            tool,
+            "--error-exitcode",
+            "9",
+            sys.executable,
+            "-m",
+            "pagedattn.backends.cupy.gpu_check",
+            "--sanitize",
+        ]
+        started = time.time()
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=110)
+        with open(os.path.join(out_dir, f"sanitizer_{tool}.log"), "w") as f:
+            f.write(proc.stdout + proc.stderr)
+        summary = [
+            line
+            for line in (proc.stdout + proc.stderr).splitlines()
+            if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line
+        ]
+        results.append(
+            (
+                f"compute-sanitizer {tool}",
+                proc.returncode == 0,
+                f"exit {proc.returncode}, {time.time() - started:.0f} s; "
+                + ("; ".join(summary) or "no summary line"),
+            )
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--sanitize", action="store_true", help="internal: the sanitizer's cases")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: sanitizer,bench")
+    args = parser.parse_args(argv)
+    if args.sanitize:
+        return sanitize_main()
+    import torch
+
+    torch.zeros(1, device="cuda")  # initialise CUDA in torch: kernels go to its current stream
+    os.makedirs(args.out, exist_ok=True)
+    backend = CupyBackend()
+    rng = np.random.default_rng(2026)
+    checks: list[tuple[str, bool, str]] = []
+    for case in correctness_cases(rng):
+        try:
+            ok, summary = check_case(backend, case)
+        except Exception as error:
+            ok, summary = False, f"{type(error).__name__}: {error}"
+        checks.append((f"attention {case.name}", ok, summary))
+        print(f"{'ok  ' if ok else 'FAIL'} attention {case.name}: {summary}", flush=True)
+    os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"  # the CUDA-core kernel on 16-bit decode too
+    for case in correctness_cases(rng)[:12:2]:
+        ok, summary = check_case(backend, case)
+        checks.append((f"attention (CUDA-core decode) {case.name}", ok, summary))
+        print(f"{'ok  ' if ok else 'FAIL'} attention (CUDA-core decode) {case.name}: {summary}")
+    del os.environ["PAGEDATTN_CUPY_DECODE"]
+    for name, fn in (("determinism", check_determinism), ("torch inputs", check_torch_inputs)):
+        try:
+            ok, summary = fn(backend, rng)
+        except Exception as error:
+            ok, summary = False, f"{type(error).__name__}: {error}"
+        checks.append((name, ok, summary))
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
+    try:
+        op_results = check_ops(backend, rng)
+    except Exception as error:
+        op_results = [("ops", False, f"{type(error).__name__}: {error}")]
+    for name, ok, summary in op_results:
+        checks.append((name, ok, summary))
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
+    skip = set(args.skip.split(","))
+    log: dict[str, Any] = {"device": backend.device_name(), "checks": checks}
+    rows = benchmarks(backend, log) if "bench" not in skip else []
+    if "sanitizer" not in skip:
+        for name, ok, summary in run_sanitizer(args.out):
+            checks.append((name, ok, summary))
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
+    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+        json.dump(log, f, indent=1, default=str)
+    failed = [c for c in checks if not c[1]]
+    print(
+        f"\n{backend.device_name()}: {len(checks) - len(failed)}/{len(checks)} checks passed"
+        + (f"; FAILED: {', '.join(c[0] for c in failed)}" if failed else "")
+    )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)] if rows else []
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

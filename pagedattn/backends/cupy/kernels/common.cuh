@@ -1,0 +1,89 @@
+// Storage types and conversions shared by the pagedattn CuPy kernels.
+//
+// The kernels are compiled by NVRTC without the CUDA toolkit's headers (CI has none), so the
+// 16-bit types are defined here as raw 16-bit storage: half_t holds IEEE binary16 bits (the
+// layout of __half) and bfloat16_t holds bfloat16 bits (the layout of __nv_bfloat16). The
+// host passes uint16 views of the arrays; conversions use PTX cvt instructions.
+#pragma once
+
+struct __align__(2) half_t { unsigned short bits; };
+struct __align__(2) bfloat16_t { unsigned short bits; };
+
+#define PA_INF __int_as_float(0x7f800000)
+#define PA_NEG_INF __int_as_float(0xff800000)
+
+constexpr float LOG2E = 1.4426950408889634f;  // scores are kept in log2 units: exp(x) = exp2(x * LOG2E)
+constexpr float LN2 = 0.6931471805599453f;    // back to natural log for lse
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(half_t x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+  return f;
+}
+__device__ __forceinline__ float to_float(bfloat16_t x) {
+  return __uint_as_float(static_cast<unsigned>(x.bits) << 16);
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ half_t from_float<half_t>(float x) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+  return h;
+}
+template <> __device__ __forceinline__ bfloat16_t from_float<bfloat16_t>(float x) {
+  bfloat16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+  return h;
+}
+
+// Unpack one 16-byte chunk (16 / sizeof(T) elements) into floats.
+__device__ __forceinline__ void unpack_chunk(const uint4& raw, float (&x)[4], float) {
+  x[0] = __uint_as_float(raw.x); x[1] = __uint_as_float(raw.y);
+  x[2] = __uint_as_float(raw.z); x[3] = __uint_as_float(raw.w);
+}
+__device__ __forceinline__ void unpack_word(unsigned w, float& lo, float& hi, bfloat16_t) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_word(unsigned w, float& lo, float& hi, half_t) {
+  half_t a, b;
+  a.bits = static_cast<unsigned short>(w & 0xffffu);
+  b.bits = static_cast<unsigned short>(w >> 16);
+  lo = to_float(a);
+  hi = to_float(b);
+}
+template <typename T>
+__device__ __forceinline__ void unpack_chunk(const uint4& raw, float (&x)[8], T tag) {
+  unpack_word(raw.x, x[0], x[1], tag); unpack_word(raw.y, x[2], x[3], tag);
+  unpack_word(raw.z, x[4], x[5], tag); unpack_word(raw.w, x[6], x[7], tag);
+}
+
+// 16-byte asynchronous copy global -> shared; valid == false fills 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ unsigned dynamic_smem_size() {
+  unsigned size;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(size));
+  return size;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}

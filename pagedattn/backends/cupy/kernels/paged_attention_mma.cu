@@ -1,0 +1,257 @@
+// Paged attention on tensor cores (mma.sync m16n8k16, float32 accumulation) for float16 and
+// bfloat16 queries with query tiles of MMA_ROWS = 64 rows: prefill and chunked prefill.
+//
+// Must match pagedattn.spec.exact.exact_attention within the error model (P is rounded to
+// the input dtype before P V, which the model allows). Same work items, skeleton and names as
+// the CUDA-core kernel in paged_attention.cu and the NumPy reference:
+//   setup:      rows' p_q and ALiBi slopes; the Q tile staged in shared memory
+//   inner loop: for each tile of MMA_TILE_N logical positions (attend_tile): look up physical
+//               blocks (only p < L), stage K and V (16-byte cp.async, zero-filled beyond L,
+//               double-buffered, 16-byte chunks XOR-swizzled against bank conflicts),
+//               S = Q K^T on tensor cores, mask (replace, never add), update m, l in registers,
+//               O = O * alpha + P V on tensor cores
+//   epilogue:   O / l, lse = m + log l (0 and -inf for an empty row), to out or a partial.
+// Each warp owns 16 rows; a thread holds rows g and g + 8 of its warp (g = lane / 4).
+#include "common.cuh"
+#include "mma.cuh"
+
+constexpr int MMA_THREADS = 128;  // 4 warps x 16 rows
+constexpr int MMA_ROWS = 64;
+constexpr int MMA_TILE_N = 64;    // keys per tile
+constexpr int MMA_ITEM_FIELDS = 9;
+
+// Shared-memory bytes of paged_attention_mma (the host computes the same).
+template <int HEAD_DIM> __host__ __device__ constexpr int mma_smem_bytes() {
+  return (MMA_ROWS + 2 * 2 * MMA_TILE_N) * HEAD_DIM * 2 + 3 * MMA_ROWS * 4;
+}
+
+template <typename T, int HEAD_DIM, int BLOCK_SIZE>
+__global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
+    const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
+    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
+    float* __restrict__ partial_lse,  //
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
+    const int* __restrict__ query_start_loc, const float* __restrict__ alibi_slopes,
+    const int* __restrict__ items,  //
+    long long k_stride_block, long long k_stride_slot, long long k_stride_head,
+    long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
+    int max_blocks_per_seq, int num_q_heads, int group_size,                      //
+    float scale, float softcap, int sliding_window, int causal, int has_alibi) {
+  constexpr int STAGES = 2;
+  constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks of 8 elements
+  constexpr int TILE_CHUNKS = MMA_TILE_N * CHUNKS_PER_ROW;
+  constexpr int LOADS_PER_THREAD = TILE_CHUNKS / MMA_THREADS;
+  constexpr int Q_LOADS_PER_THREAD = MMA_ROWS * CHUNKS_PER_ROW / MMA_THREADS;
+  constexpr int K_STEPS = HEAD_DIM / 16;   // k-steps of S = Q K^T
+  constexpr int S_TILES = MMA_TILE_N / 8;  // n-tiles of S (8 keys each)
+  constexpr int O_TILES = HEAD_DIM / 8;    // n-tiles of O (8 dims each)
+  static_assert(CHUNKS_PER_ROW >= 8 && CHUNKS_PER_ROW % 8 == 0, "the swizzle needs 8 chunks per row");
+  using Mma = MmaType<T>;
+
+  // ---- shared memory: Q tile | K stages | V stages | row state; chunk c of row n sits at
+  // n * CHUNKS_PER_ROW + (c ^ (n % 8)), so 8 consecutive rows of one chunk column hit 8 bank groups
+  extern __shared__ uint4 smem[];
+  if (dynamic_smem_size() < (unsigned)mma_smem_bytes<HEAD_DIM>()) __trap();
+  uint4* q_tile = smem;
+  uint4* k_tiles = q_tile + MMA_ROWS * CHUNKS_PER_ROW;
+  uint4* v_tiles = k_tiles + STAGES * TILE_CHUNKS;
+  int* p_q = reinterpret_cast<int*>(v_tiles + STAGES * TILE_CHUNKS);
+  float* slope = reinterpret_cast<float*>(p_q + MMA_ROWS);
+  int* row_valid = reinterpret_cast<int*>(slope + MMA_ROWS);
+  auto swizzle = [](int n, int c) { return n * CHUNKS_PER_ROW + (c ^ (n % 8)); };
+
+  // ---- setup
+  const int* item = items + (long long)blockIdx.x * MMA_ITEM_FIELDS;
+  const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];
+  const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];
+  const int partial = item[8];
+  const int num_rows = num_tokens * num_groups;
+  const int L = seq_lens[seq];
+  const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];
+  const int* table_row = block_tables + (long long)seq * max_blocks_per_seq;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the mma fragments
+
+  for (int r = threadIdx.x; r < MMA_ROWS; r += MMA_THREADS) {
+    const int t = token_start + r / num_groups;
+    const int h = kv_head * group_size + group_start + r % num_groups;
+    row_valid[r] = r < num_rows;
+    p_q[r] = L - q_len + (t - query_start_loc[seq]);
+    slope[r] = (has_alibi && r < num_rows) ? alibi_slopes[h] : 0.f;
+  }
+  // Q rows (zeros for rows past num_rows)
+#pragma unroll
+  for (int i = 0; i < Q_LOADS_PER_THREAD; ++i) {
+    const int idx = threadIdx.x + i * MMA_THREADS;
+    const int r = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
+    const bool valid = r < num_rows;
+    const T* src = query;
+    if (valid) {
+      const long long t = token_start + r / num_groups;
+      const int h = kv_head * group_size + group_start + r % num_groups;
+      src = query + (t * num_q_heads + h) * HEAD_DIM + c * 8;
+    }
+    cp_async_16(q_tile + swizzle(r, c), src, valid);
+  }
+  cp_async_commit();
+
+  auto load_tile = [&](int stage, int p0) {
+    uint4* k_dst = k_tiles + stage * TILE_CHUNKS;
+    uint4* v_dst = v_tiles + stage * TILE_CHUNKS;
+#pragma unroll
+    for (int i = 0; i < LOADS_PER_THREAD; ++i) {
+      const int idx = threadIdx.x + i * MMA_THREADS;
+      const int n = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
+      const int p = p0 + n;
+      const bool valid = p < L;  // nothing at p >= L is read, not even the table
+      const T* k_src = key_cache;
+      const T* v_src = value_cache;
+      if (valid) {
+        const long long block = table_row[p / BLOCK_SIZE];
+        const long long slot = p % BLOCK_SIZE;
+        k_src = key_cache + block * k_stride_block + slot * k_stride_slot + kv_head * k_stride_head + c * 8;
+        v_src = value_cache + block * v_stride_block + slot * v_stride_slot + kv_head * v_stride_head + c * 8;
+      }
+      cp_async_16(k_dst + swizzle(n, c), k_src, valid);
+      cp_async_16(v_dst + swizzle(n, c), v_src, valid);
+    }
+  };
+
+  // running state of rows g and g + 8 of this warp, log2 units
+  const int row_lo = warp * 16 + g, row_hi = row_lo + 8;
+  float m_i[2] = {PA_NEG_INF, PA_NEG_INF};
+  float l_i[2] = {0.f, 0.f};  // this thread's share of l; summed over the quad in the epilogue
+  float o[O_TILES][4];
+#pragma unroll
+  for (int j = 0; j < O_TILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+
+  auto attend_tile = [&](int stage, int p0) {
+    const uint4* k_tile = k_tiles + stage * TILE_CHUNKS;
+    const uint4* v_tile = v_tiles + stage * TILE_CHUNKS;
+    // -- compute qk on tensor cores
+    float s[S_TILES][4];
+#pragma unroll
+    for (int j = 0; j < S_TILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk) {
+      unsigned a[4];
+      ldmatrix_x4(a, q_tile + swizzle(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
+#pragma unroll
+      for (int jp = 0; jp < S_TILES / 2; ++jp) {
+        unsigned b[4];
+        ldmatrix_x4(b, k_tile + swizzle(16 * jp + (lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
+        Mma::mma(s[2 * jp], a, b[0], b[1]);
+        Mma::mma(s[2 * jp + 1], a, b[2], b[3]);
+      }
+    }
+    // -- scale, softcap, ALiBi, mask (replace, never add); row max over the quad
+    float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
+#pragma unroll
+    for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? row_lo : row_hi;
+        const int p = p0 + 8 * j + 2 * tig + (e & 1);
+        float x = s[j][e] * scale;
+        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+        const int distance = p - p_q[r];
+        x += slope[r] * (float)distance;
+        bool visible = row_valid[r] && p < L;
+        if (causal) visible = visible && distance <= 0;
+        if (sliding_window > 0) visible = visible && distance > -sliding_window;
+        s[j][e] = visible ? x * LOG2E : PA_NEG_INF;
+        m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
+      }
+    }
+    float alpha[2], m_safe[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
+      const float m_new = fmaxf(m_i[half], m_ij[half]);
+      m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;  // an all-masked row keeps p = 0
+      alpha[half] = exp2f(m_i[half] - m_safe[half]);
+      m_i[half] = m_new;
+      l_i[half] *= alpha[half];
+    }
+    // -- P = exp2(s - m), update l_i; rescale O
+#pragma unroll
+    for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - m_safe[e / 2]);
+        l_i[e / 2] += s[j][e];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < O_TILES; ++j) {
+      o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+    }
+    // -- update output accumulator: O += P V (P from the S fragments, V through ldmatrix.trans)
+#pragma unroll
+    for (int kk = 0; kk < MMA_TILE_N / 16; ++kk) {
+      unsigned a[4];
+      a[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dj = 0; dj < O_TILES / 2; ++dj) {
+        unsigned b[4];
+        ldmatrix_x4_trans(b, v_tile + swizzle(16 * kk + (lane % 8) + 8 * ((lane / 8) % 2), 2 * dj + lane / 16));
+        Mma::mma(o[2 * dj], a, b[0], b[1]);
+        Mma::mma(o[2 * dj + 1], a, b[2], b[3]);
+      }
+    }
+  };
+
+  // ---- inner loop over tiles, loading one tile ahead
+  const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + MMA_TILE_N - 1) / MMA_TILE_N : 0;
+  if (num_tiles > 0) load_tile(0, kv_begin);
+  cp_async_commit();
+  for (int i = 0; i < num_tiles; ++i) {
+    if (i + 1 < num_tiles) load_tile((i + 1) % STAGES, kv_begin + (i + 1) * MMA_TILE_N);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and tile i have landed
+    __syncthreads();
+    attend_tile(i % STAGES, kv_begin + i * MMA_TILE_N);
+    __syncthreads();  // stage i % STAGES is free for tile i + 2
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: l over the quad, O / l, lse = m + log l
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 1);
+    l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 2);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = half == 0 ? row_lo : row_hi;
+    if (r >= num_rows) continue;
+    const float l = l_i[half];
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    const float lse_final = l > 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
+    const long long t = token_start + r / num_groups;
+    const int h = kv_head * group_size + group_start + r % num_groups;
+#pragma unroll
+    for (int j = 0; j < O_TILES; ++j) {
+      const int d = 8 * j + 2 * tig;
+      const float o0 = o[j][2 * half] * inv_l, o1 = o[j][2 * half + 1] * inv_l;
+      if (partial >= 0) {
+        float* dst = partial_out + ((long long)partial * MMA_ROWS + r) * HEAD_DIM + d;
+        dst[0] = o0;
+        dst[1] = o1;
+      } else {
+        T* dst = out + (t * num_q_heads + h) * HEAD_DIM + d;
+        dst[0] = from_float<T>(o0);
+        dst[1] = from_float<T>(o1);
+      }
+    }
+    if (tig == 0) {
+      if (partial >= 0) partial_lse[(long long)partial * MMA_ROWS + r] = lse_final;
+      else lse[t * num_q_heads + h] = lse_final;
+    }
+  }
+}

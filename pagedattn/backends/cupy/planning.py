@@ -1,0 +1,198 @@
+"""Work items of the cupy attention kernel, built on the host from a validated problem.
+
+A work item is one sequence ``s``, one KV head, up to ``ROWS`` query rows (``num_tokens``
+consecutive query tokens times ``num_groups`` query heads of that KV head) and a range of
+logical positions ``[kv_begin, kv_end)`` cut on ``TILE_N`` boundaries. Only positions a row
+can see are covered (causal: up to the last row's ``p_q``; sliding window: from the first
+row's ``p_q - W + 1``), so the kernel never visits blocks it would mask entirely. Long ranges
+are split (split-KV) into parts of about equal length; their partial results are merged by
+``merge_partials``. Every output row belongs to exactly one base item, so every row is written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagedattn.backends.cupy.specializations import (
+    DECODE_ROWS,
+    ITEM_FIELDS,
+    MERGE_FIELDS,
+    MMA_DTYPES,
+    MMA_HEAD_DIMS,
+    MMA_ROWS,
+    ROWS,
+    tile_n,
+)
+from pagedattn.spec.arrays import AttentionProblem
+
+
+@dataclass(frozen=True)
+class WorkPlan:
+    """What the attention launch needs: ``items`` int32 ``[n, 9]``, ``merges`` int32 ``[m, 7]``."""
+
+    rows: int
+    tile_n: int
+    items: np.ndarray
+    merges: np.ndarray
+    num_partials: int
+
+
+def choose_rows(problem: AttentionProblem) -> int:
+    """Rows per CTA, which also picks the kernel.
+
+    ``DECODE_ROWS`` (tensor-core decode, keys split among warps) for float16/bfloat16 decode
+    at head_dim 64 or 128 with up to 16 query heads per KV head, unless the environment sets
+    ``PAGEDATTN_CUPY_DECODE=simt``; ``MMA_ROWS`` (tensor cores) for float16/bfloat16 batches
+    of at least 8 queries per sequence on average at head_dim 64 or 128; else the CUDA-core
+    kernel with 4 rows (decode with up to 4 query heads per KV head) or 8.
+    """
+    tensor_cores = problem.dtype in MMA_DTYPES and problem.head_dim in MMA_HEAD_DIMS
+    if (
+        problem.is_decode
+        and tensor_cores
+        and problem.group_size <= DECODE_ROWS
+        and os.environ.get("PAGEDATTN_CUPY_DECODE", "mma") != "simt"
+    ):
+        return DECODE_ROWS
+    if (
+        not problem.is_decode
+        and problem.dtype in MMA_DTYPES
+        and problem.head_dim in MMA_HEAD_DIMS
+        and problem.num_tokens >= 8 * problem.num_seqs
+    ):
+        return MMA_ROWS
+    return ROWS[0] if problem.is_decode and problem.group_size <= ROWS[0] else ROWS[-1]
+
+
+def choose_split(
+    base_tiles: np.ndarray, slots: int, *, min_tiles: int = 4, overhead: float = 2.0
+) -> int:
+    """Tiles per split-KV part minimising the estimated time of ``base_tiles`` on ``slots`` CTAs.
+
+    Estimate: waves (``ceil(items / slots)``) times the longest part plus ``overhead`` tiles of
+    per-CTA setup and epilogue; candidates are about 48 geometrically spaced part lengths.
+    """
+    longest = int(base_tiles.max(initial=0))
+    if longest <= min_tiles:
+        return max(1, longest)
+    candidates = np.unique(np.geomspace(min_tiles, longest, 48).astype(np.int64))
+    best, best_time = longest, np.inf
+    for per_split in candidates:
+        splits = np.maximum(1, -(-base_tiles // per_split))
+        part = int((-(-base_tiles // splits)).max())
+        estimate = -(-int(splits.sum()) // slots) * (part + overhead)
+        if estimate < best_time:
+            best, best_time = int(per_split), estimate
+    return best
+
+
+def build_work(
+    problem: AttentionProblem, *, slots: int = 396, min_tiles_per_split: int = 4
+) -> WorkPlan:
+    """Return the :class:`WorkPlan` of ``problem`` for ``slots`` CTAs resident on the device.
+
+    Ranges are split into parts of :func:`choose_split` tiles (at least ``min_tiles_per_split``).
+    """
+    G = problem.group_size
+    rows = choose_rows(problem)
+    TILE_N = tile_n(problem.dtype, rows)
+    num_groups = min(G, rows)
+    tokens_per_item = max(1, rows // G)
+    group_starts = np.arange(0, G, num_groups)
+
+    # -- token chunks of each sequence: [token_start, token_start + num_tokens)
+    q_lens = problem.q_lens
+    chunks_per_seq = -(-q_lens // tokens_per_item)
+    seq = np.repeat(np.arange(problem.num_seqs), chunks_per_seq)
+    first_chunk = (
+        np.concatenate([[0], np.cumsum(chunks_per_seq)[:-1]])
+        if problem.num_seqs
+        else np.zeros(0, np.int64)
+    )
+    k = np.arange(seq.size) - first_chunk[seq]
+    token_start = problem.query_start_loc[seq] + k * tokens_per_item
+    num_tokens = np.minimum(tokens_per_item, problem.query_start_loc[seq + 1] - token_start)
+    L = problem.seq_lens[seq]
+    p_first = L - q_lens[seq] + (token_start - problem.query_start_loc[seq])
+    p_last = p_first + num_tokens - 1
+    hi = np.minimum(L, p_last + 1) if problem.causal else L
+    lo = (
+        np.zeros_like(L)
+        if problem.sliding_window is None
+        else np.maximum(0, p_first - problem.sliding_window + 1)
+    )
+    tile_lo = lo // TILE_N
+    tiles = np.where(hi > lo, -(-hi // TILE_N) - tile_lo, 0)
+
+    # -- base items: chunk x KV head x group chunk
+    n_chunks, n_heads, n_gchunks = seq.size, problem.num_kv_heads, group_starts.size
+    shape = (n_chunks, n_heads, n_gchunks)
+    c_idx, h_idx, g_idx = (
+        a.ravel()
+        for a in np.meshgrid(
+            np.arange(n_chunks), np.arange(n_heads), np.arange(n_gchunks), indexing="ij"
+        )
+    )
+    del shape
+    base_tiles = tiles[c_idx]
+    base_groups = np.minimum(num_groups, G - group_starts[g_idx])
+
+    # -- split-KV: parts of about equal length
+    per_split = choose_split(base_tiles, max(1, slots), min_tiles=min_tiles_per_split)
+    splits = np.maximum(1, -(-base_tiles // per_split))
+    item_base = np.repeat(np.arange(base_tiles.size), splits)
+    first_item = (
+        np.concatenate([[0], np.cumsum(splits)[:-1]]) if splits.size else np.zeros(0, np.int64)
+    )
+    part = np.arange(item_base.size) - first_item[item_base]
+    n_split = splits[item_base]
+    t_begin = tile_lo[c_idx][item_base] + (part * base_tiles[item_base]) // n_split
+    t_end = tile_lo[c_idx][item_base] + ((part + 1) * base_tiles[item_base]) // n_split
+    split = n_split > 1
+    partial = np.full(item_base.size, -1, dtype=np.int64)
+    partial[split] = np.arange(int(split.sum()))
+
+    items = (
+        np.stack(
+            [
+                seq[c_idx][item_base],
+                h_idx[item_base],
+                token_start[c_idx][item_base],
+                num_tokens[c_idx][item_base],
+                group_starts[g_idx][item_base],
+                base_groups[item_base],
+                t_begin * TILE_N,
+                t_end * TILE_N,
+                partial,
+            ],
+            axis=1,
+        )
+        .astype(np.int32)
+        .reshape(-1, ITEM_FIELDS)
+    )
+    # longest ranges first, so the last wave is made of short items
+    items = items[np.argsort(-(items[:, 7] - items[:, 6]), kind="stable")]
+
+    merged = splits > 1
+    merges = (
+        np.stack(
+            [
+                token_start[c_idx][merged],
+                num_tokens[c_idx][merged],
+                h_idx[merged],
+                group_starts[g_idx][merged],
+                base_groups[merged],
+                partial[first_item[merged]],
+                splits[merged],
+            ],
+            axis=1,
+        )
+        .astype(np.int32)
+        .reshape(-1, MERGE_FIELDS)
+    )
+    return WorkPlan(
+        rows=rows, tile_n=TILE_N, items=items, merges=merges, num_partials=int(split.sum())
+    )

@@ -1,0 +1,73 @@
+"""Compiling (NVRTC through ``cupy.RawModule``, cached per specialization) and launching kernels.
+
+Kernels launch on torch's current stream when torch is imported and has initialised CUDA,
+otherwise on cupy's current stream. A failed launch raises :class:`KernelLaunchError` naming
+the kernel; ``PAGEDATTN_CUPY_SYNC=1`` also synchronises after each launch to surface
+asynchronous faults at the launch that caused them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any
+
+from pagedattn.backends.cupy.specializations import COMPILE_OPTIONS, Specialization, source
+
+
+class KernelLaunchError(RuntimeError):
+    """A kernel failed to compile, launch or run; the message names it."""
+
+
+@functools.cache
+def kernel(spec: Specialization) -> Any:
+    """Compile ``spec`` with NVRTC (once per process) and return its ``cupy.RawKernel``."""
+    import cupy
+
+    try:
+        module = cupy.RawModule(
+            code=source(spec.module),
+            options=COMPILE_OPTIONS,
+            name_expressions=[spec.name_expression],
+        )
+        return module.get_function(spec.name_expression)
+    except Exception as error:  # CompileException, CUDADriverError
+        raise KernelLaunchError(f"compiling {spec.name_expression}: {error}") from error
+
+
+def current_stream() -> Any:
+    """torch's current CUDA stream as a cupy stream if torch is in use, else cupy's current one."""
+    import cupy
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    return cupy.cuda.get_current_stream()
+
+
+def launch(
+    spec: Specialization,
+    grid: tuple[int, ...],
+    block: tuple[int, ...],
+    args: tuple[Any, ...],
+    *,
+    shared_mem: int = 0,
+    stream: Any = None,
+) -> None:
+    """Launch ``spec`` on ``stream`` (default: :func:`current_stream`); raise KernelLaunchError."""
+    if grid[0] == 0:
+        return
+    function = kernel(spec)
+    if shared_mem > 48 * 1024 and function.max_dynamic_shared_size_bytes < shared_mem:
+        function.max_dynamic_shared_size_bytes = shared_mem
+    stream = current_stream() if stream is None else stream
+    try:
+        with stream:
+            function(grid, block, args, shared_mem=shared_mem)
+        if os.environ.get("PAGEDATTN_CUPY_SYNC") == "1":
+            stream.synchronize()
+    except Exception as error:
+        raise KernelLaunchError(
+            f"launching {spec.name_expression} grid={grid} block={block}: {error}"
+        ) from error

@@ -1,0 +1,151 @@
+"""The template instantiations the cupy backend declares, and how their source is compiled.
+
+One source (``kernels/*.cu`` plus ``kernels/common.cuh``) per module; a specialization is a
+name expression such as ``paged_attention<bfloat16_t, 128, 16, 4>``. The same list is what
+:mod:`pagedattn.backends.cupy.compile_check` compiles for sm_90 in CI, so whatever the backend
+can launch has been compiled without a GPU first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).with_name("kernels")
+
+#: Contract dtype name -> the kernels' storage type (16-bit types are raw bit patterns).
+CUDA_TYPES: dict[str, str] = {"float32": "float", "float16": "half_t", "bfloat16": "bfloat16_t"}
+HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
+BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
+#: Query rows (tokens x query heads of one KV head) per CTA of the CUDA-core attention kernel.
+ROWS: tuple[int, ...] = (4, 8)
+#: The tensor-core kernel (kernels/paged_attention_mma.cu): 64 rows, 64-key tiles, 16-bit dtypes.
+MMA_ROWS = 64
+MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
+#: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 8 warps
+#: splitting the keys; same dtypes and head dims as the tensor-core prefill kernel.
+DECODE_ROWS = 16
+DECODE_THREADS = 256
+NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)
+ITEM_FIELDS = 9  # ints per work item
+MERGE_FIELDS = 7  # ints per split-KV merge
+
+#: ``-std=c++17`` for constexpr helpers; ``-I`` the kernel folder for common.cuh.
+COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17", f"-I{KERNEL_DIR}")
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One kernel instantiation: which module (``.cu`` file stem) and its name expression."""
+
+    module: str
+    name_expression: str
+
+
+def tile_n(dtype: str, rows: int = ROWS[0]) -> int:
+    """Keys per K/V tile: ``Tile<T>::TILE_N`` (CUDA cores) or ``MMA_TILE_N`` (tensor cores)."""
+    return {MMA_ROWS: 64, DECODE_ROWS: 128}.get(rows, 32)
+
+
+def threads(rows: int) -> int:
+    """Threads per CTA of the attention kernel used for ``rows``."""
+    return DECODE_THREADS if rows == DECODE_ROWS else NUM_THREADS
+
+
+def stages(dtype: str) -> int:
+    """K/V tiles held in shared memory (``Tile<T>::STAGES``)."""
+    return 2 if dtype == "float32" else 4
+
+
+def itemsize(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def attention_smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
+    """Dynamic shared memory of ``paged_attention`` (as ``attention_smem_bytes`` in the .cu)."""
+    size = itemsize(dtype)
+    chunks_per_row = head_dim * size // 16
+    tiles = 2 * stages(dtype) * tile_n(dtype) * head_dim * size
+    reduction = (NUM_THREADS // chunks_per_row) * rows * head_dim * 4
+    return max(tiles, reduction) + rows * tile_n(dtype) * 4 + 5 * rows * 4
+
+
+def mma_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of ``paged_attention_mma`` (as ``mma_smem_bytes`` in the .cu)."""
+    return (MMA_ROWS + 2 * 2 * 64) * head_dim * 2 + 3 * MMA_ROWS * 4
+
+
+def decode_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu)."""
+    return (
+        (DECODE_ROWS + 8 * 3 * 2 * 16) * head_dim * 2
+        + 3 * DECODE_ROWS * 4
+        + 2 * 8 * DECODE_ROWS * 4
+    )
+
+
+def smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
+    """Dynamic shared memory of the attention kernel used for ``rows``."""
+    if rows == DECODE_ROWS:
+        return decode_smem_bytes(head_dim)
+    if rows == MMA_ROWS:
+        return mma_smem_bytes(head_dim)
+    return attention_smem_bytes(dtype, head_dim, rows)
+
+
+def attention(dtype: str, head_dim: int, block_size: int, rows: int) -> Specialization:
+    """The attention kernel for ``rows`` rows per CTA (``MMA_ROWS``: the tensor-core kernel)."""
+    if rows == DECODE_ROWS:
+        return Specialization(
+            "paged_attention_decode",
+            f"paged_attention_decode<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}>",
+        )
+    if rows == MMA_ROWS:
+        return Specialization(
+            "paged_attention_mma",
+            f"paged_attention_mma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}>",
+        )
+    return Specialization(
+        "paged_attention", f"paged_attention<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {rows}>"
+    )
+
+
+def merge_partials(dtype: str, head_dim: int, rows: int) -> Specialization:
+    return Specialization(
+        "paged_attention", f"merge_partials<{CUDA_TYPES[dtype]}, {head_dim}, {rows}>"
+    )
+
+
+def kv_op(kernel: str, dtype: str) -> Specialization:
+    """``write_kv``, ``copy_blocks_gather``, ``copy_blocks_scatter`` or ``merge_states``."""
+    return Specialization("kv_ops", f"{kernel}<{CUDA_TYPES[dtype]}>")
+
+
+KV_OP_KERNELS: tuple[str, ...] = (
+    "write_kv",
+    "copy_blocks_gather",
+    "copy_blocks_scatter",
+    "merge_states",
+)
+
+
+def all_specializations() -> list[Specialization]:
+    """Every instantiation the backend may launch (its capabilities promise no more)."""
+    specs: list[Specialization] = []
+    for dtype in CUDA_TYPES:
+        for head_dim in HEAD_DIMS:
+            for rows in ROWS:
+                specs.extend(attention(dtype, head_dim, bs, rows) for bs in BLOCK_SIZES)
+                specs.append(merge_partials(dtype, head_dim, rows))
+            if dtype in MMA_DTYPES and head_dim in MMA_HEAD_DIMS:
+                for rows in (MMA_ROWS, DECODE_ROWS):
+                    specs.extend(attention(dtype, head_dim, bs, rows) for bs in BLOCK_SIZES)
+                    specs.append(merge_partials(dtype, head_dim, rows))
+        specs.extend(kv_op(kernel, dtype) for kernel in KV_OP_KERNELS)
+    return specs
+
+
+def source(module: str) -> str:
+    """The CUDA C++ source of ``module`` (``kernels/<module>.cu``)."""
+    return (KERNEL_DIR / f"{module}.cu").read_text()

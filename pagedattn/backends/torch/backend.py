@@ -1,0 +1,181 @@
+"""The ``torch`` backend: gather the blocks through the block table, then attend.
+
+For each group of sequences with equal ``q_len`` (see :mod:`.groups`) the keys and values
+are gathered into padded contiguous tensors and passed to
+``torch.nn.functional.scaled_dot_product_attention``; softcap, ALiBi, lse and float32
+inputs take the explicit float32 path of :mod:`.attention`. fp8 caches are upcast
+(``cache * scale``). Runs on CUDA when torch sees a GPU, else on the CPU. It must match
+:func:`pagedattn.spec.exact.exact_attention` within :mod:`pagedattn.spec.error_model`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import numpy as np
+
+from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.interface import Backend, Plan
+from pagedattn.backends.torch.groups import plan_groups
+from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
+from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name, numpy_dtype
+
+#: NumPy (ml_dtypes) dtypes that torch.from_numpy cannot take, moved as raw bits.
+_BIT_VIEWS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+class TorchBackend(Backend):
+    """Paged attention in PyTorch: gather blocks, then SDPA (or explicit float32 softmax)."""
+
+    name = "torch"
+    version = "0.1.0"
+    description = "PyTorch: gather the blocks, then scaled_dot_product_attention (CPU or CUDA)"
+
+    def __init__(self, device: str | None = None) -> None:
+        torch = _torch()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    @classmethod
+    def availability(cls) -> str | None:
+        return None if importlib.util.find_spec("torch") is not None else "torch is not installed"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(device=self.device.type)
+
+    def device_name(self) -> str:
+        torch = _torch()
+        if self.device.type == "cuda":
+            return str(torch.cuda.get_device_name(self.device))
+        return "cpu"
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            _torch().cuda.synchronize(self.device)
+
+    # -- arrays --------------------------------------------------------------
+    def _torch_dtype(self, name: str) -> Any:
+        return getattr(_torch(), name)
+
+    def to_device(self, array: np.ndarray) -> Any:
+        torch = _torch()
+        array = np.asarray(array)
+        name = dtype_name(array.dtype)
+        if name in _BIT_VIEWS:
+            bits = torch.from_numpy(np.ascontiguousarray(array).view(_BIT_VIEWS[name]))
+            return bits.to(self.device).view(self._torch_dtype(name))
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        torch = _torch()
+        if not isinstance(array, torch.Tensor):
+            return np.asarray(array)
+        name = dtype_name(array.dtype)
+        host = array.detach().to("cpu").contiguous()
+        if name in _BIT_VIEWS:
+            bits_dtype = torch.uint16 if name == "bfloat16" else torch.uint8
+            return host.view(bits_dtype).numpy().view(numpy_dtype(name))
+        return host.numpy()
+
+    # -- paged attention -----------------------------------------------------
+    def _plan(self, problem: AttentionProblem, block_tables: Any, seq_lens: Any,
+              query_start_loc: Any, alibi_slopes: Any) -> dict[str, Any]:
+        from pagedattn.backends.torch.attention import GroupTensors
+
+        torch = _torch()
+
+        def upload(x: np.ndarray) -> Any:
+            return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+
+        groups = [
+            GroupTensors(
+                q_len=g.q_len, blocks=upload(g.blocks), valid=upload(g.valid),
+                tokens=upload(g.tokens), p_q=upload(g.p_q), lengths=upload(g.lengths),
+                uniform=g.uniform, max_length=int(g.valid.shape[1]), offset=g.offset, pattern=g.pattern,
+            )
+            for g in plan_groups(problem)
+        ]
+        slopes = None if problem.alibi_slopes is None else upload(problem.alibi_slopes)
+        scaled = problem.cache_dtype in FP8_DTYPES or problem.k_scale != 1.0 or problem.v_scale != 1.0
+        explicit = (
+            problem.softcap is not None or problem.alibi_slopes is not None or problem.return_lse
+            or problem.dtype == "float32" or (scaled and problem.cache_dtype not in FP8_DTYPES)
+        )
+        return {"groups": groups, "alibi_slopes": slopes, "explicit": explicit}
+
+    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        from pagedattn.backends.torch.attention import explicit_attention, gather, sdpa_attention
+
+        torch = _torch()
+        problem, state = plan.problem, plan.state
+        T, Hq, D = problem.num_tokens, problem.num_q_heads, problem.head_dim
+        out = torch.zeros((T, Hq, D), dtype=query.dtype, device=query.device)
+        lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32, device=query.device)
+        fp8 = problem.cache_dtype in FP8_DTYPES
+        for group in state["groups"]:
+            q = query[group.tokens]  # [S, q_len, Hq, D]
+            k = gather(key_cache, problem.kv_layout, group)
+            v = gather(value_cache, problem.kv_layout, group)
+            if state["explicit"]:
+                k32 = k.to(torch.float32) * problem.k_scale
+                v32 = v.to(torch.float32) * problem.v_scale
+                o, lse_g = explicit_attention(problem, q.to(torch.float32), k32, v32, group, state["alibi_slopes"])
+                lse[group.tokens.reshape(-1)] = lse_g.reshape(-1, Hq)
+            else:
+                if fp8:  # upcast: the value used is cache * scale, rounded to the query's dtype
+                    k = (k.to(torch.float32) * problem.k_scale).to(query.dtype)
+                    v = (v.to(torch.float32) * problem.v_scale).to(query.dtype)
+                o = sdpa_attention(problem, q, k, v, group)
+            out[group.tokens.reshape(-1)] = o.reshape(-1, Hq, D).to(query.dtype)
+        return out, (lse if problem.return_lse else None)
+
+    # -- other operations ------------------------------------------------------
+    def _write_kv(self, problem: WriteKVProblem, key: Any, value: Any, key_cache: Any,
+                  value_cache: Any, slot_mapping: Any) -> None:
+        torch = _torch()
+        tokens_np = np.flatnonzero(problem.slot_mapping >= 0)
+        slots = problem.slot_mapping[tokens_np]
+        tokens = torch.from_numpy(tokens_np).to(key_cache.device)
+        blocks = torch.from_numpy(slots // problem.block_size).to(key_cache.device)
+        offsets = torch.from_numpy(slots % problem.block_size).to(key_cache.device)
+        for cache, x, scale in ((key_cache, key, problem.k_scale), (value_cache, value, problem.v_scale)):
+            rows = x[tokens]
+            if scale != 1.0:
+                rows = rows.to(torch.float64) / scale
+            stored = rows.to(cache.dtype)
+            view = cache if problem.kv_layout == "NHD" else cache.transpose(1, 2)  # [N, bs, Hkv, D]
+            if cache.element_size() == 1:  # fp8 index_put on CPU: move the raw bytes
+                view.view(torch.uint8)[blocks, offsets] = stored.view(torch.uint8)
+            else:
+                view[blocks, offsets] = stored
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        torch = _torch()
+        for cache in (key_cache, value_cache):
+            src = torch.from_numpy(pairs[:, 0].copy()).to(cache.device)
+            dst = torch.from_numpy(pairs[:, 1].copy()).to(cache.device)
+            raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache
+            sources = raw[src].clone()  # every source read before any destination is written
+            raw[dst] = sources
+
+    def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+        torch = _torch()
+        lse_a64, lse_b64 = lse_a.to(torch.float64), lse_b.to(torch.float64)
+        m = torch.maximum(lse_a64, lse_b64)
+        shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        w_a, w_b = torch.exp(lse_a64 - shift), torch.exp(lse_b64 - shift)
+        zero = torch.zeros((), dtype=torch.float64, device=out_a.device)
+        o_a = torch.where((w_a > 0)[..., None], out_a.to(torch.float64), zero)  # an empty side may be NaN
+        o_b = torch.where((w_b > 0)[..., None], out_b.to(torch.float64), zero)
+        total = w_a + w_b
+        empty = total <= 0
+        safe = torch.where(empty, torch.ones_like(total), total)
+        out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / safe[..., None]
+        lse = torch.where(empty, torch.full_like(total, float("-inf")), shift + torch.log(safe))
+        return out.to(out_a.dtype), lse.to(torch.float32)

@@ -1,0 +1,199 @@
+"""``pagedattn bench``: time backends and peers on named shapes against measured ceilings.
+
+Prints a table (backend, shape, block size, time, GB/s, TFLOP/s, % of ceiling, ratio to
+the unpaged SDPA reference), progress lines on stderr, and writes ``bench.json`` and
+``bench.png`` to ``--out``. Without a GPU it runs the small ``cpu`` set and says the
+figures are CPU figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shlex
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pagedattn.errors import BackendNotFoundError, BackendUnavailableError, PagedAttentionError
+from pagedattn.perf import device, inputs, shapes, timing
+from pagedattn.perf.measure import DevicePool, Result, case_work, measure_backend, measure_peer
+from pagedattn.perf.peers import PEERS, FlexPeer
+from pagedattn.perf.report import HEADERS, add_reference_ratios, document, format_seconds, table_rows, write_json
+
+GPU_FLUSH_BYTES = 256 << 20  # rotated regions hold at least this much: several times a GPU's L2
+CPU_FLUSH_BYTES = 64 << 20
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="pagedattn bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", nargs="+", metavar="NAME",
+                        help="registered backends to time (default: every available one for this device)")
+    parser.add_argument("--shapes", nargs="+", metavar="SET_OR_CASE",
+                        help=f"named sets ({', '.join(shapes.SETS)}) or case names; default quick on a GPU, "
+                        "cpu without one")
+    parser.add_argument("--peers", nargs="*", metavar="PEER", choices=sorted(PEERS),
+                        help="peers to time on a GPU (default: sdpa flex); --peers alone for none")
+    parser.add_argument("--dtype", help="override the cases' dtype (bfloat16 on a GPU, float32 on the CPU)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"),
+                        help="folder for bench.json and bench.png (default: ./bench-results)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of timing per measurement (default 0.25 on a GPU, 0.5 on the CPU)")
+    parser.add_argument("--flex-budget", type=float, default=30.0,
+                        help="seconds FlexAttention may spend compiling before its remaining cases are skipped")
+    parser.add_argument("--list", action="store_true", help="list the named sets and their cases, then exit")
+    parser.add_argument("--no-plot", action="store_true", help="write no PNG")
+    return parser.parse_args(list(argv))
+
+
+def list_sets() -> int:
+    for name, cases in shapes.SETS.items():
+        print(f"{name} ({len(cases)} cases)")
+        for case in cases:
+            print(f"  {case.name}  {case.dtype}")
+    return 0
+
+
+def choose_backends(names: Sequence[str] | None, on_gpu: bool) -> tuple[list[Any], list[str]]:
+    """Load the backends to time; return them and one note per backend left out (and why)."""
+    from pagedattn.backends.registry import available_backends, load_backend
+
+    notes = []
+    if names is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            names = available_backends()
+    loaded = []
+    for name in names:
+        try:
+            backend = load_backend(name)
+        except (BackendNotFoundError, BackendUnavailableError) as error:
+            notes.append(f"{name}: not timed: {error}")
+            continue
+        if on_gpu and backend.capabilities().device == "cpu":
+            notes.append(f"{name}: not timed: runs on the CPU, and these shapes are sized for the GPU")
+            continue
+        loaded.append(backend)
+    return loaded, notes
+
+
+def group_by_pool(cases: Sequence[shapes.Case]) -> list[list[shapes.Case]]:
+    """Cases that share a pool (differ only in block size), in first-seen order."""
+    groups: dict[tuple[object, ...], list[shapes.Case]] = {}
+    for case in cases:
+        groups.setdefault(inputs.pool_key(case), []).append(case)
+    return list(groups.values())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.list:
+        return list_sets()
+    gpu = device.gpu_name()
+    on_gpu = gpu is not None
+    names = args.shapes or (["quick"] if on_gpu else ["cpu"])
+    if not on_gpu and any(n in shapes.SETS and n != "cpu" for n in names):
+        print(f"pagedattn bench: no GPU here; the sets other than 'cpu' are sized for a GPU (asked: {names})",
+              file=sys.stderr)
+        return 2
+    try:
+        cases = shapes.resolve(names, dtype=args.dtype)
+    except PagedAttentionError as error:
+        print(f"pagedattn bench: {error}", file=sys.stderr)
+        return 2
+    backends, notes = choose_backends(args.backend, on_gpu)
+    peer_names = (["sdpa", "flex"] if args.peers is None else args.peers) if on_gpu else []
+    peers = [FlexPeer(args.flex_budget) if n == "flex" else PEERS[n]() for n in peer_names]
+    policy = timing.GPU_POLICY if on_gpu else timing.CPU_POLICY
+    if args.budget is not None:
+        policy = timing.TimingPolicy(**{**policy.__dict__, "budget_s": args.budget})
+    flush = GPU_FLUSH_BYTES if on_gpu else CPU_FLUSH_BYTES
+
+    started = time.perf_counter()
+    from pagedattn.perf import ceilings as ceilings_mod
+
+    ceilings = ceilings_mod.measure_gpu() if on_gpu else ceilings_mod.measure_cpu()
+    where = gpu if on_gpu else f"CPU ({device.cpu_name()}): these are CPU figures, not GPU ones"
+    print(f"pagedattn bench on {where}", file=sys.stderr)
+    print(f"ceilings: read {ceilings.read_bytes_per_s / 1e9:.0f} GB/s, matrix {ceilings.matmul_flops_per_s / 1e12:.1f}"
+          f" TFLOP/s ({ceilings.how})", file=sys.stderr)
+    for note in notes:
+        print(note, file=sys.stderr)
+    runners = len(backends) + len(peers)
+    total = len(cases) * runners
+    print(f"{len(cases)} cases x {runners} runners = {total} measurements", file=sys.stderr)
+
+    results: list[Result] = []
+    done = 0
+
+    def progress(result: Result) -> None:
+        nonlocal done
+        done += 1
+        results.append(result)
+        figure = (f"{format_seconds(result.seconds)}  {result.gbps:.0f} GB/s  {result.pct_of_ceiling:.0f}%"
+                  if result.status == "ok" and result.seconds is not None and result.gbps is not None
+                  else f"{result.status}: {result.reason[:80]}")
+        print(f"[{done}/{total} {time.perf_counter() - started:5.0f}s] {result.runner:<8} {result.case}  {figure}",
+              file=sys.stderr, flush=True)
+
+    machine = {"gpu": gpu, "cpu": device.cpu_name(), "python": platform.python_version(),
+               "backends": {b.name: b.version for b in backends}, **_library_versions()}
+    command = "pagedattn bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+
+    def save(partial: bool) -> None:
+        doc = document(results, ceilings, command=command, machine=machine,
+                       elapsed_s=time.perf_counter() - started)
+        doc["complete"] = not partial
+        write_json(args.out / "bench.json", doc)
+
+    for pool_cases in group_by_pool(cases):
+        rotations = inputs.rotations_for(pool_cases[0], flush)
+        pool = inputs.make_pool(pool_cases[0], rotations)
+        works = {case: case_work(case, pool) for case in pool_cases}
+        for backend in backends:
+            try:
+                device_pool = DevicePool(backend, pool)
+            except Exception as error:
+                for case in pool_cases:
+                    progress(Result(backend.name, case.name, case.model.name, case.kind, case.batch, case.context,
+                                    case.block_size, case.dtype, "error", f"to_device: {error}"[:300]))
+                continue
+            for case in pool_cases:
+                progress(measure_backend(backend, case, device_pool, works[case], ceilings, policy))
+            del device_pool
+        for peer in peers:
+            for case in pool_cases:
+                progress(measure_peer(peer, case, rotations, works[case], ceilings, policy))
+        del pool
+        save(partial=True)  # a run cut short still leaves its rows
+
+    add_reference_ratios(results)
+    from pagedattn.tables import print_table
+
+    title = f"pagedattn bench: {where}; read ceiling {ceilings.read_bytes_per_s / 1e9:.0f} GB/s"
+    print_table(HEADERS, table_rows(results), title=title)
+    elapsed = time.perf_counter() - started
+    save(partial=False)
+    wrote = [str(args.out / "bench.json")]
+    if not args.no_plot:
+        from pagedattn.perf.plot import save_plot
+
+        if save_plot(results, ceilings, args.out / "bench.png", title=title):
+            wrote.append(str(args.out / "bench.png"))
+    print(f"wrote {', '.join(wrote)} in {elapsed:.0f} s", file=sys.stderr)
+    return 0
+
+
+def _library_versions() -> dict[str, str]:
+    import importlib.metadata
+
+    found = {}
+    for name in ("numpy", "torch", "triton", "cupy-cuda13x"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found

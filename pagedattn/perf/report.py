@@ -1,0 +1,68 @@
+"""The bench report: the table rows, the JSON document, and the human units."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pagedattn.perf.ceilings import Ceilings
+from pagedattn.perf.measure import Result
+
+REFERENCE_PEER = "sdpa"  # the unpaged reference: ratio = time / this peer's time
+HEADERS = ("backend", "shape", "block", "time", "GB/s", "TFLOP/s", "% ceiling", "x unpaged")
+
+
+def format_seconds(seconds: float) -> str:
+    """``12.3 us``, ``4.56 ms``, ``1.23 s``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def add_reference_ratios(results: Sequence[Result]) -> None:
+    """Set ``ratio_to_reference`` of every ok row whose case the reference peer measured."""
+    reference = {r.case: r.seconds for r in results if r.runner == REFERENCE_PEER and r.status == "ok"}
+    for r in results:
+        ref = reference.get(r.case)
+        if r.status == "ok" and ref and r.seconds:
+            r.ratio_to_reference = r.seconds / ref
+
+
+def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
+    """One row per result; unsupported and failed rows carry their reason in the time column."""
+    rows: list[tuple[str, ...]] = []
+    for r in results:
+        shape = r.case.rsplit("/", 1)[0]
+        if r.status != "ok" or r.seconds is None:
+            rows.append((r.runner, shape, str(r.block_size), f"{r.status}: {r.reason[:70]}", "", "", "", ""))
+            continue
+        ratio = "" if r.ratio_to_reference is None else f"{r.ratio_to_reference:.2f}"
+        rows.append((r.runner, shape, str(r.block_size), format_seconds(r.seconds), f"{r.gbps:.0f}",
+                     f"{r.tflops:.3g}", f"{r.pct_of_ceiling:.1f}", ratio))
+    return rows
+
+
+def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, machine: dict[str, Any],
+             elapsed_s: float) -> dict[str, Any]:
+    """The JSON document ``pagedattn bench`` writes."""
+    return {
+        "command": command,
+        "machine": machine,
+        "ceilings": ceilings.as_dict(),
+        "elapsed_s": elapsed_s,
+        "columns": {
+            "gbps": "bytes the spec says the case must move / median time (pagedattn.perf.roofline)",
+            "pct_of_ceiling": "max(bytes / read bandwidth, flops / matrix rate) / median time, in %",
+            "ratio_to_reference": f"median time / median time of the '{REFERENCE_PEER}' peer (unpaged K/V)",
+        },
+        "results": [r.as_dict() for r in results],
+    }
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

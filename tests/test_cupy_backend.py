@@ -1,0 +1,272 @@
+"""Tests of the cupy backend, grouped by what they need.
+
+- CPU (CI): importing the backend imports no GPU library; the declared capabilities; every
+  declared kernel specialization compiles for sm_90 with NVRTC (no GPU needed); the host-side
+  work items, replayed by a NumPy model of the kernel, cover every row once and give the exact
+  answer; unsupported cases raise before anything runs.
+- GPU: the kernels against the exact spec on poisoned pools. Without a CUDA device they are
+  reported as skipped with the backend's availability reason, never passed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pagedattn.backends.cupy.backend import CupyBackend
+from pagedattn.backends.cupy.cases import make_case
+from pagedattn.backends.cupy.planning import build_work, choose_rows
+from pagedattn.errors import UnsupportedError
+from pagedattn.spec.arrays import check_paged_attention
+from pagedattn.spec.exact import exact_attention
+from pagedattn.spec.kv_ops import slot_view
+
+HAVE_NVRTC = importlib.util.find_spec("cupy") is not None
+GPU_REASON = CupyBackend.availability()
+
+
+# -- arrays and registry -----------------------------------------------------------------
+def test_importing_the_backend_imports_neither_cupy_nor_torch() -> None:
+    code = (
+        "import sys, pagedattn.backends.cupy.backend, pagedattn.backends.cupy.compile_check;"
+        "print(sorted(m for m in ('cupy', 'torch', 'triton') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_capabilities_declare_what_is_compiled() -> None:
+    from pagedattn.backends.cupy import specializations
+
+    caps = CupyBackend().capabilities()
+    assert caps.block_sizes == (16, 32, 64)
+    assert caps.head_dims == specializations.HEAD_DIMS
+    assert set(caps.dtypes) == set(specializations.CUDA_TYPES)
+    assert not caps.supports("fp8") and caps.supports("strided_caches")
+    assert {"write_kv", "copy_blocks", "merge_states", "lse", "alibi"} <= caps.features
+
+
+def test_fp8_caches_raise_unsupported_before_any_kernel() -> None:
+    case = make_case("fp8", np.random.default_rng(0), seq_lens=[20], head_dim=64)
+    fp8 = case.key_cache.astype(_fp8())
+    with pytest.raises(UnsupportedError, match="float8_e4m3fn"):
+        CupyBackend().plan(case.query, fp8, fp8, case.block_tables, case.seq_lens)
+
+
+def _fp8() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+def test_unsupported_block_size_names_the_capability() -> None:
+    case = make_case("bs8", np.random.default_rng(0), seq_lens=[20], head_dim=64, block_size=8)
+    with pytest.raises(UnsupportedError, match="block_size 8"):
+        CupyBackend().plan(
+            case.query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens
+        )
+
+
+# -- compile check (CPU, CI) ----------------------------------------------------------------
+@pytest.mark.skipif(
+    not HAVE_NVRTC and not os.environ.get("CI"),
+    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
+)
+def test_every_declared_specialization_compiles_for_sm90() -> None:
+    from pagedattn.backends.cupy.compile_check import compile_all
+    from pagedattn.backends.cupy.specializations import all_specializations
+
+    results = compile_all("sm_90")
+    compiled = {r.name_expression for r in results}
+    assert compiled == {s.name_expression for s in all_specializations()}
+    assert all(0 < r.registers <= 255 for r in results)
+    decode = next(
+        r for r in results if r.name_expression == "paged_attention<bfloat16_t, 128, 16, 4>"
+    )
+    assert decode.spill_store_bytes <= 64, f"decode kernel spills {decode.spill_store_bytes} bytes"
+
+
+@pytest.mark.skipif(
+    not HAVE_NVRTC and not os.environ.get("CI"),
+    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
+)
+def test_compile_check_fails_on_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedattn.backends.cupy import compile_check
+
+    monkeypatch.setattr(compile_check, "source", lambda module: "this is not C++;")
+    with pytest.raises(compile_check.CompileError):
+        compile_check.compile_module("kv_ops", ["write_kv<float>"])
+
+
+# -- work items, replayed by a NumPy model of the kernel --------------------------------------
+def _model(problem, work, query, key_cache, value_cache):  # type: ignore[no-untyped-def]
+    """What the kernel computes for the work items (float64): rows, masks, split-KV merge."""
+    k_slots, v_slots = (
+        slot_view(key_cache, problem.kv_layout),
+        slot_view(value_cache, problem.kv_layout),
+    )
+    out = np.full((problem.num_tokens, problem.num_q_heads, problem.head_dim), np.nan)
+    lse = np.full((problem.num_tokens, problem.num_q_heads), np.nan)
+    partial_out = np.zeros((max(1, work.num_partials), work.rows, problem.head_dim))
+    partial_lse = np.zeros((max(1, work.num_partials), work.rows))
+    bs = problem.block_size
+    for seq, kv_head, t0, nt, g0, ng, kv_begin, kv_end, partial in work.items:
+        L = problem.seq_lens[seq]
+        q_len = problem.q_lens[seq]
+        assert kv_begin % work.tile_n == 0 and kv_end % work.tile_n == 0
+        assert nt * ng <= work.rows
+        p = np.arange(kv_begin, min(kv_end, L))  # the kernel reads nothing at p >= L
+        table = problem.block_tables[seq, p // bs] if p.size else np.zeros(0, np.int64)
+        assert (p // bs < -(-L // bs)).all()
+        for r in range(nt * ng):
+            t, h = t0 + r // ng, kv_head * problem.group_size + g0 + r % ng
+            p_q = L - q_len + (t - problem.query_start_loc[seq])
+            k = k_slots[table, p % bs, kv_head].astype(np.float64)
+            v = v_slots[table, p % bs, kv_head].astype(np.float64)
+            s = problem.scale * k @ query[t, h].astype(np.float64)
+            if problem.softcap:
+                s = problem.softcap * np.tanh(s / problem.softcap)
+            if problem.alibi_slopes is not None:
+                s = s + problem.alibi_slopes[h] * (p - p_q)
+            visible = np.ones(p.size, bool)
+            if problem.causal:
+                visible &= p <= p_q
+            if problem.sliding_window:
+                visible &= p > p_q - problem.sliding_window
+            s = np.where(visible, s, -np.inf)
+            m = s.max(initial=-np.inf)
+            w = np.exp(s - (m if np.isfinite(m) else 0.0))
+            o = w @ np.where(visible[:, None], v, 0.0) / w.sum() if w.sum() > 0 else 0.0
+            row_lse = m + np.log(w.sum()) if w.sum() > 0 else -np.inf
+            if partial >= 0:
+                partial_out[partial, r], partial_lse[partial, r] = o, row_lse
+            else:
+                assert np.isnan(lse[t, h]), f"row (token {t}, head {h}) written twice"
+                out[t, h], lse[t, h] = o, row_lse
+    for t0, nt, kv_head, g0, ng, first, n in work.merges:
+        for r in range(nt * ng):
+            t, h = t0 + r // ng, kv_head * problem.group_size + g0 + r % ng
+            parts = partial_lse[first : first + n, r]
+            m = parts.max()
+            w = np.where(np.isfinite(parts), np.exp(parts - (m if np.isfinite(m) else 0.0)), 0.0)
+            assert np.isnan(lse[t, h]), f"row (token {t}, head {h}) written twice"
+            out[t, h] = w @ partial_out[first : first + n, r] / w.sum() if w.sum() > 0 else 0.0
+            lse[t, h] = m + np.log(w.sum()) if w.sum() > 0 else -np.inf
+    return out, lse
+
+
+WORK_CASES = {
+    "decode with padding and split-KV": dict(
+        seq_lens=[0, 1, 17, 900], num_q_heads=8, num_kv_heads=2
+    ),
+    "varlen mixed": dict(seq_lens=[1, 40, 129, 77], q_lens=[1, 40, 7, 0], block_size=32),
+    "G=7 decode": dict(seq_lens=[33, 300], num_q_heads=14, num_kv_heads=2),
+    "G=12 prefill": dict(seq_lens=[50], q_lens=[50], num_q_heads=24, num_kv_heads=2),
+    "window": dict(seq_lens=[400, 100], q_lens=[30, 1], sliding_window=37, block_size=64),
+    "non-causal HND": dict(seq_lens=[120, 64], q_lens=[20, 64], causal=False, kv_layout="HND"),
+    "tensor-core decode": dict(
+        seq_lens=[0, 1, 17, 900, 3000], num_q_heads=8, num_kv_heads=2, dtype="float16"
+    ),
+    "tensor-core rows": dict(seq_lens=[300, 129, 7], q_lens=[300, 50, 7], dtype="float16"),
+    "softcap alibi": dict(
+        seq_lens=[300],
+        q_lens=[4],
+        softcap=5.0,
+        alibi_slopes=np.linspace(0.01, 0.2, 8).astype(np.float32),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(WORK_CASES))
+def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) -> None:
+    case = make_case(
+        name, np.random.default_rng(1), head_dim=64, **{"dtype": "float32", **WORK_CASES[name]}
+    )
+    if name == "tensor-core rows":
+        assert (
+            choose_rows(
+                check_paged_attention(
+                    case.query,
+                    case.key_cache,
+                    case.value_cache,
+                    case.block_tables,
+                    case.seq_lens,
+                    case.query_start_loc,
+                )
+            )
+            == 64
+        )
+    options = case.options
+    problem = check_paged_attention(
+        case.query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        **options,
+    )
+    work = build_work(problem, slots=64, min_tiles_per_split=1)  # force split-KV
+    out, lse = _model(problem, work, case.query, case.key_cache, case.value_cache)
+    exact = exact_attention(
+        case.query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        **options,
+    )
+    assert not np.isnan(lse).any(), "some output row is written by no work item"
+    np.testing.assert_allclose(out, exact.out, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(lse, exact.lse, rtol=1e-9, atol=1e-9)
+
+
+def test_long_decode_is_split_and_merged() -> None:
+    case = make_case(
+        "long",
+        np.random.default_rng(2),
+        seq_lens=[65536, 65536],
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        dtype="float16",
+    )
+    problem = check_paged_attention(
+        case.query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens
+    )
+    work = build_work(problem, slots=396)
+    assert len(work.merges) == 16 and len(work.items) >= 4 * 16
+
+
+# -- GPU -------------------------------------------------------------------------------------
+gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"cupy backend unavailable: {GPU_REASON}")
+
+
+@gpu
+@pytest.mark.parametrize("small", [True])
+def test_gpu_kernels_match_the_exact_spec_on_poisoned_pools(small: bool) -> None:
+    from pagedattn.backends.cupy.gpu_check import check_case, correctness_cases
+
+    backend = CupyBackend()
+    failures = []
+    for case in correctness_cases(np.random.default_rng(3), small=small):
+        ok, summary = check_case(backend, case)
+        if not ok:
+            failures.append(f"{case.name}: {summary}")
+    assert not failures, "\n".join(failures)
+
+
+@gpu
+def test_gpu_cache_operations_match_the_spec() -> None:
+    from pagedattn.backends.cupy.gpu_check import check_ops
+
+    results = check_ops(CupyBackend(), np.random.default_rng(4))
+    assert all(ok for _, ok, _ in results), [r for r in results if not r[1]]
