@@ -22,6 +22,11 @@ from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def _pretty(self: Any, printer: Any, cycle: bool) -> None:
+    """Hypothesis' and IPython's pretty printers: the short repr, not every array element."""
+    printer.text(repr(self))
+
+
 def _summary(x: np.ndarray | None) -> str:
     return "None" if x is None else f"{dtype_name(x.dtype)}{list(x.shape)}"
 
@@ -79,6 +84,8 @@ class AttentionCase:
             values["value_cache"] = changes["pool"][:, 1, values["layer"]]
         return AttentionCase(**values)
 
+    _repr_pretty_ = _pretty
+
     def __repr__(self) -> str:
         opts = {k: (_summary(v) if isinstance(v, np.ndarray) else v) for k, v in self.options.items()}
         qsl = None if self.query_start_loc is None else self.query_start_loc.tolist()
@@ -133,6 +140,8 @@ class WriteKVCase:
     k_scale: float = 1.0
     v_scale: float = 1.0
 
+    _repr_pretty_ = _pretty
+
     def __repr__(self) -> str:
         return (f"WriteKVCase(key={_summary(self.key)}, key_cache={_summary(self.key_cache)} {self.kv_layout},"
                 f" slot_mapping={self.slot_mapping.tolist()}, k_scale={self.k_scale}, v_scale={self.v_scale})")
@@ -147,6 +156,8 @@ class CopyBlocksCase:
     pairs: np.ndarray
     kv_layout: str
 
+    _repr_pretty_ = _pretty
+
     def __repr__(self) -> str:
         return (f"CopyBlocksCase(key_cache={_summary(self.key_cache)} {self.kv_layout},"
                 f" pairs={self.pairs.tolist()})")
@@ -160,6 +171,8 @@ class MergeCase:
     lse_a: np.ndarray
     out_b: np.ndarray
     lse_b: np.ndarray
+
+    _repr_pretty_ = _pretty
 
     def __repr__(self) -> str:
         return (f"MergeCase(out_a={_summary(self.out_a)}, lse_a={self.lse_a.tolist()},"
