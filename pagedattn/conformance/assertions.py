@@ -22,7 +22,15 @@ MAX_LISTED = 5
 
 
 class ConformanceFailure(AssertionError):
-    """A backend broke the contract; the message says where and by how much."""
+    """A backend broke the contract; the message says where and by how much.
+
+    ``fraction`` is the worst error as a fraction of the tolerance (inf where bits or
+    NaN/inf placement differ).
+    """
+
+    def __init__(self, message: str, fraction: float = float("inf")) -> None:
+        super().__init__(message)
+        self.fraction = fraction
 
 
 def describe_call(backend: str, problem: AttentionProblem, options: dict[str, object] | None = None) -> str:
@@ -48,9 +56,9 @@ def _where(problem: AttentionProblem, index: tuple[int, ...]) -> str:
     return text + (f", dim {int(index[2])}" if len(index) > 2 else "")
 
 
-def _fail(lines: Sequence[str], call: str) -> None:
+def _fail(lines: Sequence[str], call: str, fraction: float = float("inf")) -> None:
     __tracebackhide__ = True
-    raise ConformanceFailure("\n".join([*lines, call]))
+    raise ConformanceFailure("\n".join([*lines, call]), fraction)
 
 
 def assert_array_form(name: str, actual: np.ndarray, shape: tuple[int, ...], dtype: str, call: str) -> None:
@@ -100,7 +108,7 @@ def assert_close_to_spec(
                 f"  at {_where(problem, i)}: actual {got[i]:.8g}, expected {expected[i]:.8g},"
                 f" |error| {error[i]:.3g} > bound {bound[i]:.3g} ({fraction[i]:.3g} x tolerance)"
             )
-        _fail(lines, call)
+        _fail(lines, call, worst)
     return worst
 
 

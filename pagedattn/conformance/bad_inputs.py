@@ -112,7 +112,7 @@ def valid_call(dtype: str, block_size: int, kv_layout: str) -> Call:
 def _invoke(backend: Backend, operation: str, call: Call, key_cache: Any, value_cache: Any) -> None:
     dev = backend.to_device
     if operation == "paged_attention":
-        options = {k: call[k] for k in ("sliding_window", "softcap") if k in call}
+        options: dict[str, Any] = {k: call[k] for k in ("sliding_window", "softcap") if k in call}
         if "alibi_slopes" in call:
             options["alibi_slopes"] = dev(call["alibi_slopes"])
         qsl = None if call["query_start_loc"] is None else dev(call["query_start_loc"])

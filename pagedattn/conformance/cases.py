@@ -222,7 +222,7 @@ def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, An
             meta["scalars"][f.name] = value
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     with path.open("wb") as stream:
-        np.savez_compressed(stream, **arrays)
+        np.savez_compressed(stream, allow_pickle=False, **arrays)
     return path
 
 

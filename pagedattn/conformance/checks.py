@@ -49,7 +49,7 @@ def run_checked(backend: Backend, case: AttentionCase) -> AttentionResult:
     result = case.run(backend, caches=caches)
     call = _call(backend, case)
     key_cache, value_cache, pool = caches
-    if pool is not None:
+    if pool is not None and case.pool is not None:
         assert_bit_identical("pool", np.asarray(backend.to_numpy(pool)), case.pool,
                              "the call wrote into the K/V pool", call, coordinates="pool index")
     else:

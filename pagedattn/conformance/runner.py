@@ -32,7 +32,7 @@ RECORD_KEY = "pagedattn_conformance"
 DEFAULT_CASES_DIR = "conformance-report/cases"
 
 
-class Unsupported(Exception):  # noqa: N818  (a status, not an error)
+class Unsupported(Exception):
     """This cell is outside the backend's declared capabilities; the message names the capability."""
 
 
@@ -122,6 +122,7 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
         raise
     except BaseException as error:
         record["status"] = "fail"
+        stats["worst"] = max(stats["worst"], float(getattr(error, "fraction", float("inf"))))
         if "case" in failing:
             path = save_case(case_path(nodeid), failing["case"], check=check.__name__,
                              context={**cell, "backend": backend.name, "nodeid": nodeid})

@@ -424,11 +424,11 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
         options["scale"] = draw(st.sampled_from((0.01, 0.125, 0.3, 1.0, 2.0)), label="scale")
     cache_dtype = dtype
     fp8 = [d for d in FP8_DTYPES if d in caps.cache_dtypes]
-    if (feature == "fp8" or (combined and caps.supports("fp8") and fp8)) and fp8:
-        if feature == "fp8" or draw(st.booleans(), label="fp8"):
-            cache_dtype = draw(st.sampled_from(fp8), label="cache_dtype")
-            options["k_scale"] = draw(st.sampled_from((1.0, 0.5, 2.0, 0.0625)), label="k_scale")
-            options["v_scale"] = draw(st.sampled_from((1.0, 0.25, 4.0)), label="v_scale")
+    use_fp8 = feature == "fp8" or (combined and caps.supports("fp8") and draw(st.booleans(), label="fp8"))
+    if use_fp8 and fp8:
+        cache_dtype = draw(st.sampled_from(fp8), label="cache_dtype")
+        options["k_scale"] = draw(st.sampled_from((1.0, 0.5, 2.0, 0.0625)), label="k_scale")
+        options["v_scale"] = draw(st.sampled_from((1.0, 0.25, 4.0)), label="v_scale")
     strided = wanted("strided_caches")
 
     value_kind = draw(st.sampled_from(VALUE_KINDS), label="values")

@@ -73,7 +73,8 @@ class SteppedKernelBackend(NumpyBackend):
 
     def visible(self, p: np.ndarray, p_q: np.ndarray, length: int, problem: AttentionProblem) -> np.ndarray:
         """bool [n, bs]: p < L, causal p <= p_q, window p > p_q - W."""
-        vis = np.broadcast_to(p[None, :] < length, (len(p_q), len(p))).copy()
+        in_sequence: np.ndarray = np.asarray(p < length, dtype=bool)
+        vis = np.broadcast_to(in_sequence[None, :], (len(p_q), len(p))).copy()
         if problem.causal:
             vis &= p[None, :] <= p_q[:, None]
         if problem.sliding_window is not None:

@@ -43,6 +43,21 @@ class _FirstFailure:
             self.nodeid = report.nodeid
 
 
+def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> int:
+    """``pytest.main(args)`` that leaves the caller's hypothesis profile and PAGEDATTN_* variables as they were."""
+    from hypothesis import settings
+
+    profile = settings.get_current_profile_name()
+    saved = {k: v for k, v in os.environ.items() if k.startswith("PAGEDATTN_")}
+    try:
+        return int(pytest.main(list(args), plugins=list(plugins)))
+    finally:
+        settings.load_profile(profile)
+        for key in [k for k in os.environ if k.startswith("PAGEDATTN_")]:
+            del os.environ[key]
+        os.environ.update(saved)
+
+
 def run_mutant(name: str, *, profile: str = "quick", extra_args: Sequence[str] = ()) -> MutantResult:
     """Run the suite with ``--backend mutant:NAME`` and ``-x`` under ``profile``; report the kill."""
     first = _FirstFailure()
@@ -50,14 +65,7 @@ def run_mutant(name: str, *, profile: str = "quick", extra_args: Sequence[str] =
         args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x", "--no-header",
                 "-p", "no:randomly", f"--hypothesis-profile={profile}", "--conformance-cases", cases,
                 "--backend", f"mutant:{name}", "--pyargs", *SUITE_MODULES, *extra_args]
-        saved = os.environ.get("PAGEDATTN_CASES_DIR")
         start = time.perf_counter()
-        try:
-            code = pytest.main(args, plugins=[first])
-        finally:
-            if saved is None:
-                os.environ.pop("PAGEDATTN_CASES_DIR", None)
-            else:
-                os.environ["PAGEDATTN_CASES_DIR"] = saved
+        code = run_pytest_in_process(args, [first])
         seconds = time.perf_counter() - start
     return MutantResult(name, code == pytest.ExitCode.TESTS_FAILED, seconds, first.nodeid, int(code))
