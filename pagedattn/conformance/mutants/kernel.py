@@ -91,7 +91,8 @@ class SteppedKernelBackend(NumpyBackend):
         shift = np.where(np.isneginf(m_new), F32(0), m_new)
         alpha = np.exp(m - shift)
         p_ij = np.exp(s_ij - shift[..., None])
-        v_clean = np.where(visible.any(axis=0)[:, None, None], v, F32(0))  # NaN * 0 would be NaN
+        used: np.ndarray = np.asarray(visible.any(axis=0), dtype=bool)  # slots some query sees
+        v_clean = np.where(used[:, None, None], v, F32(0))  # NaN * 0 would be NaN
         l_new = alpha * l + p_ij.sum(axis=-1)
         O_new = alpha[..., None] * O + np.einsum("nhb,bhd->nhd", p_ij, v_clean)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
