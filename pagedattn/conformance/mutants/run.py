@@ -47,6 +47,7 @@ def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> i
     """``pytest.main(args)`` that leaves the caller's hypothesis profile and PAGEDATTN_* variables as they were."""
     from hypothesis import settings
 
+    args = ["-W", "ignore::pytest.PytestAssertRewriteWarning", *args]  # the plugin may be imported already
     profile = settings.get_current_profile_name()
     saved = {k: v for k, v in os.environ.items() if k.startswith("PAGEDATTN_")}
     try:
