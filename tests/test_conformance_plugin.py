@@ -71,3 +71,18 @@ def test_each_xdist_worker_gets_one_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     assert assign_gpu("gw1") is None
     assert assign_gpu("master") is None
+
+
+def test_profile_from_environment_and_header(monkeypatch, capsys, tmp_path):
+    from hypothesis import settings
+
+    assert {"quick", "ci", "thorough"} <= set(settings._profiles)
+    assert settings.get_profile("thorough").database is not None
+    assert settings.get_profile("thorough").max_examples > settings.get_profile("ci").max_examples
+    monkeypatch.setenv("PAGEDATTN_PROFILE", "thorough")
+    code = run_pytest_in_process(["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider",
+                                  "--conformance-cases", str(tmp_path), "--backend", "numpy",
+                                  "--collect-only", "--pyargs", "pagedattn.conformance.test_bad_input"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "hypothesis profile thorough" in out and "backend numpy" in out

@@ -102,6 +102,8 @@ VALUE_KINDS: tuple[str, ...] = ("normal", "large", "dominant", "max_in_last_bloc
 GARBAGE_KINDS: tuple[str, ...] = ("random", "nan", "inf", "zero")
 
 INT32_MAX = 2**31 - 1
+#: Standard deviation of q and k (and v) for "large" values: scale * q . k reaches about 1e4.
+LARGE_MAGNITUDE = 60.0
 _SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -288,7 +290,7 @@ def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens
                     scale: float) -> list[tuple[np.ndarray, np.ndarray]]:
     """K, V float64 ``[L, Hkv, D]`` of each sequence for a value pattern (query already drawn)."""
     group = query.shape[1] // num_kv_heads
-    magnitude = 40.0 if kind == "large" else 1.0
+    magnitude = LARGE_MAGNITUDE if kind == "large" else 1.0
     result = []
     for s, length in enumerate(int(n) for n in lens):
         k = rng.standard_normal((length, num_kv_heads, head_dim)) * magnitude
@@ -439,7 +441,7 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
 
     T = layout.num_tokens
     scale = options.get("scale", 1.0 / np.sqrt(head_dim))
-    magnitude = 40.0 if value_kind == "large" else 1.0
+    magnitude = LARGE_MAGNITUDE if value_kind == "large" else 1.0
     query = (rng.standard_normal((T, heads.num_q_heads, head_dim)) * magnitude).astype(numpy_dtype(dtype))
     starts = layout.query_start_loc if layout.query_start_loc is not None else np.arange(len(layout.seq_lens) + 1)
     logical = _logical_values(rng, value_kind, query, layout.seq_lens, starts, block_size,
