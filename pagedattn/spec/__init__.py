@@ -4,6 +4,7 @@ softmax and merge_states, write_kv/copy_blocks, the block allocator and the erro
 The block-table format is explained once, in :mod:`pagedattn.spec.arrays`.
 """
 
+from pagedattn.spec.allocator import AppendResult, BlockAllocator, BlockTableArrays
 from pagedattn.spec.arrays import (
     AttentionProblem,
     check_copy_blocks,
@@ -15,12 +16,18 @@ from pagedattn.spec.error_model import Tolerance, merge_tolerance, tolerance
 from pagedattn.spec.exact import ExactResult, exact_attention, exact_attention_problem
 from pagedattn.spec.kv_ops import copy_blocks, write_kv
 from pagedattn.spec.online_softmax import SoftmaxState, merge_states
+from pagedattn.spec.prefix_cache import PrefixCache, block_hash
 
 __all__ = [
+    "AppendResult",
     "AttentionProblem",
+    "BlockAllocator",
+    "BlockTableArrays",
     "ExactResult",
+    "PrefixCache",
     "SoftmaxState",
     "Tolerance",
+    "block_hash",
     "check_copy_blocks",
     "check_merge_states",
     "check_paged_attention",

@@ -1,0 +1,145 @@
+"""The engine loop (pagedattn.simulate.engine_loop) on every available backend.
+
+A hypothesis state machine adds requests, appends tokens (write_kv, copy-on-write through
+copy_blocks), forks, finishes and preempts; after every step each sequence's attention
+through the paged cache must equal the exact softmax on its contiguous K/V. A backend that
+does not declare write_kv and copy_blocks is reported as unsupported.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from pagedattn.backends.registry import available_backends, load_backend
+from pagedattn.reference.backend import NumpyBackend
+from pagedattn.simulate.engine_loop import (
+    EngineConfig,
+    EngineLoop,
+    make_engine_machine,
+    unsupported_reason,
+)
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    BACKENDS = available_backends()
+
+
+def _settings(name: str) -> settings:
+    fast = name == "numpy"  # others may be interpreted kernels (TRITON_INTERPRET) on a CPU
+    return settings(
+        max_examples=40 if fast else 8,
+        stateful_step_count=25 if fast else 12,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_engine_loop_state_machine(name):
+    backend = load_backend(name)
+    reason = unsupported_reason(backend)
+    if reason is not None:
+        pytest.skip(f"UNSUPPORTED: {reason}")
+    run_state_machine_as_test(make_engine_machine(name), settings=_settings(name))
+
+
+def _scripted(engine: EngineLoop) -> None:
+    """Prefix hit, fork + copy-on-write, preemption under pressure, finish; checked each step."""
+    def step():
+        engine.check_invariants()
+        engine.check_attention(seed=len(engine.tokens))
+
+    a = engine.add_request([1, 2, 3, 0, 1, 2])  # blocks: full + partial (block_size 4)
+    step()
+    b = engine.add_request([1, 2, 3, 0, 3])  # first block from the prefix cache
+    step()
+    assert a is not None and b is not None
+    assert engine.num_cached_tokens == (4 if engine.config.prefix_caching else 0)
+    c = engine.fork(a)
+    step()
+    assert engine.append(c, [3]) and engine.num_copies == 1  # copy-on-write of a's partial block
+    step()
+    assert engine.append(a, [0, 0, 0])
+    step()
+    while engine.append(b, [2, 2, 2, 2]) and len(engine.tokens[b]) < engine.config.max_seq_len - 4:
+        step()
+    assert engine.preempted, "the pool never ran out"
+    step()
+    for seq in list(engine.tokens):
+        engine.finish(seq)
+        step()
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_scripted_loop_exercises_cow_prefix_hits_and_preemption(prefix_caching):
+    config = EngineConfig(num_blocks=8, block_size=4, prefix_caching=prefix_caching, max_seq_len=40)
+    _scripted(EngineLoop(NumpyBackend(), config))
+
+
+class _NoCopyBackend(NumpyBackend):
+    """A broken backend: copy_blocks does nothing."""
+
+    def _copy_blocks(self, key_cache, value_cache, pairs):
+        return None
+
+
+class _OffByOneBackend(NumpyBackend):
+    """A broken backend: attention skips the last key of every sequence."""
+
+    def _run(self, plan, query, key_cache, value_cache):
+        from dataclasses import replace
+
+        lens = np.maximum(plan.problem.seq_lens - 1, 0)
+        shorter = replace(plan, problem=replace(plan.problem, seq_lens=lens))
+        return super()._run(shorter, query, key_cache, value_cache)
+
+
+@pytest.mark.parametrize("broken", [_NoCopyBackend, _OffByOneBackend])
+def test_engine_loop_catches_a_broken_backend(broken):
+    config = EngineConfig(num_blocks=8, block_size=4, max_seq_len=40)
+    with pytest.raises(AssertionError):
+        _scripted(EngineLoop(broken(), config))
+
+
+def test_backend_without_write_kv_is_reported_unsupported():
+    from pagedattn.backends.capabilities import ALL_FEATURES, Capabilities
+
+    class NoWrite(NumpyBackend):
+        name = "nowrite"
+
+        def capabilities(self):
+            return Capabilities(features=frozenset(ALL_FEATURES) - {"write_kv"})
+
+    assert unsupported_reason(NoWrite()) == "backend 'nowrite' does not declare write_kv"
+
+
+class _Restricted(NumpyBackend):
+    """A backend declaring only block_size 16, head_dim 64, float16 and HND."""
+
+    name = "restricted"
+
+    def capabilities(self):
+        from pagedattn.backends.capabilities import Capabilities
+
+        return Capabilities(dtypes=("float16",), cache_dtypes=("float16",), block_sizes=(16,),
+                            head_dims=(64,), kv_layouts=("HND",))
+
+
+def test_engine_config_fits_the_declared_capabilities():
+    from pagedattn.simulate.engine_loop import fit_config
+
+    config = fit_config(_Restricted())
+    assert (config.block_size, config.head_dim, config.dtype, config.kv_layout) == (16, 64, "float16", "HND")
+    assert config.num_blocks * config.block_size >= EngineConfig().num_blocks * EngineConfig().block_size
+    assert config.max_seq_len >= 2 * config.block_size
+
+
+def test_engine_loop_runs_within_restricted_capabilities():
+    machine = make_engine_machine(_Restricted())
+    run_state_machine_as_test(machine, settings=settings(max_examples=5, stateful_step_count=10, deadline=None))

@@ -1,0 +1,262 @@
+"""pagedattn simulate: the flat address space, workloads, both schemes and the command."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagedattn.errors import PagedAttentionError
+from pagedattn.simulate import cli
+from pagedattn.simulate.contiguous import FlatSpace, simulate_contiguous
+from pagedattn.simulate.paged import simulate_paged
+from pagedattn.simulate.workload import (
+    Request,
+    TokenIds,
+    WorkloadSpec,
+    generate,
+    read_csv,
+    write_csv,
+)
+
+SMALL = WorkloadSpec(num_requests=120, arrival_rate=5.0, mean_prompt=60, mean_output=80,
+                     max_model_len=512, max_tokens_choices=(128, 256, 512), seed=1)
+
+
+# -- the flat address space ----------------------------------------------------------
+
+
+def test_first_fit_takes_the_lowest_range_that_fits_and_merges_on_release():
+    space = FlatSpace(100)
+    a, b, c = space.allocate(30), space.allocate(30), space.allocate(30)
+    assert (a, b, c) == (0, 30, 60)
+    space.release(b, 30)
+    assert space.allocate(40) is None  # 40 free (30 + 10) but no range of 40
+    assert space.free - space.largest == 10  # external fragmentation
+    assert space.allocate(20) == 30  # first fit: the hole left by b
+    space.release(30, 20)
+    space.release(a, 30)
+    space.release(c, 30)
+    assert space.ranges() == [(0, 100)]
+
+
+def test_releasing_a_free_range_raises():
+    space = FlatSpace(10)
+    start = space.allocate(4)
+    space.release(start, 4)
+    with pytest.raises(PagedAttentionError, match="overlaps"):
+        space.release(start, 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 40)), max_size=40))
+def test_flat_space_ranges_stay_disjoint_merged_and_accounted(ops):
+    space = FlatSpace(100)
+    held: list[tuple[int, int]] = []
+    for allocate, size in ops:
+        if allocate or not held:
+            start = space.allocate(size)
+            if start is None:
+                assert space.largest < size
+            else:
+                held.append((start, size))
+        else:
+            space.release(*held.pop(size % len(held)))
+        ranges = space.ranges()
+        assert space.free == sum(s for _, s in ranges) == 100 - sum(s for _, s in held)
+        spans = sorted(ranges + held)
+        for (s0, n0), (s1, _) in itertools.pairwise(spans):
+            assert s0 + n0 <= s1, f"overlap in {spans}"
+        for (s0, n0), (s1, _) in itertools.pairwise(ranges):
+            assert s0 + n0 < s1, f"adjacent free ranges not merged: {ranges}"
+
+
+# -- workloads ----------------------------------------------------------------------------
+
+
+def test_generator_is_deterministic_and_respects_limits():
+    requests = generate(SMALL)
+    assert requests == generate(SMALL)
+    assert len(requests) == 120
+    for r in requests:
+        assert 1 <= r.prompt_len < 512 and r.prompt_len + r.max_tokens <= 512
+        assert all(1 <= out <= r.max_tokens for out in r.output_lens)
+    arrivals = [r.arrival for r in requests]
+    assert arrivals == sorted(arrivals)
+    assert 120 / 5.0 * 0.6 < arrivals[-1] < 120 / 5.0 * 1.5
+
+
+def test_generator_lengths_follow_the_requested_means():
+    spec = WorkloadSpec(num_requests=4000, mean_prompt=161, mean_output=338, max_model_len=100_000,
+                        max_tokens_choices=(50_000,), sigma=0.5)
+    requests = generate(spec)
+    prompts = np.mean([r.prompt_len for r in requests])
+    outputs = np.mean([r.output_lens[0] for r in requests])
+    assert abs(prompts - 161) < 0.05 * 161 and abs(outputs - 338) < 0.05 * 338, (prompts, outputs)
+
+
+def test_generator_shared_prefixes_and_parallel_sampling():
+    spec = WorkloadSpec(num_requests=200, num_prefixes=3, prefix_len=64, shared_prefix_fraction=0.5,
+                        parallel_n=4, parallel_fraction=0.25, seed=3)
+    requests = generate(spec)
+    shared = [r for r in requests if r.prefix_id >= 0]
+    assert 60 < len(shared) < 140 and {r.prefix_id for r in shared} <= {0, 1, 2}
+    assert all(r.prefix_len == 64 and r.prompt_len > 64 for r in shared)
+    assert 20 < sum(r.n == 4 for r in requests) < 80
+    ids = TokenIds()
+    a, b = ids.prompt(shared[0]), ids.prompt(shared[1])
+    same = shared[0].prefix_id == shared[1].prefix_id
+    assert (a[:64] == b[:64]) == same and a[64:] != b[64:]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("num_requests", 0), ("arrival_rate", 0.0), ("sigma", -1.0), ("max_tokens_choices", ()),
+     ("prefix_len", 4096), ("shared_prefix_fraction", 1.5), ("parallel_n", 0)],
+)
+def test_generator_rejects_parameters_out_of_range(field, value):
+    from dataclasses import replace
+
+    with pytest.raises(PagedAttentionError) as info:
+        generate(replace(SMALL, **{field: value}))
+    assert info.value.argument == field
+
+
+def test_csv_trace_round_trip(tmp_path):
+    requests = [
+        Request(0.0, 10, (5,), 20),
+        Request(1.5, 30, (7, 7), 100, prefix_id=2, prefix_len=16),
+    ]
+    path = tmp_path / "trace.csv"
+    write_csv(requests, path)
+    assert read_csv(path) == requests
+
+
+def test_csv_trace_errors_name_the_problem(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("arrival,prompt_len\n0,5\n")
+    with pytest.raises(PagedAttentionError, match="missing columns"):
+        read_csv(path)
+    path.write_text("arrival,prompt_len,output_len,max_tokens\n0,5,10,4\n")
+    with pytest.raises(PagedAttentionError, match=r"bad\.csv:2"):
+        read_csv(path)
+
+
+# -- the two schemes -----------------------------------------------------------------------
+
+
+def test_paging_beats_contiguous_on_utilization_and_concurrency():
+    requests = generate(SMALL)
+    contiguous, _c_meter = simulate_contiguous(requests, 8000)
+    paged, _p_meter = simulate_paged(requests, 8000, block_size=16, check_invariants=True)
+    for summary in (contiguous, paged):
+        assert 0.0 < summary.utilization <= 1.0
+        assert summary.completed + summary.rejected == len(requests)
+    assert paged.utilization > 0.85, paged  # short sequences: B=16 wastes ~8 of ~100 tokens
+    assert contiguous.utilization < 0.6, contiguous
+    assert paged.utilization > contiguous.utilization
+    assert paged.mean_running >= 1.5 * contiguous.mean_running, (paged, contiguous)
+    assert paged.external == 0.0 and contiguous.external > 0.0
+    assert paged.steps <= contiguous.steps
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_paging_wastes_less_than_one_block_per_sequence(block_size):
+    requests = generate(SMALL)  # n = 1: one sequence per running request
+    _, meter = simulate_paged(requests, 8000, block_size=block_size)
+    for stored, reserved, running in zip(meter.stored, meter.reserved, meter.running, strict=True):
+        assert reserved - stored <= running * (block_size - 1), (stored, reserved, running)
+
+
+def test_oracle_reservation_has_no_never_used_slots_but_still_fragments():
+    requests = generate(SMALL)
+    maximum, _ = simulate_contiguous(requests, 8000)
+    oracle, _ = simulate_contiguous(requests, 8000, reserve="oracle")
+    assert oracle.utilization > maximum.utilization
+    assert oracle.external > 0.0
+
+
+def test_prefix_caching_shares_system_prompts():
+    spec = WorkloadSpec(num_requests=80, arrival_rate=4.0, mean_prompt=40, mean_output=40,
+                        max_model_len=512, max_tokens_choices=(128,), num_prefixes=2,
+                        prefix_len=128, shared_prefix_fraction=1.0, parallel_n=3,
+                        parallel_fraction=0.3, seed=2)
+    requests = generate(spec)
+    plain, _ = simulate_paged(requests, 4000, block_size=16, check_invariants=True)
+    cached, _c_meter = simulate_paged(requests, 4000, block_size=16, prefix_caching=True,
+                                     check_invariants=True)
+    assert plain.cached_fraction == 0.0
+    assert cached.cached_fraction > 0.5, cached
+    assert cached.completed == plain.completed == len(requests)
+    assert cached.copies > 0 and plain.copies > 0  # parallel samples copy the shared partial block
+    assert cached.mean_running >= plain.mean_running
+
+
+def test_a_request_larger_than_the_budget_is_rejected():
+    requests = [Request(0.0, 900, (10,), 200), Request(0.0, 10, (5,), 20)]
+    contiguous, _ = simulate_contiguous(requests, 1000)
+    paged, _ = simulate_paged(requests, 1000, block_size=16)
+    assert (contiguous.rejected, contiguous.completed) == (1, 1)
+    assert (paged.rejected, paged.completed) == (1, 1)
+
+
+def test_memory_pressure_preempts_and_every_request_still_finishes():
+    requests = [Request(0.0, 16, (200,), 200) for _ in range(6)]
+    paged, _ = simulate_paged(requests, 640, block_size=16, check_invariants=True)
+    assert paged.preempted > 0 and paged.completed == 6
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def test_kv_budget_arithmetic_for_an_h200_and_an_8b_model():
+    budget = cli.kv_budget()
+    assert budget.bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    kv_mib = 143_771 * 0.9 - 8.03e9 * 2 / 2**20 - 4096
+    assert budget.capacity == int(kv_mib * 2**20 // 131_072)
+    assert 850_000 < budget.capacity < 900_000
+
+
+def test_main_prints_the_table_and_saves_the_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "sim.png"
+    args = ["--capacity-tokens", "6000", "--requests", "60", "--rate", "3", "--mean-prompt", "50",
+            "--mean-output", "60", "--max-model-len", "512", "--max-tokens", "128,256",
+            "--block-sizes", "16,64", "--prefixes", "1", "--prefix-len", "32",
+            "--prefix-fraction", "0.5", "--oracle", "--plot", str(plot)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    for name in ("contiguous", "contiguous (oracle)", "paged B=16", "paged B=64 +prefix cache"):
+        assert name in out
+    assert "KV utilization" in out and "external frag" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_main_replays_a_csv_trace(tmp_path, capsys):
+    path = tmp_path / "trace.csv"
+    write_csv(generate(SMALL)[:30], path)
+    assert cli.main(["--trace", str(path), "--capacity-tokens", "5000", "--no-plot",
+                     "--no-prefix-caching"]) == 0
+    out = capsys.readouterr().out
+    assert "trace" in out and "paged B=32" in out and "+prefix cache" not in out
+
+
+def test_main_rejects_bad_input(tmp_path, capsys):
+    assert cli.main(["--trace", str(tmp_path / "missing.csv"), "--no-plot"]) == 2
+    assert cli.main(["--capacity-tokens", "0", "--no-plot"]) == 2
+    assert cli.main(["--capacity-tokens", "100", "--rate", "-1", "--no-plot"]) == 2
+    assert "arrival_rate: must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--block-sizes", "16,x"])
+
+
+def test_plot_is_skipped_with_a_message_without_matplotlib(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    summary, meter = simulate_contiguous([Request(0.0, 4, (2,), 4)], 100)
+    reason = cli.save_plot([(summary, meter)], str(tmp_path / "x.png"))
+    assert reason is not None and "matplotlib is not installed" in reason
+    assert not (tmp_path / "x.png").exists()
