@@ -71,13 +71,14 @@ def case_path(nodeid: str) -> Path:
 
 def run_property(request: Any, backend: Backend, strategy: Callable[[], st.SearchStrategy[Any]],
                  check: Callable[[Backend, Any], float], *, cell: dict[str, Any],
-                 requires: dict[str, Any] | None = None) -> None:
+                 requires: dict[str, Any] | None = None, max_examples: int | None = None) -> None:
     """Run ``check(backend, case)`` for hypothesis examples of ``strategy()``; record the cell's result.
 
     ``requires`` (keywords of :func:`require`) is checked first: outside the capabilities the
     cell raises :class:`Unsupported` and nothing runs. ``request`` is pytest's request fixture
-    (or None outside pytest). On failure the shrunk case is saved as ``.npz`` and the replay
-    command is added to the exception's notes.
+    (or None outside pytest). ``max_examples`` caps the profile's count (for costly cells).
+    On failure the shrunk case is saved as ``.npz`` and the replay command is added to the
+    exception's notes.
     """
     __tracebackhide__ = True
     record: dict[str, Any] = {**cell, "backend": backend.name, "check": check.__name__, "status": "pass",
@@ -92,7 +93,10 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     stats: dict[str, Any] = {"examples": 0, "worst": 0.0, "unsupported": None}
     failing: dict[str, Any] = {}
 
-    @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+    examples = settings().max_examples  # the active profile's
+
+    @settings(max_examples=min(examples, max_examples) if max_examples else examples,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                      HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
     @given(case=strategy())
     def cell_property(case: Any) -> None:

@@ -17,6 +17,9 @@ from pagedattn.spec.dtypes import QUERY_DTYPES
 
 pytestmark = pytest.mark.pagedattn_conformance
 
+#: Examples per huge_pool cell: each moves a pool of 32,768+ blocks to the device and back.
+HUGE_POOL_EXAMPLES = 3
+
 #: Capabilities each matrix row needs.
 FEATURE_NEEDS: dict[str, tuple[str, ...]] = {
     "decode": (), "varlen": ("varlen",), "non_causal": ("varlen", "non_causal"),
@@ -40,4 +43,5 @@ def test_attention_matches_spec(request, backend, feature, dtype, block_size, kv
         cell={"feature": feature, "dtype": dtype, "block_size": block_size, "kv_layout": kv_layout},
         requires={"dtype": dtype, "block_size": block_size, "kv_layout": kv_layout,
                   "features": FEATURE_NEEDS[feature]},
+        max_examples=HUGE_POOL_EXAMPLES if feature == "huge_pool" else None,
     )
