@@ -144,3 +144,31 @@ def test_invariant_checks_pass_on_the_reference():
     for check in (checks.garbage_ignored, checks.relocation_invariant, checks.deterministic,
                   checks.alone_equals_batch):
         assert check(backend, case) <= 1.0
+
+
+@FAST
+@given(data=st.data())
+def test_operation_cases_round_trip_and_pass_on_the_reference(data, tmp_path_factory):
+    from pagedattn.conformance.strategies import copy_blocks_cases, merge_cases, write_kv_cases
+
+    kind = data.draw(st.sampled_from(("write_kv", "copy_blocks", "merge_states")))
+    if kind == "write_kv":
+        cache = data.draw(st.sampled_from(("bfloat16", "float8_e4m3fn")))
+        case = data.draw(write_kv_cases(dtype="bfloat16", cache_dtype=cache, block_size=16, kv_layout="HND"))
+        check = checks.write_kv_matches_spec
+    elif kind == "copy_blocks":
+        case = data.draw(copy_blocks_cases(dtype="float16", block_size=16, kv_layout="NHD"))
+        check = checks.copy_blocks_matches_spec
+    else:
+        case = data.draw(merge_cases(dtype="bfloat16"))
+        check = checks.merge_states_matches_spec
+    path = save_case(tmp_path_factory.mktemp("op") / "c.npz", case, check=check.__name__)
+    loaded, name, _ = load_case(path)
+    assert type(loaded) is type(case) and name == check.__name__
+    for field in case.__dataclass_fields__:
+        a, b = getattr(loaded, field), getattr(case, field)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        else:
+            assert a == b
+    assert checks.CHECKS[name](NumpyBackend(), loaded) <= 1.0
