@@ -1,1 +1,248 @@
-"""pytest plugin of the conformance suite (registered through ``pytest11``)."""
+"""pytest plugin of the conformance suite (registered through ``pytest11``).
+
+Loaded in every pytest run once pagedattn is installed, it does nothing unless
+``--backend NAME`` is given (repeatable; ``all`` = every backend available here;
+``module:Class`` and ``mutant:NAME`` also work). Then it:
+
+- parametrizes the suite's tests (marked ``pagedattn_conformance``) by backend and block size;
+- prints a header: each backend's version, device, capabilities, and the relevant
+  environment variables (PAGEDATTN_*, HYPOTHESIS_*, CUDA_VISIBLE_DEVICES, TRITON_INTERPRET);
+- selects the hypothesis profile: ``--hypothesis-profile`` or ``PAGEDATTN_PROFILE``
+  (``quick``, ``ci`` (the default), ``thorough``);
+- reports a cell outside the backend's capabilities as UNSUPPORTED (its own status, neither
+  pass nor skip), lists saved failing cases with their replay command, and fails the run
+  of a backend that passed zero cases;
+- under pytest-xdist on a host with several GPUs, gives each worker one GPU through
+  ``CUDA_VISIBLE_DEVICES``, from its worker id.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from pagedattn.conformance.runner import RECORD_KEY, Unsupported
+
+#: The hypothesis profiles (select with --hypothesis-profile or PAGEDATTN_PROFILE).
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {"max_examples": 6, "derandomize": True, "database": None},
+    "ci": {"max_examples": 15, "derandomize": True, "database": None},
+    "thorough": {"max_examples": 200, "database": DirectoryBasedExampleDatabase(".hypothesis/pagedattn")},
+}
+for _name, _values in PROFILES.items():
+    settings.register_profile(_name, deadline=None, print_blob=True, **_values)
+
+DEFAULT_PROFILE = "ci"
+ENV_PREFIXES = ("PAGEDATTN_", "HYPOTHESIS_")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "PYTEST_XDIST_WORKER")
+KNOWN_PAGEDATTN_ENV = {"PAGEDATTN_PROFILE", "PAGEDATTN_SIZE", "PAGEDATTN_CASES_DIR", "PAGEDATTN_BACKEND"}
+UNSUPPORTED_KEY = "pagedattn_unsupported"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pagedattn", "pagedattn conformance suite")
+    group.addoption("--backend", action="append", default=[], dest="pagedattn_backends", metavar="NAME",
+                    help="backend to test (repeatable): a registered name, 'all', module:Class or mutant:NAME")
+    group.addoption("--conformance-cases", default=None, dest="pagedattn_cases", metavar="DIR",
+                    help="directory for the .npz cases of failures (default conformance-report/cases)")
+
+
+def selected_backend_names(config: pytest.Config) -> list[str]:
+    """The --backend values (or PAGEDATTN_BACKEND, comma-separated), with 'all' expanded."""
+    from pagedattn.conformance.targets import expand
+
+    specs = list(config.getoption("pagedattn_backends", default=[]) or [])
+    if not specs and os.environ.get("PAGEDATTN_BACKEND"):
+        specs = [s for s in os.environ["PAGEDATTN_BACKEND"].split(",") if s]
+    return expand(specs) if specs else []
+
+
+def _gpu_ids() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [d for d in visible.split(",") if d.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU")]
+
+
+def assign_gpu(worker_id: str) -> str | None:
+    """Give xdist worker ``gwN`` GPU ``N mod count`` via CUDA_VISIBLE_DEVICES; return it (None: unchanged)."""
+    match = re.fullmatch(r"gw(\d+)", worker_id)
+    if match is None:
+        return None
+    gpus = _gpu_ids()
+    if len(gpus) < 2:
+        return None
+    chosen = gpus[int(match.group(1)) % len(gpus)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = chosen
+    return chosen
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "pagedattn_conformance: a test of the conformance suite (needs --backend)")
+    if not (config.getoption("pagedattn_backends", default=[]) or os.environ.get("PAGEDATTN_BACKEND")):
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        assign_gpu(worker)
+    if config.getoption("pagedattn_cases", default=None):
+        os.environ["PAGEDATTN_CASES_DIR"] = str(config.getoption("pagedattn_cases"))
+    if not config.getoption("hypothesis_profile", default=None):
+        settings.load_profile(os.environ.get("PAGEDATTN_PROFILE", DEFAULT_PROFILE))
+    state = _State(config)
+    config.stash[_STATE] = state
+    config.pluginmanager.register(state, "pagedattn-conformance-state")
+
+
+
+
+def _backends(config: pytest.Config) -> list[Any]:
+    from pagedattn.conformance.targets import resolve
+
+    state = config.stash[_STATE]
+    if state.backends is None:
+        state.backends = [resolve(name) for name in selected_backend_names(config)]
+    return state.backends
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("pagedattn_conformance") is None:
+        return
+    config = metafunc.config
+    if _STATE not in config.stash:
+        from pagedattn.backends.registry import available_backends
+
+        raise pytest.UsageError(
+            "the pagedattn conformance suite needs a backend: pass --backend NAME (repeatable, or 'all')"
+            f" or set PAGEDATTN_BACKEND; available here: {', '.join(available_backends()) or 'none'}"
+        )
+    backends = _backends(config)
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", backends, ids=[b.name for b in backends])
+    if "block_size" in metafunc.fixturenames:
+        from pagedattn.conformance.strategies import CONTRACT_BLOCK_SIZES
+
+        sizes = set(CONTRACT_BLOCK_SIZES)
+        for backend in backends:
+            sizes |= set(backend.capabilities().block_sizes or ())
+        metafunc.parametrize("block_size", sorted(sizes), ids=[f"bs{n}" for n in sorted(sizes)])
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    if _STATE not in config.stash:
+        return []
+    lines = [f"pagedattn conformance: hypothesis profile {settings.get_current_profile_name()}"]
+    for backend in _backends(config):
+        try:
+            device = backend.device_name()
+        except Exception as error:  # the header must not hide the backend's own test failures
+            device = f"? ({type(error).__name__}: {error})"
+        lines.append(f"  backend {backend.name} {backend.version} on {device}: {backend.capabilities().summary()}")
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    lines.append("  environment: " + (" ".join(f"{k}={v}" for k, v in env.items()) or "(none set)"))
+    unknown = [k for k in env if k.startswith("PAGEDATTN_") and k not in KNOWN_PAGEDATTN_ENV]
+    if unknown:
+        lines.append(f"  warning: unknown PAGEDATTN_ variables (typo?): {', '.join(unknown)};"
+                     f" known: {', '.join(sorted(KNOWN_PAGEDATTN_ENV))}")
+    return lines
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(Unsupported):
+        report.outcome = "passed"  # not a failure; its own status through pytest_report_teststatus
+        report.longrepr = None
+        report.user_properties.append((UNSUPPORTED_KEY, str(call.excinfo.value)))
+
+
+def unsupported_reason(report: pytest.TestReport) -> str | None:
+    """The reason a report is UNSUPPORTED, or None."""
+    for key, value in getattr(report, "user_properties", ()):
+        if key == UNSUPPORTED_KEY:
+            return str(value)
+    return None
+
+
+def conformance_record(report: pytest.TestReport) -> dict[str, Any] | None:
+    """The cell record a conformance test left in its report (see :mod:`runner`), or None."""
+    for key, value in getattr(report, "user_properties", ()):
+        if key == RECORD_KEY:
+            return dict(value)
+    return None
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    if report.when == "call" and unsupported_reason(report) is not None:
+        return "unsupported", "U", ("UNSUPPORTED", {"yellow": True})
+    return None
+
+
+class _State:
+    """Registered only when a backend is selected: tallies reports on the controller and reports them."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.passes: Counter[str] = Counter()
+        self.seen: set[str] = set()
+        self.unsupported: Counter[str] = Counter()
+        self.cases: list[str] = []
+        self.backends: list[Any] | None = None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = conformance_record(report)
+        if record is None or report.when != "call":
+            return
+        backend = str(record.get("backend", "?"))
+        self.seen.add(backend)
+        reason = unsupported_reason(report)
+        if reason is not None:
+            self.unsupported[reason] += 1
+        elif report.passed:
+            self.passes[backend] += 1
+        if record.get("replay"):
+            self.cases.append(str(record["replay"]))
+
+    def zero_pass_backends(self) -> list[str]:
+        return sorted(name for name in self.seen if self.passes[name] == 0)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if hasattr(self.config, "workerinput"):
+            return
+        if self.zero_pass_backends() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if hasattr(config, "workerinput"):
+            return
+        write = terminalreporter.write_line
+        if self.unsupported:
+            terminalreporter.section("pagedattn: unsupported (outside the declared capabilities)", sep="-")
+            for reason, count in self.unsupported.most_common():
+                write(f"{count:5d} x {reason}")
+        if self.cases:
+            terminalreporter.section("pagedattn: failing cases, shrunk and saved", sep="-")
+            for line in self.cases:
+                write(line)
+        for name in self.zero_pass_backends():
+            write(f"pagedattn: backend {name} passed zero conformance cases: the run fails", red=True)
+        if self.seen:
+            write("pagedattn: passing cells per backend: "
+                  + ", ".join(f"{name}={self.passes[name]}" for name in sorted(self.seen)))
+
+
+_STATE = pytest.StashKey[_State]()

@@ -1,0 +1,338 @@
+"""The contract's rules as checks: each takes a backend and a case, raises ConformanceFailure or returns
+the worst error as a fraction of the tolerance (0.0 for rules that demand identical bits).
+
+Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`relocation_invariant`,
+:func:`deterministic`, :func:`alone_equals_batch` (and every attention check asserts that no
+input was written). Other operations: :func:`write_kv_matches_spec`,
+:func:`copy_blocks_matches_spec`, :func:`merge_states_matches_spec`. A check uses the
+backend through the public :class:`~pagedattn.backends.interface.Backend` interface only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from pagedattn.backends.interface import Backend
+from pagedattn.conformance.assertions import (
+    assert_array_form,
+    assert_attention_matches,
+    assert_bit_identical,
+    assert_close_to_spec,
+    describe_call,
+)
+from pagedattn.conformance.cases import AttentionCase, AttentionResult, CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.spec import kv_ops
+from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
+from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
+from pagedattn.spec.error_model import merge_tolerance, tolerance
+from pagedattn.spec.exact import exact_attention_problem
+from pagedattn.spec.online_softmax import merge_states as spec_merge_states
+
+
+def problem_of(case: AttentionCase) -> AttentionProblem:
+    """The validated problem of a case (the spec's own check)."""
+    return check_paged_attention(*case.host_args(), **case.options)
+
+
+def _call(backend: Backend, case: AttentionCase) -> str:
+    return describe_call(backend.name, problem_of(case), case.options)
+
+
+def run_checked(backend: Backend, case: AttentionCase) -> AttentionResult:
+    """Run ``case`` and assert the backend wrote nothing but its outputs (caches, pool, inputs intact)."""
+    __tracebackhide__ = True
+    caches = case.device_caches(backend)
+    result = case.run(backend, caches=caches)
+    call = _call(backend, case)
+    key_cache, value_cache, pool = caches
+    if pool is not None and case.pool is not None:
+        assert_bit_identical("pool", np.asarray(backend.to_numpy(pool)), case.pool,
+                             "the call wrote into the K/V pool", call, coordinates="pool index")
+    else:
+        assert_bit_identical("key_cache", np.asarray(backend.to_numpy(key_cache)), case.key_cache,
+                             "the call wrote into key_cache", call, coordinates="cache index")
+        assert_bit_identical("value_cache", np.asarray(backend.to_numpy(value_cache)), case.value_cache,
+                             "the call wrote into value_cache", call, coordinates="cache index")
+    return result
+
+
+def matches_spec(backend: Backend, case: AttentionCase) -> float:
+    """out (and lse) within the error model of the exact float64 answer; nothing else written."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    result = run_checked(backend, case)
+    exact = exact_attention_problem(problem, case.query, case.key_cache, case.value_cache)
+    tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
+                    tf32=backend.capabilities().tf32)
+    call = _call(backend, case)
+    if problem.return_lse and result.lse is None:
+        assert_array_form("lse", np.zeros(0), (problem.num_tokens, problem.num_q_heads), "float32", call)
+    return assert_attention_matches(result.out, result.lse, exact, tol, problem, call)
+
+
+# -- never ------------------------------------------------------------------------------
+
+def used_slots(problem: AttentionProblem) -> np.ndarray:
+    """bool ``[num_blocks, block_size]``: slots some sequence holds (positions < L)."""
+    used = np.zeros((problem.num_blocks, problem.block_size), dtype=bool)
+    for s in range(problem.num_seqs):
+        positions = np.arange(int(problem.seq_lens[s]))
+        used[problem.block_tables[s, positions // problem.block_size], positions % problem.block_size] = True
+    return used
+
+
+def _nhd(cache: np.ndarray, kv_layout: str) -> np.ndarray:
+    return kv_ops.slot_view(cache, kv_layout)
+
+
+def with_garbage(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
+    """The same logical call with new garbage (NaN, inf, random) in every unused slot, unused block,
+    unused block-table entry and, for pool views, in the other layers."""
+    problem = problem_of(case)
+    unused = ~used_slots(problem)
+    dtype = case.key_cache.dtype
+
+    def garbage(shape: tuple[int, ...]) -> np.ndarray:
+        values = rng.standard_normal(shape) * 1e3
+        pick = rng.random(shape)
+        values[pick < 0.3] = np.nan
+        values[(pick >= 0.3) & (pick < 0.45)] = np.inf
+        values[(pick >= 0.45) & (pick < 0.6)] = -np.inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            return values.astype(dtype)
+
+    tables = case.block_tables.copy()
+    for s in range(problem.num_seqs):
+        first_unused = -(-int(problem.seq_lens[s]) // problem.block_size)
+        tail = tables[s, first_unused:]
+        tail[:] = rng.choice(np.array([-1, 2**31 - 1, 0, problem.num_blocks - 1, -(2**31)], dtype=np.int64),
+                             size=tail.shape)
+    if case.pool is not None:
+        pool = case.pool.copy()
+        others = [layer for layer in range(pool.shape[2]) if layer != case.layer]
+        for layer in others:
+            pool[:, :, layer] = garbage(pool[:, :, layer].shape)
+        for which in (0, 1):
+            view = _nhd(pool[:, which, case.layer], case.kv_layout)
+            view[unused] = garbage(view[unused].shape)
+        return case.replace(pool=pool, block_tables=tables)
+    caches = []
+    for cache in (case.key_cache, case.value_cache):
+        new = cache.copy()
+        view = _nhd(new, case.kv_layout)
+        view[unused] = garbage(view[unused].shape)
+        caches.append(new)
+    return case.replace(key_cache=caches[0], value_cache=caches[1], block_tables=tables)
+
+
+def _assert_same_result(backend: Backend, a: AttentionResult, b: AttentionResult, what: str,
+                        case: AttentionCase) -> None:
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    call = _call(backend, case)
+    assert_bit_identical("out", a.out, b.out, what, call, problem)
+    if a.lse is not None and b.lse is not None:
+        assert_bit_identical("lse", a.lse, b.lse, what, call, problem)
+
+
+def garbage_ignored(backend: Backend, case: AttentionCase) -> float:
+    """New garbage in unused slots, blocks and table entries leaves the output's bits unchanged."""
+    __tracebackhide__ = True
+    first = run_checked(backend, case)
+    other = with_garbage(case, np.random.default_rng(case.seed))
+    _assert_same_result(backend, run_checked(backend, other), first,
+                        "garbage in unused slots/blocks/table entries changed the output", case)
+    return 0.0
+
+
+def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
+    """The same logical K/V in other physical blocks: block b moves to perm[b] (tables follow)."""
+    problem = problem_of(case)
+    perm = rng.permutation(problem.num_blocks)
+    tables = case.block_tables.copy()
+    for s in range(problem.num_seqs):
+        needed = -(-int(problem.seq_lens[s]) // problem.block_size)
+        tables[s, :needed] = perm[problem.block_tables[s, :needed]]
+    inverse = np.argsort(perm)  # new block n holds old block inverse[n]
+    if case.pool is not None:
+        return case.replace(pool=np.ascontiguousarray(case.pool[inverse]), block_tables=tables)
+    return case.replace(key_cache=np.ascontiguousarray(case.key_cache[inverse]),
+                        value_cache=np.ascontiguousarray(case.value_cache[inverse]), block_tables=tables)
+
+
+def relocation_invariant(backend: Backend, case: AttentionCase) -> float:
+    """The same logical K/V placed in other physical blocks gives bit-identical output."""
+    __tracebackhide__ = True
+    first = run_checked(backend, case)
+    moved = relocated(case, np.random.default_rng(case.seed))
+    _assert_same_result(backend, run_checked(backend, moved), first,
+                        "moving the blocks to other physical ids changed the output", case)
+    return 0.0
+
+
+def deterministic(backend: Backend, case: AttentionCase) -> float:
+    """The same call twice gives the same bits."""
+    __tracebackhide__ = True
+    first = run_checked(backend, case)
+    _assert_same_result(backend, run_checked(backend, case), first, "the same call twice gave different bits",
+                        case)
+    return 0.0
+
+
+def alone(case: AttentionCase, seq: int) -> AttentionCase:
+    """Sequence ``seq`` of the batch as a batch of one (same caches, its table row and queries)."""
+    options = dict(case.options)
+    if case.query_start_loc is None:
+        rows = slice(seq, seq + 1)
+        qsl = None
+    else:
+        rows = slice(int(case.query_start_loc[seq]), int(case.query_start_loc[seq + 1]))
+        qsl = np.array([0, rows.stop - rows.start], dtype=np.int32)
+    return case.replace(query=case.query[rows].copy(), block_tables=case.block_tables[seq:seq + 1].copy(),
+                        seq_lens=case.seq_lens[seq:seq + 1].copy(), query_start_loc=qsl, options=options)
+
+
+def alone_equals_batch(backend: Backend, case: AttentionCase) -> float:
+    """A sequence alone gives, within tolerance, what it gets inside the batch (twice the error model)."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    q_lens = problem.q_lens
+    with_queries = np.flatnonzero(q_lens > 0)
+    seq = int(with_queries[case.seed % len(with_queries)])
+    single = alone(case, seq)
+    batch = run_checked(backend, case)
+    solo = run_checked(backend, single)
+    solo_problem = problem_of(single)
+    exact = exact_attention_problem(solo_problem, single.query, single.key_cache, single.value_cache)
+    tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
+                    tf32=backend.capabilities().tf32)
+    rows = slice(int(problem.query_start_loc[seq]), int(problem.query_start_loc[seq + 1]))
+    bound = 2 * tol.out_bound(exact.out, exact.value_scale, exact.score_scale, exact.num_visible)
+    call = _call(backend, single) + f" (sequence {seq} of the batch, alone)"
+    expected = batch.out[rows].astype(np.float64)
+    return assert_close_to_spec("out", solo.out, expected, bound, solo_problem, call, tolerance=tol)
+
+
+# -- other operations ---------------------------------------------------------------------
+
+def _fp8_neighbours(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """bool: actual is expected or the next fp8 value up or down (double rounding of x / scale)."""
+    bits = {1: np.uint8}[1]
+    a = actual.view(bits).astype(np.int16)
+    e = expected.view(bits).astype(np.int16)
+    return np.abs(a - e) <= 1
+
+
+def write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
+    """write_kv stores x / scale at each slot (-1 skipped) and leaves every other slot's bits alone."""
+    __tracebackhide__ = True
+    expected_k, expected_v = case.key_cache.copy(), case.value_cache.copy()
+    kv_ops.write_kv(case.key, case.value, expected_k, expected_v, case.slot_mapping, kv_layout=case.kv_layout,
+                    k_scale=case.k_scale, v_scale=case.v_scale)
+    key_cache, value_cache = backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy())
+    backend.write_kv(backend.to_device(case.key), backend.to_device(case.value), key_cache, value_cache,
+                     backend.to_device(case.slot_mapping), kv_layout=case.kv_layout, k_scale=case.k_scale,
+                     v_scale=case.v_scale)
+    backend.synchronize()
+    block_size = case.key_cache.shape[1 if case.kv_layout == "NHD" else 2]
+    written = np.zeros(kv_ops.slot_view(case.key_cache, case.kv_layout).shape[:2], dtype=bool)
+    slots = case.slot_mapping[case.slot_mapping >= 0].astype(np.int64)
+    written[slots // block_size, slots % block_size] = True
+    call = (f"[call: backend={backend.name} write_kv dtype={dtype_name(case.key.dtype)}"
+            f" cache_dtype={dtype_name(case.key_cache.dtype)} kv_layout={case.kv_layout} block_size={block_size}"
+            f" k_scale={case.k_scale} v_scale={case.v_scale}]")
+    fp8 = dtype_name(case.key_cache.dtype) in FP8_DTYPES
+    for name, device, expected in (("key_cache", key_cache, expected_k), ("value_cache", value_cache, expected_v)):
+        actual = np.asarray(backend.to_numpy(device))
+        actual_nhd, expected_nhd = kv_ops.slot_view(actual, case.kv_layout), kv_ops.slot_view(expected, case.kv_layout)
+        assert_bit_identical(name, np.ascontiguousarray(actual_nhd[~written]),
+                             np.ascontiguousarray(expected_nhd[~written]),
+                             "write_kv changed a slot not in slot_mapping", call,
+                             coordinates="(unwritten slot number, head, dim)")
+        if fp8:
+            close = _fp8_neighbours(np.ascontiguousarray(actual_nhd[written]),
+                                    np.ascontiguousarray(expected_nhd[written]))
+            if not close.all():
+                assert_bit_identical(name, np.ascontiguousarray(actual_nhd[written]),
+                                     np.ascontiguousarray(expected_nhd[written]),
+                                     "write_kv stored a value more than one fp8 step from x / scale", call,
+                                     coordinates="(written slot number, head, dim)")
+        else:
+            assert_bit_identical(name, np.ascontiguousarray(actual_nhd[written]),
+                                 np.ascontiguousarray(expected_nhd[written]),
+                                 "write_kv stored other bits than the key/value given", call,
+                                 coordinates="(written slot number, head, dim)")
+    return 0.0
+
+
+def copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> float:
+    """copy_blocks equals the spec's (every source read before any destination is written), bit for bit."""
+    __tracebackhide__ = True
+    expected_k, expected_v = case.key_cache.copy(), case.value_cache.copy()
+    kv_ops.copy_blocks(expected_k, expected_v, case.pairs, kv_layout=case.kv_layout)
+    key_cache, value_cache = backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy())
+    backend.copy_blocks(key_cache, value_cache, backend.to_device(case.pairs), kv_layout=case.kv_layout)
+    backend.synchronize()
+    call = (f"[call: backend={backend.name} copy_blocks dtype={dtype_name(case.key_cache.dtype)}"
+            f" kv_layout={case.kv_layout} pairs={case.pairs.tolist()}]")
+    assert_bit_identical("key_cache", np.asarray(backend.to_numpy(key_cache)), expected_k,
+                         "copy_blocks differs from the spec", call, coordinates="(block, ...)")
+    assert_bit_identical("value_cache", np.asarray(backend.to_numpy(value_cache)), expected_v,
+                         "copy_blocks differs from the spec", call, coordinates="(block, ...)")
+    return 0.0
+
+
+def merge_states_matches_spec(backend: Backend, case: MergeCase) -> float:
+    """merge_states within rounding of the exact merge; an empty side (-inf) is ignored, even NaN."""
+    __tracebackhide__ = True
+    out, lse = backend.merge_states(backend.to_device(case.out_a), backend.to_device(case.lse_a),
+                                    backend.to_device(case.out_b), backend.to_device(case.lse_b))
+    backend.synchronize()
+    out, lse = np.asarray(backend.to_numpy(out)), np.asarray(backend.to_numpy(lse))
+    exact_out, exact_lse = spec_merge_states(case.out_a, case.lse_a, case.out_b, case.lse_b)
+    dtype = dtype_name(case.out_a.dtype)
+    T, H, D = case.out_a.shape
+    call = f"[call: backend={backend.name} merge_states dtype={dtype} shape={[T, H, D]}]"
+    assert_array_form("out", out, (T, H, D), dtype, call)
+    assert_array_form("lse", lse, (T, H), "float32", call)
+    tol = merge_tolerance(dtype)
+    nonempty = [np.isfinite(x)[..., None] for x in (case.lse_a, case.lse_b)]
+    with np.errstate(invalid="ignore"):
+        value_scale = np.maximum(
+            np.where(nonempty[0], np.abs(case.out_a.astype(np.float64)), 0).max(axis=-1),
+            np.where(nonempty[1], np.abs(case.out_b.astype(np.float64)), 0).max(axis=-1))
+    score_scale = np.maximum(np.where(np.isfinite(case.lse_a), np.abs(case.lse_a), 0),
+                             np.where(np.isfinite(case.lse_b), np.abs(case.lse_b), 0)).astype(np.float64)
+    num_visible = np.full((T, H), 2)
+    problem = _merge_problem(T, H, D, dtype)
+    worst = assert_close_to_spec("out", out, exact_out,
+                                 tol.out_bound(exact_out, value_scale, score_scale, num_visible), problem, call,
+                                 tolerance=tol)
+    return max(worst, assert_close_to_spec("lse", lse, exact_lse, tol.lse_bound(score_scale, num_visible),
+                                           problem, call, tolerance=tol))
+
+
+def _merge_problem(T: int, H: int, D: int, dtype: str) -> AttentionProblem:
+    """A stand-in problem so that messages name (token, head, dim) of a merge as decode tokens."""
+    dummy = np.zeros((T, H, D), dtype=ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    cache = np.zeros((1, 1, H, D), dtype=dummy.dtype)
+    return check_paged_attention(dummy, cache, cache, np.zeros((T, 1), np.int32), np.ones(T, np.int32))
+
+
+Check = Callable[[Backend, Any], float]
+
+#: Every check by name (saved cases record the name; ``replay`` looks it up here).
+CHECKS: dict[str, Check] = {
+    "matches_spec": matches_spec,
+    "garbage_ignored": garbage_ignored,
+    "relocation_invariant": relocation_invariant,
+    "deterministic": deterministic,
+    "alone_equals_batch": alone_equals_batch,
+    "write_kv_matches_spec": write_kv_matches_spec,
+    "copy_blocks_matches_spec": copy_blocks_matches_spec,
+    "merge_states_matches_spec": merge_states_matches_spec,
+}

@@ -1,0 +1,285 @@
+"""Mutants of paged attention: each overrides one step of the stepped kernel with one realistic bug.
+
+Every class states its bug in ``bug`` and the kind of public report it models in ``models``
+(the README's mutant table lists them with the issues found).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from pagedattn.conformance.mutants.kernel import F32, SteppedKernelBackend
+from pagedattn.spec.arrays import AttentionProblem
+
+
+class UnmaskedTail(SteppedKernelBackend):
+    bug = "slots p >= L of the last block are not masked (only the causal/window bounds are)"
+    models = "tail of the last block read unmasked"
+
+    def visible(self, p, p_q, length, problem):
+        vis = np.ones((len(p_q), len(p)), dtype=bool)
+        if problem.causal:
+            vis &= p[None, :] <= p_q[:, None]
+        if problem.sliding_window is not None:
+            vis &= p[None, :] > p_q[:, None] - problem.sliding_window
+        return vis
+
+
+class BlockCountFloor(SteppedKernelBackend):
+    bug = "number of blocks is L // block_size: the partial last block is dropped"
+    models = "off-by-one block count"
+
+    def logical_blocks(self, length, block_size, p_q, problem):
+        return list(range(length // block_size))
+
+
+class ReadsPastTable(SteppedKernelBackend):
+    bug = "visits one block-table column more than ceil(L / block_size)"
+    models = "reads block-table entries past the sequence (padding -1 / garbage ids)"
+
+    def logical_blocks(self, length, block_size, p_q, problem):
+        return list(range(min(-(-length // block_size) + 1, problem.max_blocks_per_seq)))
+
+
+class MissingRescale(SteppedKernelBackend):
+    bug = "online softmax: O is not rescaled by exp(m_i - m_new) when the maximum grows"
+    models = "missing rescale of the accumulator in the online softmax"
+
+    def update(self, m, l, O, s_ij, visible, v):
+        m_new, l_new, _ = super().update(m, l, O, s_ij, visible, v)
+        shift = np.where(np.isneginf(m_new), F32(0), m_new)
+        p_ij = np.exp(s_ij - shift[..., None])
+        v_clean = np.where(visible.any(axis=0)[:, None, None], v, F32(0))
+        return m_new, l_new, (O + np.einsum("nhb,bhd->nhd", p_ij, v_clean)).astype(F32)
+
+
+class FiniteMaskSentinel(SteppedKernelBackend):
+    bug = "masked scores are set to -1e4 instead of -inf"
+    models = "finite mask value (-1e4 / -FLT_MAX) leaking weight"
+
+    def mask(self, s_ij, visible):
+        return np.where(visible[:, None, :], s_ij, F32(-1e4))
+
+
+class NaNOnEmptyRow(SteppedKernelBackend):
+    bug = "epilogue divides O by l without a guard: a query with no visible key gets 0/0 = NaN"
+    models = "NaN output for fully masked rows / zero-length sequences"
+
+    def finalize(self, m, l, O):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (O / l[..., None]).astype(F32), (m + np.log(l)).astype(F32)
+
+
+class NaNOnMaskedBlock(SteppedKernelBackend):
+    bug = "visits blocks wholly outside the window and computes exp(m_i - m_new) with both -inf"
+    models = "NaN from exp(-inf - -inf) in the online softmax"
+
+    def update(self, m, l, O, s_ij, visible, v):
+        with np.errstate(invalid="ignore"):
+            m_new = np.maximum(m, s_ij.max(axis=-1))
+            alpha = np.exp(m - m_new)
+            p_ij = np.exp(s_ij - m_new[..., None])
+        v_clean = np.where(visible.any(axis=0)[:, None, None], v, F32(0))
+        l_new = alpha * l + p_ij.sum(axis=-1)
+        O_new = alpha[..., None] * O + np.einsum("nhb,bhd->nhd", p_ij, v_clean)
+        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+    def finalize(self, m, l, O):
+        with np.errstate(invalid="ignore"):
+            return super().finalize(m, l, O)
+
+
+class WrongGQAMapping(SteppedKernelBackend):
+    bug = "query head h reads KV head h % num_kv_heads instead of h // group_size"
+    models = "wrong GQA head mapping"
+
+    def kv_heads(self, problem):
+        return np.arange(problem.num_q_heads) % problem.num_kv_heads
+
+
+class Int16BlockIds(SteppedKernelBackend):
+    bug = "block ids are kept in int16: ids >= 32768 wrap to negative"
+    models = "block ids overflow a narrow integer type in large pools"
+
+    def physical_block(self, row, j):
+        return int(np.array(row[j]).astype(np.int16))
+
+
+class HardcodedBlockSize(SteppedKernelBackend):
+    bug = "assumes block_size 16 (the cache is addressed in 16-slot blocks)"
+    models = "hard-coded block size"
+
+    def block_size(self, problem):
+        return 16
+
+    def slots(self, cache, problem):
+        nhd = super().slots(cache, problem)
+        return nhd.reshape(-1, 16, *nhd.shape[2:]) if nhd.shape[1] % 16 == 0 else nhd
+
+
+class LayoutMixup(SteppedKernelBackend):
+    bug = "ignores kv_layout: HND caches are read as NHD"
+    models = "NHD/HND layout mix-up"
+
+    def slots(self, cache, problem):
+        array = np.asarray(cache)
+        return array.reshape(array.shape[0], problem.block_size, problem.num_kv_heads, problem.head_dim)
+
+
+class SoftcapOverflow(SteppedKernelBackend):
+    bug = "softcap's tanh as (e^2x - 1) / (e^2x + 1) in float32: inf / inf = NaN for large scores"
+    models = "softcap overflow"
+
+    def transform(self, s_ij, p, p_q, visible, problem):
+        if problem.softcap is None:
+            return super().transform(s_ij, p, p_q, visible, problem)
+        cap = F32(problem.softcap)
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = np.exp(F32(2) * s_ij / cap)
+            capped = cap * (e - 1) / (e + 1)
+        return super().transform(capped.astype(F32), p, p_q, visible, replace(problem, softcap=None))
+
+
+class MaskBeforeSoftcap(SteppedKernelBackend):
+    bug = "applies the -inf mask before softcap: tanh(-inf) = -1 gives masked keys the score -softcap"
+    models = "mask applied before logit softcapping"
+
+    def transform(self, s_ij, p, p_q, visible, problem):
+        return super().transform(super().mask(s_ij, visible), p, p_q, visible, problem)
+
+    def mask(self, s_ij, visible):
+        return s_ij
+
+
+class HalfPrecisionScores(SteppedKernelBackend):
+    bug = "q . k is rounded to the query dtype (float16/bfloat16) before the softmax"
+    models = "low-precision accumulation of scores"
+
+    def scores(self, q, k, problem):
+        from pagedattn.spec.dtypes import numpy_dtype
+
+        with np.errstate(over="ignore"):
+            return super().scores(q, k, problem).astype(numpy_dtype(problem.dtype)).astype(F32)
+
+
+class ScaleFromPaddedHeadDim(SteppedKernelBackend):
+    bug = "default scale 1/sqrt(head_dim) uses head_dim padded to a power of two (80 -> 128)"
+    models = "wrong default softmax scale"
+
+    def scale(self, problem):
+        if math.isclose(problem.scale, 1.0 / math.sqrt(problem.head_dim)):
+            return 1.0 / math.sqrt(2 ** math.ceil(math.log2(problem.head_dim)))
+        return problem.scale
+
+
+class ExplicitScaleIgnored(SteppedKernelBackend):
+    bug = "an explicit scale is ignored: always 1/sqrt(head_dim)"
+    models = "scale argument not forwarded to the kernel"
+
+    def scale(self, problem):
+        return 1.0 / math.sqrt(problem.head_dim)
+
+
+class LseInLog2(SteppedKernelBackend):
+    bug = "returns lse in base 2 (m log2(e) + log2 l), as the exp2 kernels keep it"
+    models = "lse in log2 units returned as natural log"
+
+    def finalize(self, m, l, O):
+        out, lse = super().finalize(m, l, O)
+        return out, (lse * F32(1 / math.log(2))).astype(F32)
+
+
+class AlibiSign(SteppedKernelBackend):
+    bug = "ALiBi bias slope * (p_q - p) instead of slope * (p - p_q)"
+    models = "ALiBi bias sign"
+
+    def transform(self, s_ij, p, p_q, visible, problem):
+        if problem.alibi_slopes is None:
+            return super().transform(s_ij, p, p_q, visible, problem)
+        flipped = replace(problem, alibi_slopes=-problem.alibi_slopes)
+        return super().transform(s_ij, p, p_q, visible, flipped)
+
+
+class SlidingWindowOffByOne(SteppedKernelBackend):
+    bug = "window keeps p >= p_q - W (W + 1 keys) instead of p > p_q - W"
+    models = "sliding-window off-by-one"
+
+    def visible(self, p, p_q, length, problem):
+        if problem.sliding_window is None:
+            return super().visible(p, p_q, length, problem)
+        wider = replace(problem, sliding_window=problem.sliding_window + 1)
+        return super().visible(p, p_q, length, wider)
+
+
+class ChunkedPrefillPositions(SteppedKernelBackend):
+    bug = "varlen queries are placed at positions 0..q_len-1 (ignores the cached context before them)"
+    models = "chunked prefill / prefix caching query positions"
+
+    def query_positions(self, problem):
+        if problem.is_decode:
+            return super().query_positions(problem)
+        seq_of_token = np.repeat(np.arange(problem.num_seqs), problem.q_lens)
+        return np.arange(problem.num_tokens) - problem.query_start_loc[seq_of_token]
+
+
+class NonCausalIgnored(SteppedKernelBackend):
+    bug = "causal=False is ignored: the causal mask is always applied"
+    models = "causal flag not forwarded"
+
+    def visible(self, p, p_q, length, problem):
+        return super().visible(p, p_q, length, replace(problem, causal=True))
+
+
+class FP8ScaleIgnored(SteppedKernelBackend):
+    bug = "fp8 caches are used without multiplying by k_scale / v_scale"
+    models = "fp8 KV-cache scales not applied"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        pr = plan.problem
+        unscaled = replace(pr, k_scale=1.0, v_scale=1.0)
+        return super()._run(replace(plan, problem=unscaled), query, key_cache, value_cache)
+
+
+class StridedAssumedContiguous(SteppedKernelBackend):
+    bug = "addresses blocks with contiguous strides even when the cache is a strided view of a pool"
+    models = "non-contiguous (strided) KV cache read as contiguous"
+
+    def slots(self, cache: Any, problem: AttentionProblem) -> np.ndarray:
+        array = np.asarray(cache)
+        bits = array.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[array.itemsize])  # as_strided needs a numpy dtype
+        contiguous = np.lib.stride_tricks.as_strided(
+            bits, shape=array.shape,
+            strides=tuple(int(np.prod(array.shape[i + 1:])) * array.itemsize for i in range(array.ndim)))
+        return super().slots(contiguous.view(array.dtype), problem)
+
+
+class MaskByMultiply(SteppedKernelBackend):
+    bug = "masks by multiplying weights by 0 and uses unmasked values: NaN/inf garbage gives NaN"
+    models = "NaN/inf in unused cache slots leaking through a multiplicative mask"
+
+    def mask(self, s_ij, visible):
+        return s_ij
+
+    def update(self, m, l, O, s_ij, visible, v):
+        vis = visible[:, None, :]
+        with np.errstate(invalid="ignore", over="ignore"):
+            m_new = np.maximum(m, np.where(vis, s_ij, F32(-np.inf)).max(axis=-1))
+            shift = np.where(np.isneginf(m_new), F32(0), m_new)
+            p_ij = np.exp(s_ij - shift[..., None]) * vis
+            l_new = np.exp(m - shift) * l + p_ij.sum(axis=-1)
+            O_new = np.exp(m - shift)[..., None] * O + np.einsum("nhb,bhd->nhd", p_ij, v)
+        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+
+class NondeterministicBlockOrder(SteppedKernelBackend):
+    bug = "blocks are accumulated in a run-dependent order (split-K partials added as they finish)"
+    models = "non-deterministic output (atomics / split-K reduction order)"
+
+    def logical_blocks(self, length, block_size, p_q, problem):
+        order = super().logical_blocks(length, block_size, p_q, problem)
+        np.random.default_rng().shuffle(order)
+        return order

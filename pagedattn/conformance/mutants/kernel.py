@@ -1,0 +1,140 @@
+"""A kernel-style paged attention split into small overridable steps: the base of the mutants.
+
+It computes what :mod:`pagedattn.reference.paged` computes (per sequence, block by block,
+online softmax in float32), with each step a method so that a mutant changes one step.
+The unmodified :class:`SteppedKernelBackend` passes the conformance suite; each mutant in
+:mod:`pagedattn.conformance.mutants.attention` overrides one method with one realistic bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pagedattn.backends.interface import Plan
+from pagedattn.reference.backend import NumpyBackend
+from pagedattn.spec.arrays import AttentionProblem
+from pagedattn.spec.kv_ops import slot_view
+
+F32 = np.float32
+
+
+class SteppedKernelBackend(NumpyBackend):
+    """NumPy paged attention in overridable steps (not registered; see the mutants catalog)."""
+
+    name = "stepped-kernel"
+    description = "the reference algorithm in overridable steps (base of the mutants)"
+    #: One line: the bug this variant has ("" for the correct base).
+    bug: ClassVar[str] = ""
+    #: The public reports of the same kind of bug.
+    models: ClassVar[str] = ""
+
+    # -- steps ------------------------------------------------------------------------------
+    def scale(self, problem: AttentionProblem) -> float:
+        return problem.scale
+
+    def slots(self, cache: Any, problem: AttentionProblem) -> np.ndarray:
+        """The cache as [num_blocks, block_size, num_kv_heads, head_dim]."""
+        return slot_view(np.asarray(cache), problem.kv_layout)
+
+    def block_size(self, problem: AttentionProblem) -> int:
+        return problem.block_size
+
+    def kv_heads(self, problem: AttentionProblem) -> np.ndarray:
+        """KV head read by each query head."""
+        return np.arange(problem.num_q_heads) // problem.group_size
+
+    def query_positions(self, problem: AttentionProblem) -> np.ndarray:
+        """p_q of each query token."""
+        return problem.token_positions()[1]
+
+    def logical_blocks(self, length: int, block_size: int, p_q: np.ndarray, problem: AttentionProblem) -> list[int]:
+        """Logical blocks j to visit: the ceil(L / block_size) that hold keys."""
+        return list(range(-(-length // block_size)))
+
+    def physical_block(self, row: np.ndarray, j: int) -> int:
+        return int(row[j])
+
+    def scores(self, q: np.ndarray, k: np.ndarray, problem: AttentionProblem) -> np.ndarray:
+        """s_ij [n, Hq, bs] from q [n, Hq, D] (scaled) and k [bs, Hq, D]."""
+        return np.einsum("nhd,bhd->nhb", q, k).astype(F32)
+
+    def transform(self, s_ij: np.ndarray, p: np.ndarray, p_q: np.ndarray, visible: np.ndarray,
+                  problem: AttentionProblem) -> np.ndarray:
+        """Softcap then ALiBi (the contract's steps 2 and 3)."""
+        if problem.softcap is not None:
+            cap = F32(problem.softcap)
+            s_ij = cap * np.tanh(s_ij / cap)
+        if problem.alibi_slopes is not None:
+            distance = (p[None, :] - p_q[:, None]).astype(F32)
+            s_ij = s_ij + problem.alibi_slopes[None, :, None] * distance[:, None, :]
+        return s_ij.astype(F32)
+
+    def visible(self, p: np.ndarray, p_q: np.ndarray, length: int, problem: AttentionProblem) -> np.ndarray:
+        """bool [n, bs]: p < L, causal p <= p_q, window p > p_q - W."""
+        in_sequence: np.ndarray = np.asarray(p < length, dtype=bool)
+        vis = np.broadcast_to(in_sequence[None, :], (len(p_q), len(p))).copy()
+        if problem.causal:
+            vis &= p[None, :] <= p_q[:, None]
+        if problem.sliding_window is not None:
+            vis &= p[None, :] > p_q[:, None] - problem.sliding_window
+        return vis
+
+    def mask(self, s_ij: np.ndarray, visible: np.ndarray) -> np.ndarray:
+        return np.where(visible[:, None, :], s_ij, F32(-np.inf))
+
+    def update(self, m: np.ndarray, l: np.ndarray, O: np.ndarray, s_ij: np.ndarray, visible: np.ndarray,
+               v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Online-softmax step: s_ij [n, Hq, bs] masked, v [bs, Hq, D] -> new (m, l, O)."""
+        m_new = np.maximum(m, s_ij.max(axis=-1))
+        shift = np.where(np.isneginf(m_new), F32(0), m_new)
+        alpha = np.exp(m - shift)
+        p_ij = np.exp(s_ij - shift[..., None])
+        used: np.ndarray = np.asarray(visible.any(axis=0), dtype=bool)  # slots some query sees
+        v_clean = np.where(used[:, None, None], v, F32(0))  # NaN * 0 would be NaN
+        l_new = alpha * l + p_ij.sum(axis=-1)
+        O_new = alpha[..., None] * O + np.einsum("nhb,bhd->nhd", p_ij, v_clean)
+        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+    def finalize(self, m: np.ndarray, l: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        empty = l <= 0
+        safe = np.where(empty, F32(1), l)
+        out = np.where(empty[..., None], F32(0), O / safe[..., None])
+        lse = np.where(empty, F32(-np.inf), m + np.log(safe))
+        return out, lse.astype(F32)
+
+    # -- the kernel -----------------------------------------------------------------------------
+    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        pr = plan.problem
+        query = np.asarray(query)
+        T, Hq, D = pr.num_tokens, pr.num_q_heads, pr.head_dim
+        bs = self.block_size(pr)
+        out = np.zeros((T, Hq, D), dtype=query.dtype)
+        lse = np.full((T, Hq), -np.inf, dtype=F32)
+        k_slots, v_slots = self.slots(key_cache, pr), self.slots(value_cache, pr)
+        heads = self.kv_heads(pr)
+        p_q_all = self.query_positions(pr)
+        q_all = query.astype(F32) * F32(self.scale(pr))
+        for s in range(pr.num_seqs):
+            start, stop = int(pr.query_start_loc[s]), int(pr.query_start_loc[s + 1])
+            if stop == start:
+                continue
+            length = int(pr.seq_lens[s])
+            q, p_q = q_all[start:stop], p_q_all[start:stop]
+            n = stop - start
+            m = np.full((n, Hq), -np.inf, dtype=F32)
+            l = np.zeros((n, Hq), dtype=F32)
+            O = np.zeros((n, Hq, D), dtype=F32)
+            for j in self.logical_blocks(length, bs, p_q, pr):
+                block = self.physical_block(pr.block_tables[s], j)
+                k = k_slots[block].astype(F32)[:, heads] * F32(pr.k_scale)  # [bs, Hq, D]
+                v = v_slots[block].astype(F32)[:, heads] * F32(pr.v_scale)
+                p = j * bs + np.arange(k.shape[0])
+                vis = self.visible(p, p_q, length, pr)
+                s_ij = self.transform(self.scores(q, k, pr), p, p_q, vis, pr)
+                m, l, O = self.update(m, l, O, self.mask(s_ij, vis), vis, v)
+            o, lse_s = self.finalize(m, l, O)
+            out[start:stop] = o.astype(query.dtype)
+            lse[start:stop] = lse_s
+        return out, (lse if pr.return_lse else None)

@@ -1,0 +1,70 @@
+"""Mutants of write_kv, copy_blocks and merge_states: each a small realistic bug."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
+from pagedattn.spec import kv_ops
+from pagedattn.spec.dtypes import numpy_dtype
+
+
+class WriteKVClobbersNeighbour(SteppedKernelBackend):
+    bug = "write_kv stores each token into its slot and the next one (a two-slot vector store)"
+    models = "cache write clobbering neighbouring slots"
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+        for cache, x, scale in ((key_cache, key, problem.k_scale), (value_cache, value, problem.v_scale)):
+            view = kv_ops.slot_view(cache, problem.kv_layout)
+            for t, slot in enumerate(problem.slot_mapping):
+                block, offset = divmod(int(slot), problem.block_size)
+                if slot >= 0 and offset + 1 < problem.block_size:
+                    view[block, offset + 1] = (np.asarray(x[t], np.float64) / scale).astype(cache.dtype)
+
+
+class WriteKVScaleMultiplies(SteppedKernelBackend):
+    bug = "write_kv stores x * scale into fp8 caches instead of x / scale"
+    models = "fp8 cache quantisation scale inverted"
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        kv_ops.write_kv(key, value, key_cache, value_cache, problem.slot_mapping, kv_layout=problem.kv_layout,
+                        k_scale=1.0 / problem.k_scale, v_scale=1.0 / problem.v_scale)
+
+
+class WriteKVIgnoresSkip(SteppedKernelBackend):
+    bug = "write_kv does not skip slot -1: padding tokens land in the pool's last slot"
+    models = "padding slot -1 not skipped in reshape_and_cache"
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        for cache, x, scale in ((key_cache, key, problem.k_scale), (value_cache, value, problem.v_scale)):
+            view = kv_ops.slot_view(cache, problem.kv_layout)
+            for t, slot in enumerate(problem.slot_mapping):  # -1 becomes block -1, offset block_size - 1
+                block, offset = divmod(int(slot), problem.block_size)
+                view[block, offset] = (np.asarray(x[t], np.float64) / scale).astype(numpy_dtype(problem.cache_dtype))
+
+
+class CopyBlocksSequential(SteppedKernelBackend):
+    bug = "copy_blocks copies pair by pair, so a chain a->b, b->c copies a's data into c"
+    models = "copy-on-write block copies not reading all sources first"
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        for cache in (key_cache, value_cache):
+            for src, dst in pairs:
+                cache[dst] = cache[src]
+
+
+class MergeNaNOnEmpty(SteppedKernelBackend):
+    bug = "merge_states weights exp(lse - max) without a guard: -inf on both sides or NaN out gives NaN"
+    models = "merge of attention states with -inf lse"
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        with np.errstate(invalid="ignore"):
+            m = np.maximum(lse_a, lse_b)
+            w_a, w_b = np.exp(lse_a - m), np.exp(lse_b - m)
+            out = (w_a[..., None] * out_a.astype(np.float32) + w_b[..., None] * out_b.astype(np.float32))
+            out = out / (w_a + w_b)[..., None]
+            lse = m + np.log(w_a + w_b)
+        return out.astype(out_a.dtype), lse.astype(np.float32)

@@ -1,0 +1,45 @@
+"""``pagedattn replay CASE.npz --backend NAME``: re-run a saved failing case and print the comparison.
+
+The case file is standalone (written by the conformance suite when a check failed, after
+hypothesis shrank it); it names the check, which is run again on the backend given.
+Exits 0 if the backend now passes, 1 if it still fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Replay one case; print the case, the check and its outcome."""
+    from pagedattn.conformance.cases import load_case
+    from pagedattn.conformance.checks import CHECKS
+    from pagedattn.conformance.targets import resolve
+
+    parser = argparse.ArgumentParser(prog="pagedattn replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("case", help="a .npz case saved by the conformance suite")
+    parser.add_argument("--backend", required=True, help="registered name, module:Class or mutant:NAME")
+    parser.add_argument("--check", default=None, help="run another check than the one saved (see CHECKS)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    case, check_name, context = load_case(args.case)
+    check_name = args.check or check_name
+    backend = resolve(args.backend)
+    print(f"case: {case!r}")
+    if context:
+        print("saved from: " + ", ".join(f"{k}={v}" for k, v in context.items()))
+    print(f"check: {check_name} ({CHECKS[check_name].__doc__})")
+    print(f"backend: {backend.name} {backend.version} on {backend.device_name()}")
+    try:
+        worst = CHECKS[check_name](backend, case)
+    except AssertionError as failure:
+        print(f"FAIL\n{failure}")
+        return 1
+    except Exception:  # a crash of the backend is a failure too; show where
+        print("FAIL (exception)")
+        traceback.print_exc(file=sys.stdout)
+        return 1
+    print(f"pass: worst error {worst:.3g} x tolerance")
+    return 0

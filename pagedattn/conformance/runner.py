@@ -1,0 +1,141 @@
+"""Run one check over a hypothesis strategy for one matrix cell, and record what happened.
+
+A cell is (check, feature, dtype, block_size, kv_layout) for one backend. :func:`require`
+turns a cell outside the backend's declared capabilities into :class:`Unsupported` (the
+plugin reports it as UNSUPPORTED, neither pass nor skip). :func:`run_property` runs the
+check on hypothesis examples under the active settings profile; a backend that raises
+:class:`~pagedattn.errors.UnsupportedError` on a drawn case rejects that example (and if it
+rejects them all the cell is unsupported, with the backend's reason). The record (examples
+tried, worst error as a fraction of the tolerance, the saved case) goes into the test's
+``user_properties``, which pytest-xdist carries back to the controller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+
+from pagedattn.backends.interface import Backend
+from pagedattn.conformance.cases import save_case
+from pagedattn.errors import UnsupportedError
+from pagedattn.spec.dtypes import FP8_DTYPES
+
+RECORD_KEY = "pagedattn_conformance"
+DEFAULT_CASES_DIR = "conformance-report/cases"
+
+
+class Unsupported(Exception):
+    """This cell is outside the backend's declared capabilities; the message names the capability."""
+
+
+def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | None = None,
+            block_size: int | None = None, kv_layout: str | None = None, features: tuple[str, ...] = ()) -> None:
+    """Raise :class:`Unsupported` if the backend's capabilities exclude this combination."""
+    caps = backend.capabilities()
+    if dtype is not None and dtype not in caps.dtypes:
+        raise Unsupported(f"{backend.name}: dtype {dtype} not declared (dtypes: {', '.join(caps.dtypes)})")
+    if cache_dtype is not None and cache_dtype not in caps.cache_dtypes:
+        raise Unsupported(f"{backend.name}: cache dtype {cache_dtype} not declared")
+    if block_size is not None and caps.block_sizes is not None and block_size not in caps.block_sizes:
+        raise Unsupported(f"{backend.name}: block_size {block_size} not declared (block_sizes: "
+                          f"{list(caps.block_sizes)})")
+    if kv_layout is not None and kv_layout not in caps.kv_layouts:
+        raise Unsupported(f"{backend.name}: kv_layout {kv_layout} not declared")
+    for feature in features:
+        if feature == "fp8":
+            if not caps.supports("fp8") or not any(d in caps.cache_dtypes for d in FP8_DTYPES):
+                raise Unsupported(f"{backend.name}: feature 'fp8' not declared")
+        elif not caps.supports(feature):
+            raise Unsupported(f"{backend.name}: feature {feature!r} not declared")
+
+
+def cases_dir() -> Path:
+    """Where failing cases are saved: ``PAGEDATTN_CASES_DIR`` or ``conformance-report/cases``."""
+    return Path(os.environ.get("PAGEDATTN_CASES_DIR", DEFAULT_CASES_DIR))
+
+
+def case_path(nodeid: str) -> Path:
+    """A readable, unique ``.npz`` file name for a test id."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid.split("::")[-1])[:90].strip("_")
+    digest = hashlib.sha1(nodeid.encode()).hexdigest()[:8]
+    return cases_dir() / f"{stem}-{digest}.npz"
+
+
+def run_property(request: Any, backend: Backend, strategy: Callable[[], st.SearchStrategy[Any]],
+                 check: Callable[[Backend, Any], float], *, cell: dict[str, Any],
+                 requires: dict[str, Any] | None = None, max_examples: int | None = None) -> None:
+    """Run ``check(backend, case)`` for hypothesis examples of ``strategy()``; record the cell's result.
+
+    ``requires`` (keywords of :func:`require`) is checked first: outside the capabilities the
+    cell raises :class:`Unsupported` and nothing runs. ``request`` is pytest's request fixture
+    (or None outside pytest). ``max_examples`` caps the profile's count (for costly cells).
+    On failure the shrunk case is saved as ``.npz`` and the replay command is added to the
+    exception's notes.
+    """
+    __tracebackhide__ = True
+    record: dict[str, Any] = {**cell, "backend": backend.name, "check": check.__name__, "status": "pass",
+                              "examples": 0, "worst_fraction": 0.0}
+    try:
+        require(backend, **(requires or {}))
+    except Unsupported as error:
+        record.update(status="unsupported", reason=str(error))
+        if request is not None:
+            request.node.user_properties.append((RECORD_KEY, record))
+        raise
+    stats: dict[str, Any] = {"examples": 0, "worst": 0.0, "unsupported": None}
+    failing: dict[str, Any] = {}
+
+    examples = settings().max_examples  # the active profile's
+
+    @settings(max_examples=min(examples, max_examples) if max_examples else examples,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+    @given(case=strategy())
+    def cell_property(case: Any) -> None:
+        __tracebackhide__ = True
+        try:
+            fraction = check(backend, case)
+        except UnsupportedError as error:
+            stats["unsupported"] = str(error)
+            reject()
+        except BaseException:
+            stats["examples"] += 1
+            failing["case"] = case  # the last failing example hypothesis runs is the shrunk one
+            raise
+        stats["examples"] += 1
+        stats["worst"] = max(stats["worst"], float(fraction))
+
+    nodeid = request.node.nodeid if request is not None else f"{backend.name}-{check.__name__}"
+    # One database key per test id, so thorough's example database replays the right failures.
+    cell_property.hypothesis.inner_test._hypothesis_internal_add_digest = nodeid.encode()  # type: ignore[attr-defined]
+    try:
+        cell_property()
+    except Unsatisfiable:
+        if stats["unsupported"] and stats["examples"] == 0:
+            record.update(status="unsupported", reason=stats["unsupported"])
+            raise Unsupported(stats["unsupported"]) from None
+        record["status"] = "error"
+        raise
+    except BaseException as error:
+        record["status"] = "fail"
+        stats["worst"] = max(stats["worst"], float(getattr(error, "fraction", float("inf"))))
+        if "case" in failing:
+            path = save_case(case_path(nodeid), failing["case"], check=check.__name__,
+                             context={**cell, "backend": backend.name, "nodeid": nodeid})
+            record["case"] = str(path)
+            record["replay"] = f"pagedattn replay {path} --backend {backend.name}"
+            error.add_note(f"saved case: {path}\nreplay it: {record['replay']}")
+        raise
+    finally:
+        record["examples"] = stats["examples"]
+        record["worst_fraction"] = stats["worst"]
+        if request is not None:
+            request.node.user_properties.append((RECORD_KEY, record))

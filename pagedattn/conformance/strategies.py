@@ -1,0 +1,557 @@
+"""Hypothesis strategies for the contract's objects, public so that other suites can reuse them.
+
+One strategy per contract object, small ones composed into big ones:
+
+- :func:`block_sizes`, :func:`head_dims`, :func:`head_configs` (MHA, GQA 2/3/4/7/8, MQA);
+- :func:`seq_lens` (the edge lengths 0, 1, bs-1, bs, bs+1, multiples, long ones);
+- :func:`query_layouts` (decode, full prefill, chunked prefill, mixed in one batch);
+- :func:`block_tables` (shuffled, reversed, interleaved, shared-prefix, huge pools with
+  block ids >= 32768; unused entries holding -1, 2**31-1 or another sequence's valid id);
+- :func:`attention_cases`, which puts them together with caches of a layout and dtype
+  (optionally strided views of a multi-layer pool), a value pattern and the options of
+  one feature, into an :class:`~pagedattn.conformance.cases.AttentionCase`;
+- :func:`write_kv_cases`, :func:`copy_blocks_cases`, :func:`merge_cases` for the other
+  operations.
+
+Correlated draws come back as NamedTuples, every draw is labelled, and sizes are capped
+once, by :data:`LIMITS` (read from ``PAGEDATTN_SIZE``: ``small``, the default, keeps CPU
+runs and the Triton interpreter fast; ``large`` is for GPUs). Examples shrink towards one
+short decode sequence, contiguous blocks, normal values and no optional feature.
+Large arrays are filled from a NumPy generator seeded by a drawn integer: hypothesis
+shrinks the structure (sizes, layouts, options), not each element.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+
+from pagedattn.backends.capabilities import Capabilities
+from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
+
+__all__ = [
+    "ARRANGEMENTS",
+    "CONTRACT_BLOCK_SIZES",
+    "CONTRACT_HEAD_DIMS",
+    "FILLERS",
+    "GARBAGE_KINDS",
+    "LIMITS",
+    "VALUE_KINDS",
+    "HeadConfig",
+    "Limits",
+    "PoolLayout",
+    "QueryLayout",
+    "attention_cases",
+    "block_sizes",
+    "block_tables",
+    "copy_blocks_cases",
+    "head_configs",
+    "head_dims",
+    "merge_cases",
+    "query_layouts",
+    "seq_lens",
+    "write_kv_cases",
+]
+
+
+class Limits(NamedTuple):
+    """The one place where sizes are capped."""
+
+    max_seqs: int  # sequences per batch
+    max_seq_len: int  # the "long" lengths
+    max_q_len: int  # queries of one prefill sequence
+    max_q_heads: int  # MHA/MQA head counts (GQA goes up to 8 * 2)
+    huge_pool_blocks: int  # num_blocks of a "huge" pool: block ids >= 32768 are used
+    max_tokens_write: int  # tokens of one write_kv call
+
+
+_SIZES = {
+    "small": Limits(max_seqs=4, max_seq_len=160, max_q_len=12, max_q_heads=4, huge_pool_blocks=32_800,
+                    max_tokens_write=24),
+    "large": Limits(max_seqs=8, max_seq_len=2048, max_q_len=96, max_q_heads=16, huge_pool_blocks=40_000,
+                    max_tokens_write=256),
+}
+
+
+def _limits_from_env() -> Limits:
+    name = os.environ.get("PAGEDATTN_SIZE", "small")
+    if name not in _SIZES:
+        raise ValueError(f"PAGEDATTN_SIZE={name!r}: expected one of {', '.join(_SIZES)}")
+    return _SIZES[name]
+
+
+#: The size caps of every strategy here (``PAGEDATTN_SIZE=small|large``).
+LIMITS: Limits = _limits_from_env()
+
+#: Block sizes drawn for a backend that accepts any; a backend's declared ones are added.
+CONTRACT_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
+#: Head dims drawn (those a backend declares); 16 is added for backends that accept any.
+CONTRACT_HEAD_DIMS: tuple[int, ...] = (64, 80, 96, 128, 256)
+#: How physical blocks are arranged in the pool.
+ARRANGEMENTS: tuple[str, ...] = ("contiguous", "shuffled", "reversed", "interleaved", "shared_prefix", "huge_pool")
+#: What unused block-table entries (column >= ceil(L / block_size)) hold.
+FILLERS: tuple[str, ...] = ("minus_one", "int32_max", "other_valid", "random")
+#: Value patterns of query, keys and values.
+VALUE_KINDS: tuple[str, ...] = ("normal", "large", "dominant", "max_in_last_block", "equal")
+#: What unused slots and unused blocks hold.
+GARBAGE_KINDS: tuple[str, ...] = ("random", "nan", "inf", "zero")
+
+INT32_MAX = 2**31 - 1
+#: Standard deviation of q and k (and v) for "large" values: scale * q . k reaches about 1e4.
+LARGE_MAGNITUDE = 60.0
+_SEEDS = st.integers(0, 2**32 - 1)
+
+
+# -- sizes -----------------------------------------------------------------------------
+
+def block_sizes(capabilities: Capabilities | None = None) -> st.SearchStrategy[int]:
+    """Return a strategy for block sizes: the backend's declared ones, else 16, 32, 64."""
+    declared = None if capabilities is None else capabilities.block_sizes
+    return st.sampled_from(tuple(declared) if declared else CONTRACT_BLOCK_SIZES)
+
+
+def head_dims(capabilities: Capabilities | None = None) -> st.SearchStrategy[int]:
+    """Return a strategy for head_dim: 64, 80, 96, 128, 256 as declared (plus 16 if any is accepted).
+
+    Shrinks towards the smallest. A backend declaring none of these gets its own list.
+    """
+    declared = None if capabilities is None else capabilities.head_dims
+    if declared is None:
+        return st.sampled_from((16, *CONTRACT_HEAD_DIMS))
+    dims = tuple(d for d in CONTRACT_HEAD_DIMS if d in declared) or tuple(sorted(declared))
+    return st.sampled_from(dims)
+
+
+class HeadConfig(NamedTuple):
+    """Head counts that belong together: ``num_q_heads`` is a multiple of ``num_kv_heads``."""
+
+    num_q_heads: int
+    num_kv_heads: int
+    kind: str  # "MHA", "GQA", "MQA"
+
+
+@st.composite
+def head_configs(draw: st.DrawFn, max_q_heads: int | None = None) -> HeadConfig:
+    """Return a strategy for :class:`HeadConfig`: MHA, GQA with ratios 2, 3, 4, 7, 8 (1 or 2 KV heads), MQA.
+
+    Shrinks towards one head (MHA).
+    """
+    max_q = max_q_heads or LIMITS.max_q_heads
+    kind = draw(st.sampled_from(("MHA", "GQA", "MQA")), label="heads")
+    if kind == "MHA":
+        h = draw(st.integers(1, max_q), label="num_heads")
+        return HeadConfig(h, h, kind)
+    if kind == "MQA":
+        h = draw(st.integers(2, max(2, max_q)), label="num_q_heads")
+        return HeadConfig(h, 1, kind)
+    ratio = draw(st.sampled_from((2, 3, 4, 7, 8)), label="gqa_ratio")
+    kv = draw(st.integers(1, 2), label="num_kv_heads")
+    return HeadConfig(ratio * kv, kv, kind)
+
+
+def seq_lens(block_size: int, *, min_value: int = 0, max_value: int | None = None) -> st.SearchStrategy[int]:
+    """Return a strategy for one sequence length ``L``, biased to the edges.
+
+    Edges: 0, 1, block_size - 1, block_size, block_size + 1, 2 and 3 block sizes, and the
+    longest allowed (``LIMITS.max_seq_len``); otherwise any length. Shrinks towards ``min_value``.
+    """
+    top = LIMITS.max_seq_len if max_value is None else max_value
+    edges = sorted({n for n in (0, 1, block_size - 1, block_size, block_size + 1, 2 * block_size,
+                                3 * block_size, top) if min_value <= n <= top})
+    return st.one_of(st.sampled_from(edges), st.integers(min_value, top)) if edges else st.integers(min_value, top)
+
+
+class QueryLayout(NamedTuple):
+    """seq_lens int32 ``[num_seqs]``, query_start_loc int32 ``[num_seqs + 1]`` or None (decode), and
+    each sequence's kind ("decode", "prefill", "chunked", "padding", "no_query")."""
+
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray | None
+    kinds: tuple[str, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.seq_lens) if self.query_start_loc is None else int(self.query_start_loc[-1])
+
+
+@st.composite
+def query_layouts(draw: st.DrawFn, block_size: int, *, decode: bool) -> QueryLayout:
+    """Return a strategy for a batch's :class:`QueryLayout`.
+
+    ``decode=True``: one query per sequence, ``query_start_loc=None``, ``L = 0`` allowed
+    (padding). Otherwise each sequence is drawn as decode (q_len 1), full prefill
+    (q_len = L), chunked prefill (1 <= q_len < L) or, rarely, one without queries; the batch
+    has at least one query. Shrinks towards one sequence of the first kind.
+    """
+    num_seqs = draw(st.integers(1, LIMITS.max_seqs), label="num_seqs")
+    if decode:
+        lens = [draw(seq_lens(block_size), label=f"seq_lens[{s}]") for s in range(num_seqs)]
+        kinds = tuple("padding" if n == 0 else "decode" for n in lens)
+        return QueryLayout(np.array(lens, np.int32), None, kinds)
+    lens, q_lens, kinds_list = [], [], []
+    for s in range(num_seqs):
+        kind = draw(st.sampled_from(("decode", "prefill", "chunked", "no_query")), label=f"kind[{s}]")
+        if kind == "prefill":
+            length = draw(st.integers(1, LIMITS.max_q_len), label=f"seq_lens[{s}]")
+            q_len = length
+        elif kind == "chunked":
+            length = draw(seq_lens(block_size, min_value=2), label=f"seq_lens[{s}]")
+            q_len = draw(st.integers(1, min(length - 1, LIMITS.max_q_len)), label=f"q_len[{s}]")
+        elif kind == "decode":
+            length = draw(seq_lens(block_size, min_value=1), label=f"seq_lens[{s}]")
+            q_len = 1
+        else:
+            length = draw(seq_lens(block_size), label=f"seq_lens[{s}]")
+            q_len = 0
+        lens.append(length)
+        q_lens.append(q_len)
+        kinds_list.append(kind)
+    if sum(q_lens) == 0:  # at least one query in the batch
+        lens[0], q_lens[0], kinds_list[0] = max(lens[0], 1), 1, "decode"
+    starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return QueryLayout(np.array(lens, np.int32), starts, tuple(kinds_list))
+
+
+class PoolLayout(NamedTuple):
+    """block_tables int32 ``[num_seqs, max_blocks_per_seq]`` and the pool's ``num_blocks``."""
+
+    block_tables: np.ndarray
+    num_blocks: int
+    arrangement: str
+    filler: str
+
+
+@st.composite
+def block_tables(draw: st.DrawFn, lens: np.ndarray, block_size: int,
+                 arrangements: tuple[str, ...] = ARRANGEMENTS) -> PoolLayout:
+    """Return a strategy for a :class:`PoolLayout` holding sequences of lengths ``lens``.
+
+    Arrangements: contiguous, shuffled, reversed, interleaved (block j of every sequence
+    before block j + 1 of any), shared_prefix (sequences share their first blocks, as in
+    prefix caching), huge_pool (32,768 or more blocks, ids >= 32768 used). Unused entries
+    hold -1, 2**31-1, a valid id of another sequence, or random int32. Shrinks towards
+    contiguous blocks, no spare block and -1 fillers.
+    """
+    arrangement = draw(st.sampled_from(arrangements), label="arrangement")
+    filler = draw(st.sampled_from(FILLERS), label="filler")
+    spare = draw(st.integers(0, 3), label="spare_blocks")
+    extra_cols = draw(st.integers(0, 2), label="unused_columns")
+    rng = np.random.default_rng(draw(_SEEDS, label="table_seed"))
+    needed = [-(-int(n) // block_size) for n in lens]
+    num_seqs = len(needed)
+    cols = max([*needed, 1]) + extra_cols
+    tables = np.full((num_seqs, cols), -1, dtype=np.int64)
+    shared = 0
+    if arrangement == "shared_prefix":
+        sharing = [n for n in needed if n > 0]
+        if len(sharing) >= 2:
+            shared = draw(st.integers(1, min(sharing)), label="shared_blocks")
+    own = [n - shared if n > 0 else 0 for n in needed]
+    total = shared + sum(own)
+    order = [(s, j) for s in range(num_seqs) for j in range(own[s])]  # (sequence, own block j)
+    if arrangement == "interleaved":
+        order.sort(key=lambda sj: (sj[1], sj[0]))
+    num_blocks = total + spare
+    ids = np.arange(num_blocks)
+    if arrangement == "reversed":
+        ids = ids[::-1].copy()
+    elif arrangement in ("shuffled", "shared_prefix"):
+        ids = rng.permutation(num_blocks)
+    elif arrangement == "huge_pool":
+        num_blocks = max(LIMITS.huge_pool_blocks, num_blocks + 32_768)
+        ids = rng.choice(np.arange(32_768, num_blocks), size=total + spare, replace=False)
+    prefix_ids, own_ids = ids[:shared], ids[shared:]
+    for s in range(num_seqs):
+        if needed[s] > 0:
+            tables[s, :shared] = prefix_ids
+    for (s, j), block in zip(order, own_ids, strict=False):
+        tables[s, shared + j] = block
+    valid = np.unique(tables[tables >= 0]) if (tables >= 0).any() else np.array([0])
+    for s in range(num_seqs):
+        unused = np.arange(needed[s], cols)
+        if filler == "int32_max":
+            tables[s, unused] = INT32_MAX
+        elif filler == "other_valid":
+            tables[s, unused] = rng.choice(valid, size=len(unused))
+        elif filler == "random":
+            tables[s, unused] = rng.integers(-(2**31), INT32_MAX, size=len(unused), endpoint=True)
+    return PoolLayout(tables.astype(np.int32), int(num_blocks), arrangement, filler)
+
+
+# -- values ---------------------------------------------------------------------------
+
+def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens: np.ndarray,
+                    q_starts: np.ndarray, block_size: int, num_kv_heads: int, head_dim: int,
+                    scale: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """K, V float64 ``[L, Hkv, D]`` of each sequence for a value pattern (query already drawn)."""
+    group = query.shape[1] // num_kv_heads
+    magnitude = LARGE_MAGNITUDE if kind == "large" else 1.0
+    result = []
+    for s, length in enumerate(int(n) for n in lens):
+        k = rng.standard_normal((length, num_kv_heads, head_dim)) * magnitude
+        v = rng.standard_normal((length, num_kv_heads, head_dim)) * magnitude
+        if length and kind == "equal":
+            k[:] = k[0]
+        if length and kind in ("dominant", "max_in_last_block"):
+            lo = ((length - 1) // block_size) * block_size if kind == "max_in_last_block" else 0
+            p = int(rng.integers(lo, length))
+            stop = int(q_starts[s + 1]) if q_starts[s + 1] > q_starts[s] else None
+            if stop is not None:  # aligned with the sequence's last query: a much larger score
+                q_last = query[stop - 1].astype(np.float64).reshape(num_kv_heads, group, head_dim)[:, 0]
+                k[p] = q_last * (6.0 / max(abs(scale) * float(np.sqrt(head_dim)), 1e-3))
+            else:
+                k[p] *= 8.0
+        result.append((k, v))
+    return result
+
+
+def _garbage(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+    """float64 values of a garbage kind, mixed with random values."""
+    values = rng.standard_normal(shape) * 1e3
+    if kind == "nan":
+        values[rng.random(shape) < 0.5] = np.nan
+    elif kind == "inf":
+        pick = rng.random(shape)
+        values[pick < 0.3] = np.inf
+        values[pick > 0.7] = -np.inf
+    elif kind == "zero":
+        values[:] = 0.0
+    return values
+
+
+def fill_caches(rng: np.random.Generator, shape_nhd: tuple[int, int, int, int], tables: np.ndarray,
+                lens: np.ndarray, logical: list[tuple[np.ndarray, np.ndarray]], garbage: str,
+                cache_dtype: str, k_scale: float, v_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Return K and V caches (NHD, ``cache_dtype``) with each sequence's logical K/V at its slots.
+
+    Every slot no sequence uses holds garbage of kind ``garbage``; fp8 caches store ``x / scale``.
+    Huge pools are filled lazily: only blocks in use get values, the rest stay zero.
+    """
+    num_blocks, block_size, _, _ = shape_nhd
+    dtype = numpy_dtype(cache_dtype)
+    caches = []
+    huge = num_blocks > 4096
+    for which, scale in ((0, k_scale), (1, v_scale)):
+        if huge:
+            cache = np.zeros(shape_nhd, dtype=dtype)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                cache = _garbage(rng, garbage, shape_nhd).astype(dtype)
+        for s, length in enumerate(int(n) for n in lens):
+            positions = np.arange(length)
+            blocks = tables[s, positions // block_size].astype(np.int64)
+            if huge:  # garbage in the unused slots of used blocks only
+                used = np.unique(blocks)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    cache[used] = _garbage(rng, garbage, (len(used), *shape_nhd[1:])).astype(dtype)
+            stored = logical[s][which] / scale
+            if cache_dtype in FP8_DTYPES:  # stay within the format's finite range
+                top = float(ml_dtypes.finfo(dtype).max)
+                stored = np.clip(stored, -top, top)
+            cache[blocks, positions % block_size] = stored.astype(dtype)
+        caches.append(cache)
+    # Shared-prefix blocks were written by each sharer in turn; the last one's K/V stands.
+    return caches[0], caches[1]
+
+
+# -- the whole case ---------------------------------------------------------------------
+
+#: Rows of the conformance matrix for paged attention: each forces one feature on.
+ATTENTION_FEATURES: tuple[str, ...] = (
+    "decode", "varlen", "non_causal", "sliding_window", "softcap", "alibi", "lse", "scale",
+    "fp8", "strided_caches", "huge_pool", "combined",
+)
+#: Arrangements of every row but ``huge_pool`` (which forces a pool of 32,768+ blocks, small heads).
+_ORDINARY = tuple(a for a in ARRANGEMENTS if a != "huge_pool")
+
+
+def _alibi_slopes(num_q_heads: int) -> np.ndarray:
+    """The usual ALiBi slopes 2**(-8 (h + 1) / H)."""
+    return (2.0 ** (-8.0 * (np.arange(num_q_heads) + 1) / num_q_heads)).astype(np.float32)
+
+
+@st.composite
+def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, block_size: int,
+                    kv_layout: str, feature: str = "combined") -> AttentionCase:
+    """Return a strategy for an :class:`AttentionCase` of one matrix row ``feature``.
+
+    dtype, block_size and kv_layout are fixed (they are pytest parameters); ``feature`` (one
+    of :data:`ATTENTION_FEATURES`) is forced on; ``"combined"`` draws every declared
+    feature at random. Everything else (heads, head_dim, lengths, pool, values, garbage) is
+    drawn within ``capabilities``. Shrinks towards one short decode sequence, MHA,
+    contiguous blocks, normal values.
+    """
+    caps = capabilities
+    if feature == "huge_pool":  # keep the pool's memory small: one KV head, the smallest head_dim
+        heads = draw(st.sampled_from((HeadConfig(1, 1, "MHA"), HeadConfig(4, 1, "MQA"))), label="heads")
+        head_dim = min(caps.head_dims or (16,))
+    else:
+        heads = draw(head_configs(), label="heads")
+        head_dim = draw(head_dims(caps), label="head_dim")
+    varlen_ok = caps.supports("varlen")
+    if feature == "decode" or not varlen_ok:
+        decode = True
+    elif feature in ("varlen", "non_causal"):
+        decode = False
+    else:
+        decode = draw(st.booleans(), label="decode")
+    layout = draw(query_layouts(block_size, decode=decode), label="queries")
+    arrangements = ("huge_pool",) if feature == "huge_pool" else _ORDINARY
+    pool = draw(block_tables(layout.seq_lens, block_size, arrangements), label="pool")
+
+    options: dict[str, Any] = {"kv_layout": kv_layout}
+    combined = feature == "combined"
+
+    def wanted(name: str) -> bool:
+        if feature == name:
+            return True
+        return combined and caps.supports(name) and draw(st.booleans(), label=name)
+
+    if wanted("non_causal") and not decode:
+        options["causal"] = False
+    if wanted("sliding_window"):
+        options["sliding_window"] = draw(st.one_of(st.integers(1, 4), st.integers(1, LIMITS.max_seq_len + 8)),
+                                         label="sliding_window")
+    if wanted("softcap"):
+        options["softcap"] = draw(st.sampled_from((1.0, 5.0, 30.0, 50.0)), label="softcap")
+    alibi = wanted("alibi")
+    if wanted("lse"):
+        options["return_lse"] = True
+    if feature == "scale" or (combined and draw(st.booleans(), label="explicit_scale")):
+        options["scale"] = draw(st.sampled_from((0.01, 0.125, 0.3, 1.0, 2.0)), label="scale")
+    cache_dtype = dtype
+    fp8 = [d for d in FP8_DTYPES if d in caps.cache_dtypes]
+    use_fp8 = feature == "fp8" or (combined and caps.supports("fp8") and draw(st.booleans(), label="fp8"))
+    if use_fp8 and fp8:
+        cache_dtype = draw(st.sampled_from(fp8), label="cache_dtype")
+        options["k_scale"] = draw(st.sampled_from((1.0, 0.5, 2.0, 0.0625)), label="k_scale")
+        options["v_scale"] = draw(st.sampled_from((1.0, 0.25, 4.0)), label="v_scale")
+    strided = wanted("strided_caches")
+
+    value_kind = draw(st.sampled_from(VALUE_KINDS), label="values")
+    if feature == "softcap" and value_kind == "normal":
+        value_kind = draw(st.sampled_from(("normal", "large")), label="softcap_values")
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+
+    T = layout.num_tokens
+    scale = options.get("scale", 1.0 / np.sqrt(head_dim))
+    magnitude = LARGE_MAGNITUDE if value_kind == "large" else 1.0
+    query = (rng.standard_normal((T, heads.num_q_heads, head_dim)) * magnitude).astype(numpy_dtype(dtype))
+    starts = layout.query_start_loc if layout.query_start_loc is not None else np.arange(len(layout.seq_lens) + 1)
+    logical = _logical_values(rng, value_kind, query, layout.seq_lens, starts, block_size,
+                              heads.num_kv_heads, head_dim, float(scale))
+    shape_nhd = (pool.num_blocks, block_size, heads.num_kv_heads, head_dim)
+    k_nhd, v_nhd = fill_caches(rng, shape_nhd, pool.block_tables, layout.seq_lens, logical, garbage,
+                               cache_dtype, options.get("k_scale", 1.0), options.get("v_scale", 1.0))
+    if alibi:
+        options["alibi_slopes"] = _alibi_slopes(heads.num_q_heads)
+
+    pool_array, layer = None, 0
+    if strided:
+        num_layers = draw(st.integers(2, 3), label="num_layers")
+        layer = draw(st.integers(0, num_layers - 1), label="layer")
+        per_block = (heads.num_kv_heads, block_size) if kv_layout == "HND" else (block_size, heads.num_kv_heads)
+        pool_shape = (pool.num_blocks, 2, num_layers, *per_block, head_dim)
+        with np.errstate(over="ignore", invalid="ignore"):
+            pool_array = _garbage(rng, garbage, pool_shape).astype(numpy_dtype(cache_dtype))
+        for which, cache in ((0, k_nhd), (1, v_nhd)):
+            pool_array[:, which, layer] = cache if kv_layout == "NHD" else cache.transpose(0, 2, 1, 3)
+        key_cache, value_cache = pool_array[:, 0, layer], pool_array[:, 1, layer]
+    elif kv_layout == "HND":
+        key_cache = np.ascontiguousarray(k_nhd.transpose(0, 2, 1, 3))
+        value_cache = np.ascontiguousarray(v_nhd.transpose(0, 2, 1, 3))
+    else:
+        key_cache, value_cache = k_nhd, v_nhd
+    labels = {
+        "feature": feature, "heads": heads.kind, "queries": ",".join(layout.kinds),
+        "arrangement": pool.arrangement, "filler": pool.filler, "values": value_kind, "garbage": garbage,
+    }
+    return AttentionCase(
+        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=pool.block_tables,
+        seq_lens=layout.seq_lens, query_start_loc=layout.query_start_loc, options=options,
+        pool=pool_array, layer=layer, seed=draw(_SEEDS, label="variant_seed"), labels=labels,
+    )
+
+
+# -- other operations ---------------------------------------------------------------------
+
+@st.composite
+def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size: int, kv_layout: str) -> WriteKVCase:
+    """Return a strategy for a :class:`WriteKVCase`: unique slots (some -1) into garbage-filled caches.
+
+    Slots are drawn from the whole pool, so neighbours of written slots hold garbage that must
+    survive. Shrinks towards one token, one head.
+    """
+    heads = draw(st.integers(1, 3), label="num_kv_heads")
+    head_dim = draw(st.sampled_from((8, 16, 64, 80)), label="head_dim")
+    num_blocks = draw(st.integers(1, 6), label="num_blocks")
+    T = draw(st.integers(1, min(LIMITS.max_tokens_write, num_blocks * block_size)), label="num_tokens")
+    skips = draw(st.integers(0, T), label="skipped_tokens")
+    rng = np.random.default_rng(draw(_SEEDS, label="seed"))
+    slots = rng.choice(num_blocks * block_size, size=T, replace=False)
+    slots[rng.choice(T, size=skips, replace=False)] = -1
+    index_dtype = draw(st.sampled_from(("int64", "int32")), label="slot_dtype")
+    scales = (1.0, 1.0)
+    if cache_dtype in FP8_DTYPES:
+        scales = draw(st.sampled_from(((1.0, 1.0), (0.5, 2.0), (0.0625, 0.25))), label="scales")
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    shape_nhd = (num_blocks, block_size, heads, head_dim)
+    with np.errstate(over="ignore", invalid="ignore"):
+        caches = [_garbage(rng, garbage, shape_nhd).astype(numpy_dtype(cache_dtype)) for _ in range(2)]
+    if kv_layout == "HND":
+        caches = [np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in caches]
+    key = rng.standard_normal((T, heads, head_dim)).astype(numpy_dtype(dtype))
+    value = rng.standard_normal((T, heads, head_dim)).astype(numpy_dtype(dtype))
+    return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
+                       slot_mapping=slots.astype(index_dtype), kv_layout=kv_layout,
+                       k_scale=scales[0], v_scale=scales[1])
+
+
+@st.composite
+def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout: str) -> CopyBlocksCase:
+    """Return a strategy for a :class:`CopyBlocksCase`: pairs with chains (a->b, b->c) and swaps.
+
+    Destinations are unique (a repeated destination is bad input). Shrinks towards one pair.
+    """
+    num_blocks = draw(st.integers(2, 8), label="num_blocks")
+    heads = draw(st.integers(1, 2), label="num_kv_heads")
+    rng = np.random.default_rng(draw(_SEEDS, label="seed"))
+    n = draw(st.integers(1, num_blocks), label="num_pairs")
+    dst = rng.choice(num_blocks, size=n, replace=False)
+    pattern = draw(st.sampled_from(("chain", "swap", "random")), label="pattern")
+    if pattern == "chain":  # dst[i] is copied from dst[i - 1]: order matters
+        src = np.concatenate([[rng.integers(num_blocks)], dst[:-1]])
+    elif pattern == "swap":
+        src = np.roll(dst, 1)
+    else:
+        src = rng.integers(0, num_blocks, size=n)
+    shape = (num_blocks, block_size, heads, 16) if kv_layout == "NHD" else (num_blocks, heads, block_size, 16)
+    caches = [rng.standard_normal(shape).astype(numpy_dtype(dtype)) for _ in range(2)]
+    return CopyBlocksCase(key_cache=caches[0], value_cache=caches[1],
+                          pairs=np.stack([src, dst], axis=1).astype(np.int64), kv_layout=kv_layout)
+
+
+@st.composite
+def merge_cases(draw: st.DrawFn, *, dtype: str) -> MergeCase:
+    """Return a strategy for a :class:`MergeCase`: lse values from -inf (empty part, its out NaN)
+    through large ones, one side or both empty. Shrinks towards one token, finite lse."""
+    T = draw(st.integers(1, 6), label="num_tokens")
+    H = draw(st.integers(1, 4), label="num_heads")
+    D = draw(st.sampled_from((8, 64)), label="head_dim")
+    rng = np.random.default_rng(draw(_SEEDS, label="seed"))
+    spread = draw(st.sampled_from((1.0, 30.0, 1e4)), label="lse_spread")
+    empty = draw(st.sampled_from((0.0, 0.3, 0.7)), label="empty_fraction")
+    lse = [(rng.standard_normal((T, H)) * spread).astype(np.float32) for _ in range(2)]
+    outs = [rng.standard_normal((T, H, D)) for _ in range(2)]
+    for side in range(2):
+        hole = rng.random((T, H)) < empty
+        lse[side][hole] = -np.inf
+        outs[side][hole] = np.nan  # the empty side's out is ignored, even NaN
+    return MergeCase(out_a=outs[0].astype(numpy_dtype(dtype)), lse_a=lse[0],
+                     out_b=outs[1].astype(numpy_dtype(dtype)), lse_b=lse[1])

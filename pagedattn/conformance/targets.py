@@ -1,0 +1,43 @@
+"""Which backends a conformance run tests: registry names, ``all``, ``module:Class`` or ``mutant:NAME``.
+
+``all`` means every backend available on this machine
+(:func:`pagedattn.backends.available_backends`). ``module:Class`` imports a Backend subclass
+that is not registered (a third party's work in progress); ``mutant:NAME`` is one of the
+deliberately broken backends of :mod:`pagedattn.conformance.mutants`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from pagedattn.backends.interface import Backend
+from pagedattn.backends.registry import available_backends, load_backend
+from pagedattn.errors import BackendNotFoundError
+
+
+def expand(specs: list[str]) -> list[str]:
+    """Replace ``all`` by the available backends' names; drop repeats, keep order."""
+    names: list[str] = []
+    for spec in specs:
+        for name in available_backends() if spec == "all" else [spec]:
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def resolve(spec: str) -> Backend:
+    """Return the backend instance ``spec`` names (see the module docstring)."""
+    if spec.startswith("mutant:"):
+        from pagedattn.conformance.mutants import MUTANTS
+
+        name = spec.partition(":")[2]
+        if name not in MUTANTS:
+            raise BackendNotFoundError(f"no mutant named {name!r}; mutants: {', '.join(sorted(MUTANTS))}")
+        return MUTANTS[name]()
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+        if not (isinstance(cls, type) and issubclass(cls, Backend)):
+            raise BackendNotFoundError(f"{spec} is not a pagedattn Backend subclass")
+        return cls()
+    return load_backend(spec)

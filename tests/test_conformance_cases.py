@@ -1,0 +1,174 @@
+"""The strategies draw what the contract names, cases survive the .npz round trip, messages read in contract terms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pagedattn.backends.capabilities import Capabilities
+from pagedattn.conformance import checks
+from pagedattn.conformance.assertions import ConformanceFailure
+from pagedattn.conformance.cases import load_case, save_case
+from pagedattn.conformance.strategies import (
+    ARRANGEMENTS,
+    attention_cases,
+    block_tables,
+    head_configs,
+    query_layouts,
+    seq_lens,
+)
+from pagedattn.reference.backend import NumpyBackend
+from pagedattn.spec.arrays import check_paged_attention
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+CAPS = Capabilities()
+
+
+@FAST
+@given(st.data())
+def test_block_tables_hold_each_sequence_and_poison_the_rest(data):
+    bs = data.draw(st.sampled_from((16, 32)))
+    lens = np.array(data.draw(st.lists(seq_lens(bs), min_size=1, max_size=4)), np.int32)
+    arrangement = data.draw(st.sampled_from(ARRANGEMENTS))
+    pool = data.draw(block_tables(lens, bs, (arrangement,)))
+    needed = -(-lens // bs)
+    used = [pool.block_tables[s, : needed[s]] for s in range(len(lens))]
+    for row in used:
+        assert ((row >= 0) & (row < pool.num_blocks)).all()
+    if arrangement == "huge_pool" and needed.sum():
+        assert min(int(r.min()) for r in used if len(r)) >= 32768
+    if arrangement != "shared_prefix":
+        ids = np.concatenate(used) if used else np.array([])
+        assert len(np.unique(ids)) == len(ids)
+
+
+def test_strategies_reach_the_edges():
+    lens = set()
+
+    @settings(max_examples=200, deadline=None, database=None, derandomize=True)
+    @given(seq_lens(16))
+    def collect(n):
+        lens.add(n)
+
+    collect()
+    assert {0, 1, 15, 16, 17, 32, 48}.issubset(lens)
+    kinds = set()
+
+    @settings(max_examples=100, deadline=None, database=None, derandomize=True)
+    @given(head_configs(), query_layouts(16, decode=False))
+    def collect_heads(heads, layout):
+        kinds.add(heads.kind)
+        kinds.update(layout.kinds)
+        assert heads.num_q_heads % heads.num_kv_heads == 0
+
+    collect_heads()
+    assert {"MHA", "GQA", "MQA", "decode", "prefill", "chunked"}.issubset(kinds)
+
+
+@FAST
+@given(data=st.data())
+def test_attention_cases_are_valid_calls_and_round_trip_through_npz(data, tmp_path_factory):
+    dtype = data.draw(st.sampled_from(("float32", "bfloat16")))
+    feature = data.draw(st.sampled_from(("combined", "fp8", "strided_caches", "decode")))
+    layout = data.draw(st.sampled_from(("NHD", "HND")))
+    case = data.draw(attention_cases(CAPS, dtype=dtype, block_size=16, kv_layout=layout, feature=feature))
+    problem = check_paged_attention(*case.host_args(), **case.options)
+    if feature == "strided_caches":
+        assert case.pool is not None and np.shares_memory(case.key_cache, case.pool)
+    if feature == "fp8":
+        assert problem.cache_dtype.startswith("float8")
+    path = save_case(tmp_path_factory.mktemp("case") / "c.npz", case, check="matches_spec", context={"x": 1})
+    loaded, check, context = load_case(path)
+    assert check == "matches_spec" and context == {"x": 1}
+    for name in ("query", "key_cache", "value_cache", "block_tables", "seq_lens"):
+        a, b = getattr(loaded, name), getattr(case, name)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if a.size:  # strides matter only along axes longer than 1
+            assert [st_ for st_, n in zip(a.strides, a.shape, strict=True) if n > 1] == [
+                st_ for st_, n in zip(b.strides, b.shape, strict=True) if n > 1]
+        assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    assert loaded.options.keys() == case.options.keys()
+
+
+def _case(feature="decode"):
+    @settings(max_examples=1, deadline=None, database=None, derandomize=True)
+    @given(attention_cases(CAPS, dtype="float32", block_size=16, kv_layout="NHD", feature=feature))
+    def grab(case):
+        found.append(case)
+
+    found: list = []
+    grab()
+    return found[0]
+
+
+class OffByOne(NumpyBackend):
+    name = "off-by-one"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        out = out.copy()
+        out[-1, -1, -1] += 1.0
+        return out, lse
+
+
+def test_failure_message_names_the_worst_element_and_the_call_last():
+    case = _case()
+    with pytest.raises(ConformanceFailure) as info:
+        checks.matches_spec(OffByOne(), case)
+    message = str(info.value)
+    assert "tolerance from pagedattn.spec.error_model" in message
+    last_token = case.query.shape[0] - 1
+    assert f"token {last_token}" in message and "head" in message and "dim" in message
+    assert message.splitlines()[-1].startswith("[call: backend=off-by-one dtype=float32")
+    assert info.value.fraction > 1
+
+
+class NaNBackend(NumpyBackend):
+    name = "nan"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        return np.full_like(out, np.nan), lse
+
+
+def test_nan_placement_is_reported_first():
+    with pytest.raises(ConformanceFailure, match="NaN/inf where the spec has other values"):
+        checks.matches_spec(NaNBackend(), _case())
+
+
+def test_invariant_checks_pass_on_the_reference():
+    case = _case("combined")
+    backend = NumpyBackend()
+    for check in (checks.garbage_ignored, checks.relocation_invariant, checks.deterministic,
+                  checks.alone_equals_batch):
+        assert check(backend, case) <= 1.0
+
+
+@FAST
+@given(data=st.data())
+def test_operation_cases_round_trip_and_pass_on_the_reference(data, tmp_path_factory):
+    from pagedattn.conformance.strategies import copy_blocks_cases, merge_cases, write_kv_cases
+
+    kind = data.draw(st.sampled_from(("write_kv", "copy_blocks", "merge_states")))
+    if kind == "write_kv":
+        cache = data.draw(st.sampled_from(("bfloat16", "float8_e4m3fn")))
+        case = data.draw(write_kv_cases(dtype="bfloat16", cache_dtype=cache, block_size=16, kv_layout="HND"))
+        check = checks.write_kv_matches_spec
+    elif kind == "copy_blocks":
+        case = data.draw(copy_blocks_cases(dtype="float16", block_size=16, kv_layout="NHD"))
+        check = checks.copy_blocks_matches_spec
+    else:
+        case = data.draw(merge_cases(dtype="bfloat16"))
+        check = checks.merge_states_matches_spec
+    path = save_case(tmp_path_factory.mktemp("op") / "c.npz", case, check=check.__name__)
+    loaded, name, _ = load_case(path)
+    assert type(loaded) is type(case) and name == check.__name__
+    for field in case.__dataclass_fields__:
+        a, b = getattr(loaded, field), getattr(case, field)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        else:
+            assert a == b
+    assert checks.CHECKS[name](NumpyBackend(), loaded) <= 1.0
