@@ -37,7 +37,8 @@ def _tanh(x):
     a = tl.abs(x)
     e = tl.exp(-2.0 * a)
     far = (1.0 - e) / (1.0 + e)
-    x2 = a * a
+    a_near = tl.minimum(a, 0.35)  # the series is used below 0.35 only; clamping keeps it finite
+    x2 = a_near * a_near
     poly = -0.0014558343870513183  # -929569 / 638512875
     poly = poly * x2 + 0.003592128036572481  # 21844 / 6081075
     poly = poly * x2 - 0.008863235529902197  # -1382 / 155925
@@ -45,7 +46,7 @@ def _tanh(x):
     poly = poly * x2 - 0.05396825396825397  # -17 / 315
     poly = poly * x2 + 0.13333333333333333  # 2 / 15
     poly = poly * x2 - 0.3333333333333333  # -1 / 3
-    near = a + a * (x2 * poly)
+    near = a_near + a_near * (x2 * poly)
     t = tl.where(a < 0.35, near, far)
     return tl.where(x < 0, -t, t)
 
