@@ -46,6 +46,9 @@ class RawArray:
     def __getitem__(self, key: Any) -> RawArray:
         return RawArray(self.raw[key], self.dtype)
 
+    def reshape(self, *shape: Any) -> RawArray:
+        return RawArray(self.raw.reshape(*shape), self.dtype)
+
     def swapaxes(self, a: int, b: int) -> RawArray:
         return RawArray(self.raw.swapaxes(a, b), self.dtype)
 
