@@ -38,10 +38,13 @@ def make_case(
     kv_layout: str = "NHD",
     spare_blocks: int = 3,
     seed: int = 0,
+    poison: bool = False,
 ) -> PagedCase:
     """Build a case with shuffled physical blocks and -1 in unused block-table entries.
 
     ``q_lens=None`` means decode (one query per sequence, ``query_start_loc=None``).
+    ``poison=True`` fills every slot at position ``>= L`` of a used block and every spare
+    block with NaN, which a conforming backend never reads.
     """
     rng = np.random.default_rng(seed)
     needed = [-(-length // block_size) for length in seq_lens]
@@ -61,6 +64,15 @@ def make_case(
     cdt = numpy_dtype(cache_dtype or dtype)
     key_cache = rng.standard_normal(shape).astype(cdt)
     value_cache = rng.standard_normal(shape).astype(cdt)
+    if poison:
+        slots_k = key_cache if kv_layout == "NHD" else key_cache.swapaxes(1, 2)  # views
+        slots_v = value_cache if kv_layout == "NHD" else value_cache.swapaxes(1, 2)
+        for s, (length, n) in enumerate(zip(seq_lens, needed, strict=True)):
+            for p in range(length, n * block_size):
+                slots_k[tables[s, p // block_size], p % block_size] = np.nan
+                slots_v[tables[s, p // block_size], p % block_size] = np.nan
+        slots_k[perm[used:]] = np.nan
+        slots_v[perm[used:]] = np.nan
     if q_lens is None:
         num_tokens, starts = len(seq_lens), None
     else:

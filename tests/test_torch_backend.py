@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from cases import make_case  # noqa: E402
+
 from pagedattn.backends.torch.backend import TorchBackend  # noqa: E402
 from pagedattn.errors import PagedAttentionError  # noqa: E402
 from pagedattn.spec import kv_ops  # noqa: E402
@@ -32,37 +34,11 @@ def make_batch(rng: np.random.Generator, *, seq_lens: list[int], q_lens: list[in
                num_kv_heads: int, head_dim: int, block_size: int, dtype: str, cache_dtype: str | None = None,
                kv_layout: str = "NHD", spare_blocks: int = 3) -> dict[str, Any]:
     """A random batch with shuffled physical blocks; unused slots are NaN, unused table entries -1."""
-    cache_dtype = cache_dtype or dtype
-    needed = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(needed) + spare_blocks
-    width = max([*needed, 1]) + 1
-    order = rng.permutation(num_blocks)
-    tables = np.full((len(seq_lens), width), -1, dtype=np.int32)
-    start = 0
-    for s, n in enumerate(needed):
-        tables[s, :n] = order[start : start + n]
-        start += n
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    kc = rng.standard_normal(shape).astype(np.float32)
-    vc = rng.standard_normal(shape).astype(np.float32)
-    for s, length in enumerate(seq_lens):  # poison every slot at position >= L of a used block
-        for p in range(length, needed[s] * block_size):
-            b, slot = tables[s, p // block_size], p % block_size
-            kc[b, slot] = np.nan
-            vc[b, slot] = np.nan
-    kc[order[start:]] = np.nan  # spare blocks
-    vc[order[start:]] = np.nan
-    kc, vc = kc.astype(numpy_dtype(cache_dtype)), vc.astype(numpy_dtype(cache_dtype))
-    if kv_layout == "HND":
-        kc, vc = np.ascontiguousarray(kc.swapaxes(1, 2)), np.ascontiguousarray(vc.swapaxes(1, 2))
-    if q_lens is None:
-        num_tokens, qsl = len(seq_lens), None
-    else:
-        num_tokens = sum(q_lens)
-        qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    query = rng.standard_normal((num_tokens, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
-    return {"query": query, "key_cache": kc, "value_cache": vc, "block_tables": tables,
-            "seq_lens": np.array(seq_lens, dtype=np.int32), "query_start_loc": qsl}
+    case = make_case(seq_lens, q_lens, block_size=block_size, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                     head_dim=head_dim, dtype=dtype, cache_dtype=cache_dtype, kv_layout=kv_layout,
+                     spare_blocks=spare_blocks, seed=int(rng.integers(2**31)), poison=True)
+    return {"query": case.query, "key_cache": case.key_cache, "value_cache": case.value_cache,
+            "block_tables": case.block_tables, "seq_lens": case.seq_lens, "query_start_loc": case.query_start_loc}
 
 
 def check_against_spec(backend: TorchBackend, batch: dict[str, Any], *, key_cache: Any = None,
