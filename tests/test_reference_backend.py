@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cases import make_case
+from cases import make_case, paged_configs
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from pagedattn.backends import load_backend
 from pagedattn.spec import exact_attention, kv_ops, tolerance
@@ -34,39 +33,8 @@ def assert_within_model(case, dtype: str, cache_dtype: str | None = None, **opti
     assert (np.abs(lse - expected.lse)[fin] <= lse_bound[fin]).all()
 
 
-@st.composite
-def configs(draw: st.DrawFn) -> dict:
-    block_size = draw(st.sampled_from([1, 4, 16, 32]), label="block_size")
-    num_seqs = draw(st.integers(1, 4), label="num_seqs")
-    lens = draw(st.lists(st.integers(0, 3 * block_size + 1), min_size=num_seqs, max_size=num_seqs), label="L")
-    decode = draw(st.booleans(), label="decode")
-    q_lens = None if decode else [draw(st.integers(0, n), label="q_len") for n in lens]
-    kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")
-    group = draw(st.sampled_from([1, 2, 3, 7]), label="group")
-    dtype = draw(st.sampled_from(["float32", "float16", "bfloat16"]), label="dtype")
-    cache_dtype = draw(st.sampled_from([None, None, "float8_e4m3fn", "float8_e5m2"]), label="cache_dtype")
-    options = draw(st.fixed_dictionaries({}, optional={
-        "causal": st.booleans(),
-        "sliding_window": st.integers(1, 40),
-        "softcap": st.floats(0.5, 50),
-        "scale": st.floats(0.01, 2),
-        "k_scale": st.floats(0.25, 4),
-        "v_scale": st.floats(0.25, 4),
-    }), label="options")
-    if cache_dtype is None:
-        options.pop("k_scale", None)
-        options.pop("v_scale", None)
-    return {
-        "case": make_case(lens, q_lens, block_size=block_size, num_q_heads=kv_heads * group,
-                          num_kv_heads=kv_heads, head_dim=8, dtype=dtype, cache_dtype=cache_dtype,
-                          kv_layout=draw(st.sampled_from(["NHD", "HND"]), label="layout"),
-                          seed=draw(st.integers(0, 2**16), label="seed")),
-        "dtype": dtype, "cache_dtype": cache_dtype, "options": options,
-    }
-
-
 @settings(max_examples=60, deadline=None)
-@given(configs())
+@given(paged_configs())
 def test_reference_matches_spec(config) -> None:
     assert_within_model(config["case"], config["dtype"], config["cache_dtype"], **config["options"])
 

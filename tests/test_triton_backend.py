@@ -20,7 +20,7 @@ if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
 import torch
-from cases import PagedCase, make_case
+from cases import PagedCase, make_case, paged_configs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -406,30 +406,11 @@ def test_merge_states_matches_spec(dtype: str) -> None:
 
 @st.composite
 def configs(draw: st.DrawFn) -> dict:
-    block_size = draw(st.sampled_from([4, 16, 32]), label="block_size")
-    num_seqs = draw(st.integers(1, 3), label="num_seqs")
-    lens = draw(st.lists(st.integers(0, 3 * block_size + 1), min_size=num_seqs, max_size=num_seqs), label="L")
-    decode = draw(st.booleans(), label="decode")
-    q_lens = None if decode else [draw(st.integers(0, n), label="q_len") for n in lens]
-    kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")
-    group = draw(st.sampled_from([1, 3, 4]), label="group")
-    dtype = draw(st.sampled_from(["float32", "float16", "bfloat16"]), label="dtype")
-    cache_dtype = draw(st.sampled_from([None, None, "float8_e4m3fn", "float8_e5m2"]), label="cache_dtype")
-    options = draw(st.fixed_dictionaries({}, optional={
-        "causal": st.booleans(),
-        "sliding_window": st.integers(1, 40),
-        "softcap": st.floats(0.5, 50),
-        "k_scale": st.floats(0.25, 4),
-        "v_scale": st.floats(0.25, 4),
-    }), label="options")
-    if cache_dtype is None:
-        options.pop("k_scale", None)
-        options.pop("v_scale", None)
-    case = make_case(lens, q_lens, block_size=block_size, num_q_heads=kv_heads * group, num_kv_heads=kv_heads,
-                     dtype=dtype, cache_dtype=cache_dtype, kv_layout=draw(st.sampled_from(["NHD", "HND"])),
-                     seed=draw(st.integers(0, 2**16)))
-    splits = draw(st.sampled_from([None, 2]), label="num_splits")
-    return {"case": case, "cache_dtype": cache_dtype, "options": options, "splits": splits}
+    """The shared small-case strategy, plus a forced split-KV count."""
+    config = draw(paged_configs(block_sizes=(4, 16, 32), groups=(1, 3, 4), max_seqs=3, head_dim=16,
+                                explicit_scale=False))
+    config["splits"] = draw(st.sampled_from([None, 2]), label="num_splits")
+    return config
 
 
 @settings(max_examples=25, deadline=None)
