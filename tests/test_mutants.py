@@ -25,6 +25,6 @@ def test_correct_stepped_kernel_passes_quick_profile(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_quick_profile_kills_mutant(name):
-    result = run_mutant(name, profile="quick")
+    result = run_mutant(name, profile="quick", isolated=True)
     assert result.killed, f"mutant {name} survived the quick profile ({MUTANTS[name].bug}); exit {result.exit_code}"
     assert result.seconds < 60, f"mutant {name} took {result.seconds:.0f} s to kill (by {result.killed_by})"

@@ -8,6 +8,8 @@ mutant is usually killed by the first cell that exercises its bug.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -59,14 +61,26 @@ def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> i
         os.environ.update(saved)
 
 
-def run_mutant(name: str, *, profile: str = "quick", extra_args: Sequence[str] = ()) -> MutantResult:
-    """Run the suite with ``--backend mutant:NAME`` and ``-x`` under ``profile``; report the kill."""
+def run_mutant(
+    name: str, *, profile: str = "quick", extra_args: Sequence[str] = (), isolated: bool = False
+) -> MutantResult:
+    """Run the suite with ``--backend mutant:NAME`` and ``-x`` under ``profile``; report the kill.
+
+    ``isolated=True`` runs it in a fresh Python process, so nothing an earlier run left in
+    this process (imported modules, hypothesis state) can change what is drawn.
+    """
     first = _FirstFailure()
     with tempfile.TemporaryDirectory(prefix="pagedattn-mutant-") as cases:
         args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x", "--no-header",
                 "-p", "no:randomly", f"--hypothesis-profile={profile}", "--conformance-cases", cases,
                 "--backend", f"mutant:{name}", "--pyargs", *SUITE_MODULES, *extra_args]
         start = time.perf_counter()
-        code = run_pytest_in_process(args, [first])
+        if isolated:
+            done = subprocess.run([sys.executable, "-m", "pytest", "-rf", *args], capture_output=True, text=True)
+            code = done.returncode
+            failed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+            first.nodeid = failed[0] if failed else ""
+        else:
+            code = run_pytest_in_process(args, [first])
         seconds = time.perf_counter() - start
     return MutantResult(name, code == pytest.ExitCode.TESTS_FAILED, seconds, first.nodeid, int(code))
