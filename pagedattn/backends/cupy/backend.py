@@ -25,9 +25,13 @@ from pagedattn.spec.dtypes import QUERY_DTYPES
 NUM_THREADS = specializations.NUM_THREADS
 
 
-@dataclass(frozen=True)
+@dataclass
 class CupyPlanState:
-    """Device copies of what the kernels read besides query and caches."""
+    """Device copies of what the kernels read besides query and caches, and the launch setup.
+
+    Everything a run needs that does not depend on the arrays' addresses is prepared here
+    once, so that ``run`` does little more than allocate the output and launch.
+    """
 
     work: planning.WorkPlan
     items: Any  # cupy int32 [n, 9]
@@ -36,6 +40,14 @@ class CupyPlanState:
     seq_lens: Any  # cupy int32 [num_seqs]
     query_start_loc: Any  # cupy int32 [num_seqs + 1]
     alibi_slopes: Any  # cupy float32 [num_q_heads] (zeros when unused)
+    attention: specializations.Specialization
+    merge: specializations.Specialization
+    threads: int
+    smem: int
+    scalars: tuple[Any, ...]  # the attention kernel's trailing scalar arguments
+    #: (shape, dtype) of query, key_cache, value_cache as last accepted by the full check of
+    #: ``Backend.run``; equal ones skip it (the same check, done once)
+    accepted: tuple[Any, ...] | None = None
 
 
 class CupyBackend(Backend):
@@ -108,6 +120,7 @@ class CupyBackend(Backend):
     ) -> Any:
         import cupy
 
+        rows, name = work.rows, problem.dtype
         return CupyPlanState(
             work=work,
             items=cupy.asarray(work.items),
@@ -116,7 +129,34 @@ class CupyBackend(Backend):
             seq_lens=cupy.asarray(problem.seq_lens.astype(np.int32)),
             query_start_loc=cupy.asarray(problem.query_start_loc.astype(np.int32)),
             alibi_slopes=cupy.asarray(slopes.astype(np.float32)),
+            attention=specializations.attention(name, problem.head_dim, problem.block_size, rows),
+            merge=specializations.merge_partials(name, problem.head_dim, rows),
+            threads=specializations.threads(rows),
+            smem=specializations.smem_bytes(name, problem.head_dim, rows),
+            scalars=(
+                np.int32(problem.max_blocks_per_seq),
+                np.int32(problem.num_q_heads),
+                np.int32(problem.group_size),
+                np.float32(problem.scale),
+                np.float32(problem.softcap or 0.0),
+                np.int32(problem.sliding_window or 0),
+                np.int32(problem.causal),
+                np.int32(problem.alibi_slopes is not None),
+            ),
         )
+
+    def run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> Any:
+        """As :meth:`Backend.run`; the (shape, dtype) check is skipped for arrays whose shape
+        and dtype objects equal those it last accepted for this plan."""
+        state = plan.state
+        seen = tuple((x.shape, x.dtype) for x in (query, key_cache, value_cache))
+        if not isinstance(state, CupyPlanState) or state.accepted != seen:
+            result = super().run(plan, query, key_cache, value_cache)
+            if isinstance(state, CupyPlanState):
+                state.accepted = seen
+            return result
+        out, lse = self._run(plan, query, key_cache, value_cache)
+        return (out, lse) if plan.problem.return_lse else out
 
     def _resident_ctas(self, problem: AttentionProblem) -> int:
         """CTAs of the attention kernel resident on the whole device (registers, shared memory)."""
@@ -136,8 +176,9 @@ class CupyBackend(Backend):
 
     def _cache_strides(
         self, cache: Any, argument: str, kv_layout: str
-    ) -> tuple[Any, tuple[int, int, int]]:
-        """``(raw, (stride_block, stride_slot, stride_head))`` in elements; rows 16-byte aligned."""
+    ) -> tuple[Any, tuple[Any, Any, Any]]:
+        """``(raw, (stride_block, stride_slot, stride_head))`` in elements (np.int64); rows
+        16-byte aligned."""
         raw, _ = arrays.raw_view(cache, argument)
         s_block, s1, s2, s_dim = arrays.element_strides(raw)
         s_slot, s_head = (s1, s2) if kv_layout == "NHD" else (s2, s1)
@@ -152,10 +193,10 @@ class CupyBackend(Backend):
                 backend=self.name,
                 capability="strided_caches",
             )
-        return raw, (s_block, s_slot, s_head)
+        return raw, (np.int64(s_block), np.int64(s_slot), np.int64(s_head))
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
-        with current_stream():
+        with current_stream():  # allocations ordered on the stream of the launches
             return self._launch_attention(plan, query, key_cache, value_cache)
 
     def _launch_attention(
@@ -178,9 +219,9 @@ class CupyBackend(Backend):
         partial_lse = cupy.empty((max(1, work.num_partials), rows), dtype=cupy.float32)
         stream = current_stream()
         launch(
-            specializations.attention(name, D, p.block_size, rows),
+            state.attention,
             (len(work.items),),
-            (specializations.threads(rows),),
+            (state.threads,),
             (
                 raw_q,
                 raw_k,
@@ -194,23 +235,16 @@ class CupyBackend(Backend):
                 state.query_start_loc,
                 state.alibi_slopes,
                 state.items,
-                *(np.int64(s) for s in k_strides),
-                *(np.int64(s) for s in v_strides),
-                np.int32(p.max_blocks_per_seq),
-                np.int32(p.num_q_heads),
-                np.int32(p.group_size),
-                np.float32(p.scale),
-                np.float32(p.softcap or 0.0),
-                np.int32(p.sliding_window or 0),
-                np.int32(p.causal),
-                np.int32(p.alibi_slopes is not None),
+                *k_strides,
+                *v_strides,
+                *state.scalars,
             ),
-            shared_mem=specializations.smem_bytes(name, D, rows),
+            shared_mem=state.smem,
             stream=stream,
         )
         if len(work.merges):
             launch(
-                specializations.merge_partials(name, D, rows),
+                state.merge,
                 (len(work.merges),),
                 (NUM_THREADS,),
                 (
@@ -219,8 +253,8 @@ class CupyBackend(Backend):
                     state.merges,
                     raw_out,
                     raw_lse,
-                    np.int32(p.num_q_heads),
-                    np.int32(p.group_size),
+                    state.scalars[1],
+                    state.scalars[2],
                 ),
                 stream=stream,
             )

@@ -27,6 +27,9 @@ class Case:
     query_start_loc: np.ndarray | None
     options: dict[str, Any] = field(default_factory=dict)
     pool_view: bool = False  # run on HND views of a [blocks, 2, layers, Hkv, bs, D] pool
+    #: plan as if this many CTAs fit on the device (1: no split-KV, so one CTA walks a whole
+    #: long range); None: the device's real count
+    resident_ctas: int | None = None
 
 
 def make_case(
@@ -42,6 +45,7 @@ def make_case(
     dtype: str = "bfloat16",
     kv_layout: str = "NHD",
     pool_view: bool = False,
+    resident_ctas: int | None = None,
     **options: Any,
 ) -> Case:
     """Build a case; ``q_lens`` None is decode (one query per sequence, ``L = 0`` allowed)."""
@@ -85,4 +89,5 @@ def make_case(
         starts,
         options,
         pool_view,
+        resident_ctas,
     )

@@ -36,8 +36,80 @@ from pagedattn.spec.exact import exact_attention
 from pagedattn.spec.online_softmax import merge_states
 
 
-def correctness_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
-    """Cases covering the declared envelope (``small``: the few run under compute-sanitizer)."""
+def decode_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
+    """Cases aimed at the tensor-core decode kernel: whole and edge sub-tiles, long ranges
+    walked by one CTA (more than one batch of block-table entries per warp), every mask."""
+    if small:
+        return [
+            make_case(
+                "decode unsplit window softcap HND bs64",
+                rng,
+                seq_lens=[2500, 7, 0],
+                num_q_heads=8,
+                num_kv_heads=2,
+                block_size=64,
+                dtype="float16",
+                kv_layout="HND",
+                sliding_window=1000,
+                softcap=30.0,
+                resident_ctas=1,
+            )
+        ]
+    return [
+        make_case(
+            "decode unsplit bs16 (5 table batches per warp)",
+            rng,
+            seq_lens=[9000, 2500, 0, 70],
+            num_q_heads=8,
+            num_kv_heads=2,
+            resident_ctas=1,
+        ),
+        make_case(
+            "decode unsplit MQA G=8 HND bs64 fp16",
+            rng,
+            seq_lens=[5000, 33],
+            num_q_heads=8,
+            num_kv_heads=1,
+            block_size=64,
+            dtype="float16",
+            kv_layout="HND",
+            resident_ctas=1,
+        ),
+        make_case(
+            "decode softcap alibi scale",
+            rng,
+            seq_lens=[700, 5, 64, 65],
+            num_q_heads=8,
+            num_kv_heads=2,
+            scale=0.2,
+            softcap=30.0,
+            alibi_slopes=(2.0 ** -np.arange(1, 9)).astype(np.float32),
+        ),
+        make_case(
+            "decode window HND bs32 fp16",
+            rng,
+            seq_lens=[3000, 40, 16],
+            num_q_heads=8,
+            num_kv_heads=2,
+            block_size=32,
+            dtype="float16",
+            kv_layout="HND",
+            sliding_window=200,
+        ),
+        make_case(
+            "decode d64 bs32", rng, seq_lens=[1000, 17, 1], head_dim=64, block_size=32
+        ),
+        make_case(
+            "decode G=16", rng, seq_lens=[300, 2000], num_q_heads=16, num_kv_heads=1
+        ),
+    ]
+
+
+def correctness_cases(
+    rng: np.random.Generator, small: bool = False, only_decode: bool = False
+) -> list[Case]:
+    """Cases covering the declared envelope (``small``: the few run under compute-sanitizer;
+    ``only_decode``: the decode cases plus one case per other kernel, for a short GPU call)."""
     if small:
         return [
             make_case(
@@ -49,15 +121,22 @@ def correctness_cases(rng: np.random.Generator, small: bool = False) -> list[Cas
                 head_dim=128,
                 block_size=16,
             ),
-            make_case(
-                "varlen prefill HND bs32",
-                rng,
-                seq_lens=[70, 33],
-                q_lens=[70, 5],
-                block_size=32,
-                kv_layout="HND",
-                dtype="float16",
-                head_dim=64,
+            *decode_cases(rng, small=True),
+            *(
+                []
+                if only_decode
+                else [
+                    make_case(
+                        "varlen prefill HND bs32",
+                        rng,
+                        seq_lens=[70, 33],
+                        q_lens=[70, 5],
+                        block_size=32,
+                        kv_layout="HND",
+                        dtype="float16",
+                        head_dim=64,
+                    )
+                ]
             ),
             make_case(
                 "pool view fp32 window",
@@ -69,6 +148,57 @@ def correctness_cases(rng: np.random.Generator, small: bool = False) -> list[Cas
                 kv_layout="HND",
                 pool_view=True,
                 sliding_window=50,
+            ),
+        ]
+    if only_decode:
+        return [
+            *(
+                make_case(
+                    f"decode {dtype} bs{bs} {layout} GQA4",
+                    rng,
+                    seq_lens=[0, 1, 15, 16, 17, 300, 2100],
+                    num_q_heads=8,
+                    num_kv_heads=2,
+                    block_size=bs,
+                    dtype=dtype,
+                    kv_layout=layout,
+                )
+                for dtype in ("bfloat16", "float16")
+                for bs in (16, 32, 64)
+                for layout in ("NHD", "HND")
+            ),
+            *decode_cases(rng),
+            make_case("decode MQA 8/1", rng, seq_lens=[33, 700], num_q_heads=8, num_kv_heads=1),
+            make_case("decode G=7", rng, seq_lens=[33, 700], num_q_heads=14, num_kv_heads=2),
+            make_case("decode MHA", rng, seq_lens=[33, 1000], num_q_heads=4, num_kv_heads=4),
+            make_case("window decode", rng, seq_lens=[3000], sliding_window=100),
+            make_case(
+                "long decode split-KV", rng, seq_lens=[20000, 5], num_q_heads=32, num_kv_heads=8
+            ),
+            make_case(  # the CUDA-core kernel (launch arguments prepared in plan)
+                "pool view decode fp32",
+                rng,
+                seq_lens=[1000, 3],
+                dtype="float32",
+                kv_layout="HND",
+                pool_view=True,
+                block_size=32,
+            ),
+            make_case(  # the tensor-core prefill kernel
+                "prefill mma bf16 bs16 NHD",
+                rng,
+                seq_lens=[300, 129, 64, 7],
+                q_lens=[300, 50, 64, 7],
+                block_size=16,
+            ),
+            make_case(
+                "mixed float16 bs32 HND",
+                rng,
+                seq_lens=[1, 40, 129, 300, 77],
+                q_lens=[1, 40, 7, 1, 0],
+                block_size=32,
+                dtype="float16",
+                kv_layout="HND",
             ),
         ]
     cases = []
@@ -155,6 +285,7 @@ def correctness_cases(rng: np.random.Generator, small: bool = False) -> list[Cas
             alibi_slopes=np.linspace(0.01, 0.2, 8).astype(np.float32),
         ),
         make_case("long decode split-KV", rng, seq_lens=[20000, 5], num_q_heads=32, num_kv_heads=8),
+        *decode_cases(rng),
         make_case(
             "pool view HND",
             rng,
@@ -195,16 +326,23 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
     options = dict(case.options)
     if "alibi_slopes" in options:
         options["alibi_slopes"] = to_dev(options["alibi_slopes"])
-    out, lse = backend.paged_attention(
-        q,
-        k,
-        v,
-        to_dev(case.block_tables),
-        to_dev(case.seq_lens),
-        None if case.query_start_loc is None else to_dev(case.query_start_loc),
-        return_lse=True,
-        **options,
-    )
+    if case.resident_ctas is not None:  # an instance attribute shadows the method
+        resident = case.resident_ctas
+        backend._resident_ctas = lambda problem: resident  # type: ignore[method-assign]
+    try:
+        out, lse = backend.paged_attention(
+            q,
+            k,
+            v,
+            to_dev(case.block_tables),
+            to_dev(case.seq_lens),
+            None if case.query_start_loc is None else to_dev(case.query_start_loc),
+            return_lse=True,
+            **options,
+        )
+    finally:
+        if case.resident_ctas is not None:
+            del backend._resident_ctas
     return backend.to_numpy(out), backend.to_numpy(lse)
 
 
@@ -371,7 +509,7 @@ def check_torch_inputs(backend: CupyBackend, rng: np.random.Generator) -> tuple[
     return ok, f"torch in/out, same bits as cupy inputs: {ok}"
 
 
-def sanitize_main() -> int:
+def sanitize_main(only_decode: bool = False) -> int:
     """Small cases for compute-sanitizer: no memory pool, so out-of-bounds accesses are caught."""
     import cupy
 
@@ -379,11 +517,11 @@ def sanitize_main() -> int:
     backend = CupyBackend()
     rng = np.random.default_rng(7)
     failures = 0
-    for case in correctness_cases(rng, small=True):
+    for case in correctness_cases(rng, small=True, only_decode=only_decode):
         ok, summary = check_case(backend, case)
         failures += not ok
         print(f"sanitize case {case.name}: {'ok' if ok else 'FAIL'} ({summary})", flush=True)
-    for name, ok, detail in check_ops(backend, rng)[:4]:
+    for name, ok, detail in [] if only_decode else check_ops(backend, rng)[:4]:
         failures += not ok
         print(f"sanitize op {name}: {'ok' if ok else 'FAIL'} ({detail})", flush=True)
     backend.synchronize()
@@ -575,7 +713,43 @@ def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
     return rows
 
 
-def run_sanitizer(out_dir: str) -> list[tuple[str, bool, str]]:
+def host_overhead(backend: CupyBackend, out_dir: str, calls: int = 300) -> str:
+    """Host time per ``run`` of a tiny decode plan (no synchronisation inside the loop), and a
+    cProfile of those calls in ``host_profile.txt``: what a small batch costs the CPU."""
+    import cProfile
+    import io
+    import pstats
+
+    case = make_case("host", np.random.default_rng(0), seq_lens=[64] * 8, num_q_heads=32,
+                     num_kv_heads=8)
+    q, k, v = device_inputs(backend, case)
+    plan = backend.plan(
+        q, k, v, backend.to_device(case.block_tables), backend.to_device(case.seq_lens)
+    )
+    for _ in range(20):
+        backend.run(plan, q, k, v)
+    backend.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        backend.run(plan, q, k, v)
+    per_call = (time.perf_counter() - start) / calls
+    backend.synchronize()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        backend.run(plan, q, k, v)
+    profile.disable()
+    backend.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+    with open(os.path.join(out_dir, "host_profile.txt"), "w") as f:
+        f.write(text.getvalue())
+    return f"{per_call * 1e6:.1f} us of host time per run (8 x 64 decode, cupy arrays)"
+
+
+def run_sanitizer(
+    out_dir: str, only_decode: bool = False, timeout: float = 110
+) -> list[tuple[str, bool, str]]:
     results = []
     tool_path = shutil.which("compute-sanitizer")
     if tool_path is None:
@@ -591,9 +765,14 @@ def run_sanitizer(out_dir: str) -> list[tuple[str, bool, str]]:
             "-m",
             "pagedattn.backends.cupy.gpu_check",
             "--sanitize",
+            *(["--only-decode"] if only_decode else []),
         ]
         started = time.time()
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=110)
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            results.append((f"compute-sanitizer {tool}", False, f"timed out after {timeout} s"))
+            continue
         with open(os.path.join(out_dir, f"sanitizer_{tool}.log"), "w") as f:
             f.write(proc.stdout + proc.stderr)
         summary = [
@@ -616,10 +795,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
     parser.add_argument("--sanitize", action="store_true", help="internal: the sanitizer's cases")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: sanitizer,bench")
+    parser.add_argument(
+        "--skip", default="", help="comma list of parts to skip: sanitizer,bench,host"
+    )
+    parser.add_argument(
+        "--only-decode",
+        action="store_true",
+        help="decode cases plus one case per other kernel; no kv ops (a short GPU call)",
+    )
+    parser.add_argument("--sanitizer-timeout", type=float, default=110.0)
     args = parser.parse_args(argv)
     if args.sanitize:
-        return sanitize_main()
+        return sanitize_main(args.only_decode)
     import torch
 
     torch.zeros(1, device="cuda")  # initialise CUDA in torch: kernels go to its current stream
@@ -627,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = CupyBackend()
     rng = np.random.default_rng(2026)
     checks: list[tuple[str, bool, str]] = []
-    for case in correctness_cases(rng):
+    for case in correctness_cases(rng, only_decode=args.only_decode):
         try:
             ok, summary = check_case(backend, case)
         except Exception as error:
@@ -635,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((f"attention {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention {case.name}: {summary}", flush=True)
     os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"  # the CUDA-core kernel on 16-bit decode too
-    for case in correctness_cases(rng)[:12:2]:
+    for case in [] if args.only_decode else correctness_cases(rng)[:12:2]:
         ok, summary = check_case(backend, case)
         checks.append((f"attention (CUDA-core decode) {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention (CUDA-core decode) {case.name}: {summary}")
@@ -648,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((name, ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
     try:
-        op_results = check_ops(backend, rng)
+        op_results = [] if args.only_decode else check_ops(backend, rng)
     except Exception as error:
         op_results = [("ops", False, f"{type(error).__name__}: {error}")]
     for name, ok, summary in op_results:
@@ -656,9 +843,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
     skip = set(args.skip.split(","))
     log: dict[str, Any] = {"device": backend.device_name(), "checks": checks}
+    if "host" not in skip:
+        log["host_overhead"] = host_overhead(backend, args.out)
+        print(f"host overhead: {log['host_overhead']}", flush=True)
     rows = benchmarks(backend, log) if "bench" not in skip else []
     if "sanitizer" not in skip:
-        for name, ok, summary in run_sanitizer(args.out):
+        for name, ok, summary in run_sanitizer(
+            args.out, args.only_decode, args.sanitizer_timeout
+        ):
             checks.append((name, ok, summary))
             print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:

@@ -36,13 +36,25 @@ def kernel(spec: Specialization) -> Any:
         raise KernelLaunchError(f"compiling {spec.name_expression}: {error}") from error
 
 
+#: cupy views of torch streams, by (device, stream handle): made once, not on every launch
+_EXTERNAL_STREAMS: dict[tuple[int, int], Any] = {}
+#: dynamic shared memory each kernel has been allowed so far (cuFuncSetAttribute once)
+_SMEM_ALLOWED: dict[Specialization, int] = {}
+
+
 def current_stream() -> Any:
     """torch's current CUDA stream as a cupy stream if torch is in use, else cupy's current one."""
     import cupy
 
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    if torch is not None and torch.cuda.is_initialized():
+        stream = torch.cuda.current_stream()
+        key = (stream.device_index, stream.cuda_stream)
+        external = _EXTERNAL_STREAMS.get(key)
+        if external is None:
+            external = cupy.cuda.ExternalStream(stream.cuda_stream)
+            _EXTERNAL_STREAMS[key] = external
+        return external
     return cupy.cuda.get_current_stream()
 
 
@@ -59,8 +71,10 @@ def launch(
     if grid[0] == 0:
         return
     function = kernel(spec)
-    if shared_mem > 48 * 1024 and function.max_dynamic_shared_size_bytes < shared_mem:
-        function.max_dynamic_shared_size_bytes = shared_mem
+    if shared_mem > _SMEM_ALLOWED.get(spec, 48 * 1024):
+        if function.max_dynamic_shared_size_bytes < shared_mem:
+            function.max_dynamic_shared_size_bytes = shared_mem
+        _SMEM_ALLOWED[spec] = shared_mem
     stream = current_stream() if stream is None else stream
     try:
         with stream:

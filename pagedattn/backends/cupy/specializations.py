@@ -23,10 +23,14 @@ ROWS: tuple[int, ...] = (4, 8)
 MMA_ROWS = 64
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
-#: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 8 warps
-#: splitting the keys; same dtypes and head dims as the tensor-core prefill kernel.
+#: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 4 warps
+#: splitting the keys in 16-key sub-tiles, 3 stages each, 2 CTAs per SM; same dtypes and head
+#: dims as the tensor-core prefill kernel.
 DECODE_ROWS = 16
-DECODE_THREADS = 256
+DECODE_WARPS = 4
+DECODE_STAGES = 3
+DECODE_SUB_N = 16
+DECODE_THREADS = 32 * DECODE_WARPS
 NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)
 ITEM_FIELDS = 9  # ints per work item
 MERGE_FIELDS = 7  # ints per split-KV merge
@@ -45,7 +49,7 @@ class Specialization:
 
 def tile_n(dtype: str, rows: int = ROWS[0]) -> int:
     """Keys per K/V tile: ``Tile<T>::TILE_N`` (CUDA cores) or ``MMA_TILE_N`` (tensor cores)."""
-    return {MMA_ROWS: 64, DECODE_ROWS: 128}.get(rows, 32)
+    return {MMA_ROWS: 64, DECODE_ROWS: DECODE_WARPS * DECODE_SUB_N}.get(rows, 32)
 
 
 def threads(rows: int) -> int:
@@ -79,9 +83,9 @@ def mma_smem_bytes(head_dim: int) -> int:
 def decode_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu)."""
     return (
-        (DECODE_ROWS + 8 * 3 * 2 * 16) * head_dim * 2
+        (DECODE_ROWS + DECODE_WARPS * DECODE_STAGES * 2 * DECODE_SUB_N) * head_dim * 2
         + 3 * DECODE_ROWS * 4
-        + 2 * 8 * DECODE_ROWS * 4
+        + 2 * DECODE_WARPS * DECODE_ROWS * 4
     )
 
 

@@ -1,5 +1,6 @@
 // Decode on tensor cores: up to DEC_ROWS = 16 query rows (the query heads of one KV head, for
-// one or a few tokens) per CTA, the KV range split among DEC_WARPS warps.
+// one or a few tokens) per CTA, the KV range split among DEC_WARPS warps; DEC_CTAS_PER_SM CTAs
+// share an SM, so one CTA's setup and epilogue overlap the other's streaming.
 //
 // Must match pagedattn.spec.exact.exact_attention within the error model. Same work items,
 // skeleton and names as the other kernels and the NumPy reference, with one difference: each
@@ -9,18 +10,23 @@
 // in a fixed order, then writes O / l and lse = m + log l (0 and -inf for an empty row).
 //   setup:      rows' p_q, ALiBi slopes; Q (16 rows, zeros past num_rows) to shared memory,
 //               then to mma A fragments in registers
-//   inner loop: per warp, for each sub-tile (attend_tile): look up physical blocks (only
-//               p < L), S = Q K^T (mma.sync), mask (replace, never add), update m, l, O
-//               (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
+//   inner loop: per warp, for each sub-tile: look up its physical block (a sub-tile never
+//               crosses a block; each lane holds the entry of one of the next 32 sub-tiles,
+//               loaded 32 sub-tiles early, and the warp reads it by shuffle), issue its
+//               16-byte copies (only p < L), then attend_tile: S = Q K^T (mma.sync), mask
+//               (replace, never add; skipped on sub-tiles every row sees whole), update m, l,
+//               O (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
 //   epilogue:   merge the warps' states, O / l, lse, to out or a split-KV partial.
 #include "common.cuh"
 #include "mma.cuh"
 
-constexpr int DEC_WARPS = 8;
+constexpr int DEC_WARPS = 4;
 constexpr int DEC_THREADS = DEC_WARPS * 32;
+constexpr int DEC_CTAS_PER_SM = 2;  // 2 x 103 KB of shared memory at d = 128
 constexpr int DEC_ROWS = 16;
-constexpr int DEC_SUB_N = 16;   // keys per warp sub-tile (two n-tiles of 8)
+constexpr int DEC_SUB_N = 16;   // keys per warp sub-tile (two n-tiles of 8); never crosses a block
 constexpr int DEC_STAGES = 3;   // sub-tiles per warp in shared memory: two load while one computes
+constexpr int DEC_TABLE_BATCH = 32;  // sub-tiles whose block-table entries a warp holds (one per lane)
 constexpr int DEC_ITEM_FIELDS = 9;
 
 // Shared-memory bytes of paged_attention_decode (the host computes the same).
@@ -30,7 +36,7 @@ template <int HEAD_DIM> __host__ __device__ constexpr int decode_smem_bytes() {
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_SIZE>
-__global__ void __launch_bounds__(DEC_THREADS, 1) paged_attention_decode(
+__global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_decode(
     const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
     float* __restrict__ partial_lse,  //
@@ -48,6 +54,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) paged_attention_decode(
   constexpr int O_TILES = HEAD_DIM / 8;
   static_assert(CHUNKS_PER_ROW >= 8 && CHUNKS_PER_ROW % 8 == 0, "the swizzle needs 8 chunks per row");
   static_assert(SUB_CHUNKS % 32 == 0, "sub-tile loads must divide among a warp");
+  static_assert(BLOCK_SIZE % DEC_SUB_N == 0, "a sub-tile must lie in one block");
+  static_assert(DEC_TABLE_BATCH == 32, "one block-table entry per lane");
   using Mma = MmaType<T>;
 
   // ---- shared memory: Q | per warp: K stages, V stages | row state | the warps' m, l
@@ -71,12 +79,18 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) paged_attention_decode(
   const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];
   const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];
   const int partial = item[8];
+  if (kv_begin % DEC_SUB_N) __trap();  // the host cuts ranges on tile boundaries
   const int num_rows = num_tokens * num_groups;
   const int L = seq_lens[seq];
   const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];
   const int* table_row = block_tables + (long long)seq * max_blocks_per_seq;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;
+  // p_q of this CTA's first and last token: a sub-tile in [pq_max - W + 1, pq_min] (and < L)
+  // is seen whole by every row
+  const int pq_min = L - q_len + (token_start - query_start_loc[seq]);
+  const int pq_max = pq_min + num_tokens - 1;
+  const bool plain = softcap <= 0.f && !has_alibi;  // scores are scale * q.k, nothing added
 
   if (threadIdx.x < DEC_ROWS) {
     const int r = threadIdx.x;
@@ -104,6 +118,10 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) paged_attention_decode(
 #pragma unroll
   for (int kk = 0; kk < K_STEPS; ++kk)
     ldmatrix_x4(q_frag[kk], q_tile + swizzle((lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
+  const int row_lo = g, row_hi = g + 8;
+  const int pq_row[2] = {p_q[row_lo], p_q[row_hi]};
+  const float slope_row[2] = {slope[row_lo], slope[row_hi]};
+  const bool valid_row[2] = {row_valid[row_lo] != 0, row_valid[row_hi] != 0};
 
   // ---- this warp's sub-tiles: warp, warp + DEC_WARPS, ... of [kv_begin, min(kv_end, L))
   const int kv_stop = kv_end < L ? kv_end : L;
@@ -112,27 +130,40 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) paged_attention_decode(
   uint4* k_stages = kv_region + warp * DEC_STAGES * 2 * SUB_CHUNKS;
   uint4* v_stages = k_stages + DEC_STAGES * SUB_CHUNKS;
 
-  auto load_sub = [&](int stage, int p0) {
+  // -- block-table entries: lane j holds the entry of sub-tile 32 * batch + j of this warp
+  // (only sub-tiles below my_subs, whose first position is < L), the next batch loaded a
+  // whole batch ahead of its use
+  auto sub_p0 = [&](int k) { return kv_begin + (warp + DEC_WARPS * k) * DEC_SUB_N; };
+  auto table_batch = [&](int batch) {
+    const int k = batch * DEC_TABLE_BATCH + lane;
+    return k < my_subs ? table_row[sub_p0(k) / BLOCK_SIZE] : 0;
+  };
+  int table_cur = table_batch(0);
+  int table_next = table_batch(1);
+
+  // -- issue the copies of sub-tile k (called for k = 0, 1, 2, ... in order, warp-uniform)
+  auto load_sub = [&](int stage, int k) {
+    if (k % DEC_TABLE_BATCH == 0 && k > 0) {
+      table_cur = table_next;
+      table_next = table_batch(k / DEC_TABLE_BATCH + 1);
+    }
+    const long long block = __shfl_sync(0xffffffffu, table_cur, k % DEC_TABLE_BATCH);
+    const int p0 = sub_p0(k);
+    const long long slot0 = p0 % BLOCK_SIZE;
+    const T* k_base = key_cache + block * k_stride_block + slot0 * k_stride_slot + kv_head * k_stride_head;
+    const T* v_base = value_cache + block * v_stride_block + slot0 * v_stride_slot + kv_head * v_stride_head;
 #pragma unroll
     for (int i = 0; i < LOADS_PER_LANE; ++i) {
       const int idx = lane + 32 * i;
       const int n = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
-      const int p = p0 + n;
-      const bool valid = p < L;  // nothing at p >= L is read, not even the table
-      const T* k_src = key_cache;
-      const T* v_src = value_cache;
-      if (valid) {
-        const long long block = table_row[p / BLOCK_SIZE];
-        const long long slot = p % BLOCK_SIZE;
-        k_src = key_cache + block * k_stride_block + slot * k_stride_slot + kv_head * k_stride_head + c * 8;
-        v_src = value_cache + block * v_stride_block + slot * v_stride_slot + kv_head * v_stride_head + c * 8;
-      }
+      const bool valid = p0 + n < L;  // nothing at p >= L is read
+      const T* k_src = valid ? k_base + n * k_stride_slot + c * 8 : key_cache;
+      const T* v_src = valid ? v_base + n * v_stride_slot + c * 8 : value_cache;
       cp_async_16(k_stages + stage * SUB_CHUNKS + swizzle(n, c), k_src, valid);
       cp_async_16(v_stages + stage * SUB_CHUNKS + swizzle(n, c), v_src, valid);
     }
   };
 
-  const int row_lo = g, row_hi = g + 8;
   float m_i[2] = {PA_NEG_INF, PA_NEG_INF};
   float l_i[2] = {0.f, 0.f};  // this thread's share; summed over the quad in the epilogue
   float o[O_TILES][4];
@@ -153,21 +184,34 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) paged_attention_decode(
     }
     // -- scale, softcap, ALiBi, mask (replace, never add); row max over the quad
     float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
+    const bool whole = p0 + DEC_SUB_N <= L && (!causal || p0 + DEC_SUB_N - 1 <= pq_min) &&
+                       (sliding_window <= 0 || p0 > pq_max - sliding_window);
+    if (plain && whole) {  // every row sees every key: the same arithmetic, no mask
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e < 2 ? row_lo : row_hi;
-        const int p = p0 + 8 * j + 2 * tig + (e & 1);
-        float x = s[j][e] * scale;
-        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-        const int distance = p - p_q[r];
-        x += slope[r] * (float)distance;
-        bool visible = row_valid[r] && p < L;
-        if (causal) visible = visible && distance <= 0;
-        if (sliding_window > 0) visible = visible && distance > -sliding_window;
-        s[j][e] = visible ? x * LOG2E : PA_NEG_INF;
-        m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = (s[j][e] * scale) * LOG2E;
+          m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e / 2;
+          const int p = p0 + 8 * j + 2 * tig + (e & 1);
+          float x = s[j][e] * scale;
+          if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+          const int distance = p - pq_row[half];
+          if (has_alibi) x += slope_row[half] * (float)distance;
+          bool visible = valid_row[half] && p < L;
+          if (causal) visible = visible && distance <= 0;
+          if (sliding_window > 0) visible = visible && distance > -sliding_window;
+          s[j][e] = visible ? x * LOG2E : PA_NEG_INF;
+          m_ij[half] = fmaxf(m_ij[half], s[j][e]);
+        }
       }
     }
     float alpha[2], m_safe[2];
@@ -212,16 +256,16 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) paged_attention_decode(
   // ---- inner loop over this warp's sub-tiles, DEC_STAGES - 1 ahead; warp-local barriers only
 #pragma unroll
   for (int i = 0; i < DEC_STAGES - 1; ++i) {
-    if (i < my_subs) load_sub(i, kv_begin + (warp + DEC_WARPS * i) * DEC_SUB_N);
+    if (i < my_subs) load_sub(i, i);
     cp_async_commit();
   }
   for (int i = 0; i < my_subs; ++i) {
     const int next = i + DEC_STAGES - 1;  // into the stage computed in iteration i - 1
-    if (next < my_subs) load_sub(next % DEC_STAGES, kv_begin + (warp + DEC_WARPS * next) * DEC_SUB_N);
+    if (next < my_subs) load_sub(next % DEC_STAGES, next);
     cp_async_commit();
     cp_async_wait<DEC_STAGES - 1>();
     __syncwarp();  // every lane's copies of sub-tile i are visible to the warp
-    attend_tile(i % DEC_STAGES, kv_begin + (warp + DEC_WARPS * i) * DEC_SUB_N);
+    attend_tile(i % DEC_STAGES, sub_p0(i));
     __syncwarp();  // the stage is read before it is refilled
   }
   cp_async_wait<0>();
