@@ -49,21 +49,71 @@ def test_capabilities_declare_what_is_compiled() -> None:
     assert caps.block_sizes == (16, 32, 64)
     assert caps.head_dims == specializations.HEAD_DIMS
     assert set(caps.dtypes) == set(specializations.CUDA_TYPES)
-    assert not caps.supports("fp8") and caps.supports("strided_caches")
+    assert caps.supports("fp8") and caps.supports("strided_caches")
+    assert {"float8_e4m3fn", "float8_e5m2"} <= set(caps.cache_dtypes)
     assert {"write_kv", "copy_blocks", "merge_states", "lse", "alibi"} <= caps.features
 
 
-def test_fp8_caches_raise_unsupported_before_any_kernel() -> None:
-    case = make_case("fp8", np.random.default_rng(0), seq_lens=[20], head_dim=64)
-    fp8 = case.key_cache.astype(_fp8())
-    with pytest.raises(UnsupportedError, match="float8_e4m3fn"):
-        CupyBackend().plan(case.query, fp8, fp8, case.block_tables, case.seq_lens)
+@pytest.mark.parametrize(
+    "dtype, head_dim", [("float32", 64), ("bfloat16", 256)], ids=["float32 query", "d256"]
+)
+def test_fp8_caches_outside_the_tensor_core_kernels_raise_unsupported(
+    dtype: str, head_dim: int
+) -> None:
+    case = make_case(
+        "fp8",
+        np.random.default_rng(0),
+        seq_lens=[20],
+        head_dim=head_dim,
+        dtype=dtype,
+        cache_dtype="float8_e4m3fn",
+    )
+    with pytest.raises(UnsupportedError, match="fp8 caches need float16/bfloat16") as error:
+        CupyBackend().plan(
+            case.query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens
+        )
+    assert error.value.capability == "fp8"
 
 
-def _fp8() -> np.dtype:
-    import ml_dtypes
+@pytest.mark.parametrize(
+    "seq_lens, q_lens, num_q_heads, rows",
+    [
+        ([30, 5], None, 8, 16),  # decode, G = 4: the decode kernel
+        ([30, 5], None, 48, 64),  # decode, G = 24: the tensor-core prefill kernel
+        ([30, 5, 9], [1, 1, 2], 8, 64),  # mostly single queries: never the CUDA-core kernel
+    ],
+)
+def test_fp8_caches_go_to_the_tensor_core_kernels(
+    seq_lens: list[int], q_lens: list[int] | None, num_q_heads: int, rows: int
+) -> None:
+    case = make_case(
+        "fp8 rows",
+        np.random.default_rng(0),
+        seq_lens=seq_lens,
+        q_lens=q_lens,
+        num_q_heads=num_q_heads,
+        num_kv_heads=2,
+        head_dim=64,
+        cache_dtype="float8_e5m2",
+    )
+    problem = check_paged_attention(
+        case.query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+    )
+    assert choose_rows(problem) == rows
 
-    return np.dtype(ml_dtypes.float8_e4m3fn)
+
+def test_two_decode_ctas_fit_on_an_sm() -> None:
+    from pagedattn.backends.cupy import specializations
+
+    per_sm = 228 * 1024  # H100/H200 shared memory per SM; 1 KB per CTA reserved
+    for cache in ("bfloat16", "float8_e4m3fn"):
+        smem = specializations.smem_bytes("bfloat16", 128, specializations.DECODE_ROWS, cache)
+        assert 2 * (smem + 1024) <= per_sm, f"decode kernel with {cache} caches: {smem} bytes"
 
 
 def test_unsupported_block_size_names_the_capability() -> None:
@@ -175,6 +225,14 @@ WORK_CASES = {
         seq_lens=[0, 1, 17, 900, 3000], num_q_heads=8, num_kv_heads=2, dtype="float16"
     ),
     "tensor-core rows": dict(seq_lens=[300, 129, 7], q_lens=[300, 50, 7], dtype="float16"),
+    "fp8 mixed": dict(
+        seq_lens=[1, 40, 129, 77], q_lens=[1, 40, 7, 0], dtype="bfloat16",
+        cache_dtype="float8_e4m3fn",
+    ),
+    "fp8 decode": dict(
+        seq_lens=[0, 17, 900], num_q_heads=8, num_kv_heads=2, dtype="float16",
+        cache_dtype="float8_e5m2",
+    ),
     "softcap alibi": dict(
         seq_lens=[300],
         q_lens=[4],

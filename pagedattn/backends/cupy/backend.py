@@ -74,11 +74,12 @@ class CupyBackend(Backend):
     def capabilities(self) -> Capabilities:
         return Capabilities(
             dtypes=QUERY_DTYPES,
-            cache_dtypes=QUERY_DTYPES,  # fp8 caches are not implemented
+            # fp8 caches: float16/bfloat16 queries at head_dim 64/128 only (else _plan refuses)
+            cache_dtypes=(*QUERY_DTYPES, *specializations.FP8_TYPES),
             block_sizes=specializations.BLOCK_SIZES,
             head_dims=specializations.HEAD_DIMS,
             kv_layouts=("NHD", "HND"),
-            features=frozenset(ALL_FEATURES) - {"fp8"},
+            features=frozenset(ALL_FEATURES),
             tf32=False,
             device="cuda",
         )
@@ -107,7 +108,19 @@ class CupyBackend(Backend):
         query_start_loc: Any,
         alibi_slopes: Any,
     ) -> CupyPlanState:
-
+        fp8_capable = (
+            problem.dtype in specializations.MMA_DTYPES
+            and problem.head_dim in specializations.MMA_HEAD_DIMS
+        )
+        if problem.cache_dtype in specializations.FP8_TYPES and not fp8_capable:
+            raise UnsupportedError(
+                "key_cache",
+                f"{problem.cache_dtype} caches with {problem.dtype} queries at head_dim"
+                f" {problem.head_dim} (fp8 caches need float16/bfloat16 queries and head_dim"
+                " 64 or 128)",
+                backend=self.name,
+                capability="fp8",
+            )
         work = planning.build_work(problem, slots=self._resident_ctas(problem))
         slopes = (
             problem.alibi_slopes if problem.alibi_slopes is not None else np.zeros(1, np.float32)
@@ -120,7 +133,8 @@ class CupyBackend(Backend):
     ) -> Any:
         import cupy
 
-        rows, name = work.rows, problem.dtype
+        rows, name, cache = work.rows, problem.dtype, problem.cache_dtype
+        fp8 = cache in specializations.FP8_TYPES
         return CupyPlanState(
             work=work,
             items=cupy.asarray(work.items),
@@ -129,19 +143,23 @@ class CupyBackend(Backend):
             seq_lens=cupy.asarray(problem.seq_lens.astype(np.int32)),
             query_start_loc=cupy.asarray(problem.query_start_loc.astype(np.int32)),
             alibi_slopes=cupy.asarray(slopes.astype(np.float32)),
-            attention=specializations.attention(name, problem.head_dim, problem.block_size, rows),
+            attention=specializations.attention(
+                name, problem.head_dim, problem.block_size, rows, cache
+            ),
             merge=specializations.merge_partials(name, problem.head_dim, rows),
             threads=specializations.threads(rows),
-            smem=specializations.smem_bytes(name, problem.head_dim, rows),
+            smem=specializations.smem_bytes(name, problem.head_dim, rows, cache),
             scalars=(
                 np.int32(problem.max_blocks_per_seq),
                 np.int32(problem.num_q_heads),
                 np.int32(problem.group_size),
-                np.float32(problem.scale),
+                # fp8: the score scale holds k_scale (the contract's k_scale is 1.0 otherwise)
+                np.float32(problem.scale * problem.k_scale),
                 np.float32(problem.softcap or 0.0),
                 np.int32(problem.sliding_window or 0),
                 np.int32(problem.causal),
                 np.int32(problem.alibi_slopes is not None),
+                np.float32(problem.v_scale if fp8 else 1.0),
             ),
         )
 
@@ -164,12 +182,17 @@ class CupyBackend(Backend):
 
         attributes = cupy.cuda.Device().attributes
         rows = planning.choose_rows(problem)
-        spec = specializations.attention(problem.dtype, problem.head_dim, problem.block_size, rows)
+        spec = specializations.attention(
+            problem.dtype, problem.head_dim, problem.block_size, rows, problem.cache_dtype
+        )
         registers = int(getattr(kernel(spec), "num_regs", 0) or 255)
         per_warp = -(-registers * 32 // 256) * 256  # registers are allocated per warp in 256s
         threads = specializations.threads(rows)
         by_registers = attributes["MaxRegistersPerMultiprocessor"] // (per_warp * threads // 32)
-        smem = specializations.smem_bytes(problem.dtype, problem.head_dim, rows) + 1024
+        smem = (
+            specializations.smem_bytes(problem.dtype, problem.head_dim, rows, problem.cache_dtype)
+            + 1024
+        )
         by_smem = attributes["MaxSharedMemoryPerMultiprocessor"] // smem
         per_sm = max(1, min(by_registers, by_smem, 2048 // threads))
         return per_sm * attributes["MultiProcessorCount"]
@@ -292,13 +315,7 @@ class CupyBackend(Backend):
     ) -> None:
         import cupy
 
-        if problem.cache_dtype != problem.dtype:
-            raise UnsupportedError(
-                "key_cache",
-                f"cache dtype {problem.cache_dtype} (fp8 caches are not implemented)",
-                backend=self.name,
-                capability="fp8",
-            )
+        fp8 = problem.cache_dtype in specializations.FP8_TYPES
         raw_key, name = arrays.raw_view(key, "key")
         raw_value, _ = arrays.raw_view(value, "value")
         raw_key, raw_value = cupy.ascontiguousarray(raw_key), cupy.ascontiguousarray(raw_value)
@@ -312,7 +329,9 @@ class CupyBackend(Backend):
         slots = cupy.asarray(problem.slot_mapping.astype(np.int64))
         (raw_kc, k_strides), (raw_vc, v_strides) = strides
         launch(
-            specializations.kv_op("write_kv", name),
+            specializations.write_kv_fp8(name, problem.cache_dtype)
+            if fp8
+            else specializations.kv_op("write_kv", name),
             (problem.num_tokens,),
             (NUM_THREADS,),
             (
@@ -326,6 +345,8 @@ class CupyBackend(Backend):
                 np.int32(problem.block_size),
                 *(np.int64(s) for s in k_strides),
                 *(np.int64(s) for s in v_strides),
+                # x / scale is taken in float64, as the spec does
+                *((np.float64(problem.k_scale), np.float64(problem.v_scale)) if fp8 else ()),
             ),
         )
 
@@ -341,7 +362,7 @@ class CupyBackend(Backend):
             for c, a in ((key_cache, "key_cache"), (value_cache, "value_cache"))
         ]
         name = raws[0][1]
-        if name not in specializations.CUDA_TYPES:
+        if name not in specializations.CACHE_TYPES:
             raise UnsupportedError(
                 "key_cache", f"cache dtype {name}", backend=self.name, capability="fp8"
             )

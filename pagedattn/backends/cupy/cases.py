@@ -46,9 +46,13 @@ def make_case(
     kv_layout: str = "NHD",
     pool_view: bool = False,
     resident_ctas: int | None = None,
+    cache_dtype: str | None = None,
     **options: Any,
 ) -> Case:
-    """Build a case; ``q_lens`` None is decode (one query per sequence, ``L = 0`` allowed)."""
+    """Build a case; ``q_lens`` None is decode (one query per sequence, ``L = 0`` allowed).
+
+    ``cache_dtype`` (default ``dtype``) may be an fp8 dtype; pass ``k_scale``/``v_scale`` in
+    ``options`` then."""
     lens = np.asarray(seq_lens, dtype=np.int32)
     blocks_per_seq = -(-lens // block_size)
     max_blocks = max(1, int(blocks_per_seq.max(initial=0)) + 1)
@@ -82,8 +86,8 @@ def make_case(
     return Case(
         name,
         query,
-        key.astype(kv_dtype),
-        value.astype(kv_dtype),
+        key.astype(numpy_dtype(cache_dtype or dtype)),
+        value.astype(numpy_dtype(cache_dtype or dtype)),
         tables,
         lens,
         starts,

@@ -105,6 +105,103 @@ def decode_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
     ]
 
 
+def fp8_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
+    """fp8 caches (converted in shared memory; k_scale in the score scale, v_scale on O) in
+    the decode kernel and, for batches with more queries or G > 16, the tensor-core kernel."""
+    scales: dict[str, Any] = {"k_scale": 0.37, "v_scale": 2.5}
+    if small:
+        return [
+            make_case(
+                "fp8 e4m3 decode bs32",
+                rng,
+                seq_lens=[700, 0, 33],
+                block_size=32,
+                cache_dtype="float8_e4m3fn",
+                **scales,
+            ),
+            make_case(
+                "fp8 e5m2 varlen fp16 HND",
+                rng,
+                seq_lens=[90, 33],
+                q_lens=[70, 1],
+                dtype="float16",
+                kv_layout="HND",
+                cache_dtype="float8_e5m2",
+                **scales,
+            ),
+        ]
+    cases = []
+    for cache in ("float8_e4m3fn", "float8_e5m2"):
+        for dtype, bs, layout in (("bfloat16", 16, "NHD"), ("float16", 64, "HND")):
+            cases.append(
+                make_case(
+                    f"fp8 {cache} decode {dtype} bs{bs} {layout}",
+                    rng,
+                    seq_lens=[0, 1, 17, 300, 2100],
+                    block_size=bs,
+                    dtype=dtype,
+                    kv_layout=layout,
+                    cache_dtype=cache,
+                    **scales,
+                )
+            )
+            cases.append(
+                make_case(
+                    f"fp8 {cache} prefill {dtype} bs{bs} {layout}",
+                    rng,
+                    seq_lens=[300, 129, 64, 7],
+                    q_lens=[300, 50, 64, 7],
+                    block_size=bs,
+                    dtype=dtype,
+                    kv_layout=layout,
+                    cache_dtype=cache,
+                    **scales,
+                )
+            )
+    cases += [
+        make_case(  # batches of single queries with prefill beside: the tensor-core kernel
+            "fp8 mixed d64 bs32",
+            rng,
+            seq_lens=[1, 40, 129, 300, 77],
+            q_lens=[1, 40, 7, 1, 0],
+            head_dim=64,
+            block_size=32,
+            cache_dtype="float8_e4m3fn",
+            **scales,
+        ),
+        make_case(
+            "fp8 decode G=24 (tensor-core prefill kernel)",
+            rng,
+            seq_lens=[500, 3],
+            num_q_heads=48,
+            num_kv_heads=2,
+            cache_dtype="float8_e5m2",
+            **scales,
+        ),
+        make_case(
+            "fp8 long decode split-KV, window, softcap",
+            rng,
+            seq_lens=[20000, 5],
+            num_q_heads=32,
+            num_kv_heads=8,
+            cache_dtype="float8_e4m3fn",
+            sliding_window=5000,
+            softcap=30.0,
+            **scales,
+        ),
+        make_case(
+            "fp8 pool view",
+            rng,
+            seq_lens=[300, 45],
+            q_lens=[3, 45],
+            kv_layout="HND",
+            pool_view=True,
+            cache_dtype="float8_e5m2",
+        ),
+    ]
+    return cases
+
+
 def correctness_cases(
     rng: np.random.Generator, small: bool = False, only_decode: bool = False
 ) -> list[Case]:
@@ -122,6 +219,7 @@ def correctness_cases(
                 block_size=16,
             ),
             *decode_cases(rng, small=True),
+            *fp8_cases(rng, small=True),
             *(
                 []
                 if only_decode
@@ -200,6 +298,7 @@ def correctness_cases(
                 dtype="float16",
                 kv_layout="HND",
             ),
+            *fp8_cases(rng),
         ]
     cases = []
     for dtype in ("bfloat16", "float16", "float32"):
@@ -286,6 +385,7 @@ def correctness_cases(
         ),
         make_case("long decode split-KV", rng, seq_lens=[20000, 5], num_q_heads=32, num_kv_heads=8),
         *decode_cases(rng),
+        *fp8_cases(rng),
         make_case(
             "pool view HND",
             rng,
@@ -358,7 +458,11 @@ def check_case(backend: CupyBackend, case: Case) -> tuple[bool, str]:
         case.query_start_loc,
         **case.options,
     )
-    tol = tolerance(dtype_name(case.query.dtype), case.query.shape[-1])
+    tol = tolerance(
+        dtype_name(case.query.dtype),
+        case.query.shape[-1],
+        cache_dtype=dtype_name(case.key_cache.dtype),
+    )
     out64 = out.astype(np.float64)
     bound = tol.out_bound(exact.out, exact.value_scale, exact.score_scale, exact.num_visible)
     empty = exact.num_visible == 0
@@ -482,6 +586,65 @@ def check_ops(backend: CupyBackend, rng: np.random.Generator) -> list[tuple[str,
     return results
 
 
+def check_fp8_ops(backend: CupyBackend, rng: np.random.Generator) -> list[tuple[str, bool, str]]:
+    """write_kv into fp8 caches (x / scale as the spec rounds it; overflow, -0, subnormals)
+    and copy_blocks of fp8 caches, bit for bit against the spec."""
+    from pagedattn.spec.dtypes import numpy_dtype
+
+    results = []
+    for dtype, cache, layout in (
+        ("bfloat16", "float8_e4m3fn", "NHD"),
+        ("float16", "float8_e5m2", "HND"),
+        ("float32", "float8_e4m3fn", "HND"),
+        ("float32", "float8_e5m2", "NHD"),
+    ):
+        case = make_case(
+            "fp8 ops",
+            rng,
+            seq_lens=[40],
+            num_kv_heads=2,
+            head_dim=64,
+            block_size=16,
+            dtype=dtype,
+            kv_layout=layout,
+            cache_dtype=cache,
+        )
+        kc, vc = case.key_cache.copy(), case.value_cache.copy()
+        T = 7
+        magnitude = np.exp(rng.uniform(-25.0, 12.0, (T, 2, 64)))  # subnormal to overflow
+        key = (magnitude * rng.choice([-1.0, 1.0], (T, 2, 64))).astype(numpy_dtype(dtype))
+        value = (rng.standard_normal((T, 2, 64)) * 300).astype(numpy_dtype(dtype))
+        key[0, 0, :4] = [-0.0, 0.0, 464.0 * 0.37, 61440.0 * 2.5]  # -0, 0, rounding boundaries
+        slots = np.array([3, -1, 17, 40, 0, 63, -1], dtype=np.int64)
+        scales: dict[str, Any] = {"k_scale": 0.37, "v_scale": 2.5}
+        dk, dv = backend.to_device(kc), backend.to_device(vc)
+        backend.write_kv(
+            backend.to_device(key),
+            backend.to_device(value),
+            dk,
+            dv,
+            backend.to_device(slots),
+            kv_layout=layout,
+            **scales,
+        )
+        kv_ops.write_kv(key, value, kc, vc, slots, kv_layout=layout, **scales)
+        same = [
+            backend.to_numpy(d).view(np.uint8) == h.view(np.uint8) for d, h in ((dk, kc), (dv, vc))
+        ]
+        ok = all(bool(x.all()) for x in same)
+        detail = "bit-identical" if ok else f"{sum(int((~x).sum()) for x in same)} bytes differ"
+        results.append((f"write_kv {dtype} -> {cache} {layout}", ok, detail))
+        pairs = np.array([[0, 1], [1, 2], [3, 0]], dtype=np.int64)
+        backend.copy_blocks(dk, dv, backend.to_device(pairs), kv_layout=layout)
+        kv_ops.copy_blocks(kc, vc, pairs, kv_layout=layout)
+        ok = all(
+            np.array_equal(backend.to_numpy(d).view(np.uint8), h.view(np.uint8))
+            for d, h in ((dk, kc), (dv, vc))
+        )
+        results.append((f"copy_blocks {cache} {layout}", ok, "bit-identical" if ok else "differs"))
+    return results
+
+
 def check_torch_inputs(backend: CupyBackend, rng: np.random.Generator) -> tuple[bool, str]:
     """torch CUDA tensors in (DLPack), torch tensors out, launched on torch's current stream."""
     import torch
@@ -521,7 +684,8 @@ def sanitize_main(only_decode: bool = False) -> int:
         ok, summary = check_case(backend, case)
         failures += not ok
         print(f"sanitize case {case.name}: {'ok' if ok else 'FAIL'} ({summary})", flush=True)
-    for name, ok, detail in [] if only_decode else check_ops(backend, rng)[:4]:
+    ops = check_fp8_ops(backend, rng)[:2] + ([] if only_decode else check_ops(backend, rng)[:4])
+    for name, ok, detail in ops:
         failures += not ok
         print(f"sanitize op {name}: {'ok' if ok else 'FAIL'} ({detail})", flush=True)
     backend.synchronize()
@@ -835,7 +999,9 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((name, ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
     try:
-        op_results = [] if args.only_decode else check_ops(backend, rng)
+        op_results = ([] if args.only_decode else check_ops(backend, rng)) + check_fp8_ops(
+            backend, rng
+        )
     except Exception as error:
         op_results = [("ops", False, f"{type(error).__name__}: {error}")]
     for name, ok, summary in op_results:

@@ -18,6 +18,7 @@ import numpy as np
 
 from pagedattn.backends.cupy.specializations import (
     DECODE_ROWS,
+    FP8_TYPES,
     ITEM_FIELDS,
     MERGE_FIELDS,
     MMA_DTYPES,
@@ -47,9 +48,14 @@ def choose_rows(problem: AttentionProblem) -> int:
     at head_dim 64 or 128 with up to 16 query heads per KV head, unless the environment sets
     ``PAGEDATTN_CUPY_DECODE=simt``; ``MMA_ROWS`` (tensor cores) for float16/bfloat16 batches
     of at least 8 queries per sequence on average at head_dim 64 or 128; else the CUDA-core
-    kernel with 4 rows (decode with up to 4 query heads per KV head) or 8.
+    kernel with 4 rows (decode with up to 4 query heads per KV head) or 8. fp8 caches go to
+    the tensor-core kernels only (decode, else ``MMA_ROWS`` whatever the batch); the backend
+    refuses fp8 where neither applies (float32 queries, head_dim 256).
     """
     tensor_cores = problem.dtype in MMA_DTYPES and problem.head_dim in MMA_HEAD_DIMS
+    if problem.cache_dtype in FP8_TYPES:
+        decode = problem.is_decode and problem.group_size <= DECODE_ROWS
+        return DECODE_ROWS if decode else MMA_ROWS
     if (
         problem.is_decode
         and tensor_cores

@@ -15,6 +15,10 @@ KERNEL_DIR = Path(__file__).with_name("kernels")
 
 #: Contract dtype name -> the kernels' storage type (16-bit types are raw bit patterns).
 CUDA_TYPES: dict[str, str] = {"float32": "float", "float16": "half_t", "bfloat16": "bfloat16_t"}
+#: fp8 cache dtype name -> the kernels' byte storage type (kernels/fp8.cuh).
+FP8_TYPES: dict[str, str] = {"float8_e4m3fn": "fp8_e4m3_t", "float8_e5m2": "fp8_e5m2_t"}
+#: Any cache dtype name -> its storage type in the kernels.
+CACHE_TYPES: dict[str, str] = {**CUDA_TYPES, **FP8_TYPES}
 HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: Query rows (tokens x query heads of one KV head) per CTA of the CUDA-core attention kernel.
@@ -75,41 +79,67 @@ def attention_smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
     return max(tiles, reduction) + rows * tile_n(dtype) * 4 + 5 * rows * 4
 
 
-def mma_smem_bytes(head_dim: int) -> int:
+def cache_bytes(cache_dtype: str) -> int:
+    """Bytes of one cache element (fp8: 1)."""
+    return 1 if cache_dtype in FP8_TYPES else itemsize(cache_dtype)
+
+
+def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
     """Dynamic shared memory of ``paged_attention_mma`` (as ``mma_smem_bytes`` in the .cu)."""
-    return (MMA_ROWS + 2 * 2 * 64) * head_dim * 2 + 3 * MMA_ROWS * 4
-
-
-def decode_smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu)."""
+    fp8 = cache_dtype in FP8_TYPES
     return (
-        (DECODE_ROWS + DECODE_WARPS * DECODE_STAGES * 2 * DECODE_SUB_N) * head_dim * 2
+        MMA_ROWS * head_dim * 2
+        + 2 * 2 * 64 * head_dim * cache_bytes(cache_dtype)
+        + (2 * 64 * head_dim * 2 if fp8 else 0)
+        + 3 * MMA_ROWS * 4
+    )
+
+
+def decode_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
+    """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu)."""
+    fp8 = cache_dtype in FP8_TYPES
+    warp_bytes = DECODE_STAGES * 2 * DECODE_SUB_N * head_dim * cache_bytes(cache_dtype) + (
+        2 * DECODE_SUB_N * head_dim * 2 if fp8 else 0
+    )
+    return (
+        DECODE_ROWS * head_dim * 2
+        + DECODE_WARPS * warp_bytes
         + 3 * DECODE_ROWS * 4
         + 2 * DECODE_WARPS * DECODE_ROWS * 4
     )
 
 
-def smem_bytes(dtype: str, head_dim: int, rows: int) -> int:
+def smem_bytes(dtype: str, head_dim: int, rows: int, cache_dtype: str | None = None) -> int:
     """Dynamic shared memory of the attention kernel used for ``rows``."""
+    cache_dtype = cache_dtype or dtype
     if rows == DECODE_ROWS:
-        return decode_smem_bytes(head_dim)
+        return decode_smem_bytes(head_dim, cache_dtype)
     if rows == MMA_ROWS:
-        return mma_smem_bytes(head_dim)
+        return mma_smem_bytes(head_dim, cache_dtype)
     return attention_smem_bytes(dtype, head_dim, rows)
 
 
-def attention(dtype: str, head_dim: int, block_size: int, rows: int) -> Specialization:
-    """The attention kernel for ``rows`` rows per CTA (``MMA_ROWS``: the tensor-core kernel)."""
+def attention(
+    dtype: str, head_dim: int, block_size: int, rows: int, cache_dtype: str | None = None
+) -> Specialization:
+    """The attention kernel for ``rows`` rows per CTA (``MMA_ROWS``: the tensor-core kernel).
+
+    The tensor-core kernels take the cache's storage type too (``cache_dtype``, default the
+    query's ``dtype``; fp8 only there); the CUDA-core kernel reads caches of ``dtype`` only.
+    """
+    cache = CACHE_TYPES[cache_dtype or dtype]
     if rows == DECODE_ROWS:
         return Specialization(
             "paged_attention_decode",
-            f"paged_attention_decode<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}>",
+            f"paged_attention_decode<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {cache}>",
         )
     if rows == MMA_ROWS:
         return Specialization(
             "paged_attention_mma",
-            f"paged_attention_mma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}>",
+            f"paged_attention_mma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {cache}>",
         )
+    if cache_dtype not in (None, dtype):
+        raise ValueError(f"the CUDA-core kernel has no {cache_dtype} caches")
     return Specialization(
         "paged_attention", f"paged_attention<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {rows}>"
     )
@@ -122,8 +152,16 @@ def merge_partials(dtype: str, head_dim: int, rows: int) -> Specialization:
 
 
 def kv_op(kernel: str, dtype: str) -> Specialization:
-    """``write_kv``, ``copy_blocks_gather``, ``copy_blocks_scatter`` or ``merge_states``."""
-    return Specialization("kv_ops", f"{kernel}<{CUDA_TYPES[dtype]}>")
+    """``write_kv``, ``copy_blocks_gather``, ``copy_blocks_scatter`` or ``merge_states``
+    (copy_blocks also for fp8 caches)."""
+    return Specialization("kv_ops", f"{kernel}<{CACHE_TYPES[dtype]}>")
+
+
+def write_kv_fp8(dtype: str, cache_dtype: str) -> Specialization:
+    """``write_kv_fp8``: ``dtype`` keys and values into ``cache_dtype`` (fp8) caches."""
+    return Specialization(
+        "kv_ops", f"write_kv_fp8<{CUDA_TYPES[dtype]}, {FP8_TYPES[cache_dtype]}>"
+    )
 
 
 KV_OP_KERNELS: tuple[str, ...] = (
@@ -132,6 +170,8 @@ KV_OP_KERNELS: tuple[str, ...] = (
     "copy_blocks_scatter",
     "merge_states",
 )
+#: The kv ops also instantiated for fp8 caches (byte copies).
+FP8_KV_OP_KERNELS: tuple[str, ...] = ("copy_blocks_gather", "copy_blocks_scatter")
 
 
 def all_specializations() -> list[Specialization]:
@@ -144,9 +184,15 @@ def all_specializations() -> list[Specialization]:
                 specs.append(merge_partials(dtype, head_dim, rows))
             if dtype in MMA_DTYPES and head_dim in MMA_HEAD_DIMS:
                 for rows in (MMA_ROWS, DECODE_ROWS):
-                    specs.extend(attention(dtype, head_dim, bs, rows) for bs in BLOCK_SIZES)
+                    for cache in (dtype, *FP8_TYPES):
+                        specs.extend(
+                            attention(dtype, head_dim, bs, rows, cache) for bs in BLOCK_SIZES
+                        )
                     specs.append(merge_partials(dtype, head_dim, rows))
         specs.extend(kv_op(kernel, dtype) for kernel in KV_OP_KERNELS)
+        specs.extend(write_kv_fp8(dtype, cache) for cache in FP8_TYPES)
+    for cache in FP8_TYPES:
+        specs.extend(kv_op(kernel, cache) for kernel in FP8_KV_OP_KERNELS)
     return specs
 
 

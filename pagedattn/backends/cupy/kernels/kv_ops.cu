@@ -2,6 +2,7 @@
 // pagedattn.spec.online_softmax.merge_states). Strides are in elements and 64-bit; the
 // caches' own strides are honoured, so strided views of a larger pool work.
 #include "common.cuh"
+#include "fp8.cuh"
 
 // write_kv: token t's key/value [num_kv_heads, head_dim] go to slot slot_mapping[t] =
 // block * block_size + offset (-1 = skip). dims: the cache's 4 strides as (block, slot, head, dim).
@@ -25,6 +26,31 @@ __global__ void write_kv(const T* __restrict__ key, const T* __restrict__ value,
         key[t * per_token + idx];
     value_cache[block * v_stride_block + slot * v_stride_slot + h * v_stride_head + d * v_stride_dim] =
         value[t * per_token + idx];
+  }
+}
+
+// write_kv into fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t): stores key / k_scale and
+// value / v_scale rounded once to C (fp8_from_quotient); otherwise as write_kv.
+template <typename T, typename C>
+__global__ void write_kv_fp8(const T* __restrict__ key, const T* __restrict__ value, C* __restrict__ key_cache,
+                             C* __restrict__ value_cache, const long long* __restrict__ slot_mapping,
+                             int num_kv_heads, int head_dim, int block_size,  //
+                             long long k_stride_block, long long k_stride_slot, long long k_stride_head,
+                             long long k_stride_dim,  //
+                             long long v_stride_block, long long v_stride_slot, long long v_stride_head,
+                             long long v_stride_dim,  //
+                             double k_scale, double v_scale) {
+  const long long t = blockIdx.x;
+  const long long slot_id = slot_mapping[t];
+  if (slot_id < 0) return;
+  const long long block = slot_id / block_size, slot = slot_id % block_size;
+  const int per_token = num_kv_heads * head_dim;
+  for (int idx = threadIdx.x; idx < per_token; idx += blockDim.x) {
+    const long long h = idx / head_dim, d = idx % head_dim;
+    key_cache[block * k_stride_block + slot * k_stride_slot + h * k_stride_head + d * k_stride_dim] =
+        fp8_from_quotient<C>(to_float(key[t * per_token + idx]), k_scale);
+    value_cache[block * v_stride_block + slot * v_stride_slot + h * v_stride_head + d * v_stride_dim] =
+        fp8_from_quotient<C>(to_float(value[t * per_token + idx]), v_scale);
   }
 }
 

@@ -47,7 +47,8 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
     long long k_stride_block, long long k_stride_slot, long long k_stride_head,
     long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
     int max_blocks_per_seq, int num_q_heads, int group_size,                      //
-    float scale, float softcap, int sliding_window, int causal, int has_alibi) {
+    float scale, float softcap, int sliding_window, int causal, int has_alibi,
+    float v_scale /* 1: this kernel never sees fp8 caches (the host routes them elsewhere) */) {
   constexpr int ELEMS_PER_CHUNK = Tile<T>::ELEMS_PER_CHUNK;
   constexpr int TILE_N = Tile<T>::TILE_N;
   constexpr int STAGES = Tile<T>::STAGES;

@@ -17,7 +17,11 @@
 //               (replace, never add; skipped on sub-tiles every row sees whole), update m, l,
 //               O (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
 //   epilogue:   merge the warps' states, O / l, lse, to out or a split-KV partial.
+// fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): the stages hold the raw bytes;
+// before attend_tile the warp converts its sub-tile to T in one more buffer (exact), the
+// score scale passed in already holds k_scale, and O is multiplied by v_scale at the end.
 #include "common.cuh"
+#include "fp8.cuh"
 #include "mma.cuh"
 
 constexpr int DEC_WARPS = 4;
@@ -29,15 +33,21 @@ constexpr int DEC_STAGES = 3;   // sub-tiles per warp in shared memory: two load
 constexpr int DEC_TABLE_BATCH = 32;  // sub-tiles whose block-table entries a warp holds (one per lane)
 constexpr int DEC_ITEM_FIELDS = 9;
 
+// 16-byte chunks one warp owns in shared memory: DEC_STAGES K and V sub-tiles of the cache's
+// bytes, plus (fp8) the converted K and V sub-tile.
+template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decode_warp_chunks() {
+  return DEC_STAGES * 2 * DEC_SUB_N * HEAD_DIM * CACHE_BYTES / 16 +
+         (CACHE_BYTES == 1 ? 2 * DEC_SUB_N * HEAD_DIM * 2 / 16 : 0);
+}
 // Shared-memory bytes of paged_attention_decode (the host computes the same).
-template <int HEAD_DIM> __host__ __device__ constexpr int decode_smem_bytes() {
-  return (DEC_ROWS + DEC_WARPS * DEC_STAGES * 2 * DEC_SUB_N) * HEAD_DIM * 2 + 3 * DEC_ROWS * 4 +
-         2 * DEC_WARPS * DEC_ROWS * 4;
+template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decode_smem_bytes() {
+  return (DEC_ROWS * HEAD_DIM * 2 / 16 + DEC_WARPS * decode_warp_chunks<HEAD_DIM, CACHE_BYTES>()) * 16 +
+         3 * DEC_ROWS * 4 + 2 * DEC_WARPS * DEC_ROWS * 4;
 }
 
-template <typename T, int HEAD_DIM, int BLOCK_SIZE>
+template <typename T, int HEAD_DIM, int BLOCK_SIZE, typename C>
 __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_decode(
-    const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
+    const T* __restrict__ query, const C* __restrict__ key_cache, const C* __restrict__ value_cache,  //
     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
     float* __restrict__ partial_lse,  //
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
@@ -46,14 +56,20 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     long long k_stride_block, long long k_stride_slot, long long k_stride_head,
     long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
     int max_blocks_per_seq, int num_q_heads, int group_size,                      //
-    float scale, float softcap, int sliding_window, int causal, int has_alibi) {
-  constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks of 8 elements
+    float scale, float softcap, int sliding_window, int causal, int has_alibi, float v_scale) {
+  constexpr bool FP8 = CacheKind<C>::FP8;
+  static_assert(FP8 || sizeof(C) == sizeof(T), "a 16-bit cache holds the query's type");
+  constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks of 8 elements of T
   constexpr int SUB_CHUNKS = DEC_SUB_N * CHUNKS_PER_ROW;
-  constexpr int LOADS_PER_LANE = SUB_CHUNKS / 32;
+  constexpr int CACHE_ELEMS = 16 / (int)sizeof(C);            // cache elements per 16-byte chunk
+  constexpr int CACHE_CHUNKS_PER_ROW = HEAD_DIM / CACHE_ELEMS;  // chunks of one key row in the cache
+  constexpr int STAGE_CHUNKS = DEC_SUB_N * CACHE_CHUNKS_PER_ROW;  // one K (or V) sub-tile as stored
+  constexpr int LOADS_PER_LANE = STAGE_CHUNKS / 32;
+  constexpr int WARP_CHUNKS = decode_warp_chunks<HEAD_DIM, (int)sizeof(C)>();
   constexpr int K_STEPS = HEAD_DIM / 16;
   constexpr int O_TILES = HEAD_DIM / 8;
   static_assert(CHUNKS_PER_ROW >= 8 && CHUNKS_PER_ROW % 8 == 0, "the swizzle needs 8 chunks per row");
-  static_assert(SUB_CHUNKS % 32 == 0, "sub-tile loads must divide among a warp");
+  static_assert(STAGE_CHUNKS % 32 == 0, "sub-tile loads must divide among a warp");
   static_assert(BLOCK_SIZE % DEC_SUB_N == 0, "a sub-tile must lie in one block");
   static_assert(DEC_TABLE_BATCH == 32, "one block-table entry per lane");
   using Mma = MmaType<T>;
@@ -61,16 +77,16 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   // ---- shared memory: Q | per warp: K stages, V stages | row state | the warps' m, l
   // chunk c of row n sits at n * CHUNKS_PER_ROW + (c ^ (n % 8)) (no ldmatrix bank conflicts)
   extern __shared__ uint4 smem[];
-  if (dynamic_smem_size() < (unsigned)decode_smem_bytes<HEAD_DIM>()) __trap();
+  if (dynamic_smem_size() < (unsigned)decode_smem_bytes<HEAD_DIM, (int)sizeof(C)>()) __trap();
   uint4* q_tile = smem;
   uint4* kv_region = q_tile + DEC_ROWS * CHUNKS_PER_ROW;
   float* o_merge = reinterpret_cast<float*>(kv_region);  // epilogue: [DEC_WARPS][DEC_ROWS][HEAD_DIM]
-  int* p_q = reinterpret_cast<int*>(kv_region + DEC_WARPS * DEC_STAGES * 2 * SUB_CHUNKS);
+  int* p_q = reinterpret_cast<int*>(kv_region + DEC_WARPS * WARP_CHUNKS);
   float* slope = reinterpret_cast<float*>(p_q + DEC_ROWS);
   int* row_valid = reinterpret_cast<int*>(slope + DEC_ROWS);
   float* m_merge = reinterpret_cast<float*>(row_valid + DEC_ROWS);  // [DEC_WARPS][DEC_ROWS]
   float* l_merge = m_merge + DEC_WARPS * DEC_ROWS;
-  static_assert(DEC_WARPS * DEC_ROWS * HEAD_DIM * 4 <= DEC_WARPS * DEC_STAGES * 2 * DEC_SUB_N * HEAD_DIM * 2,
+  static_assert(DEC_WARPS * DEC_ROWS * HEAD_DIM * 4 <= DEC_WARPS * WARP_CHUNKS * 16,
                 "the epilogue's O must fit in the K/V stages");
   auto swizzle = [](int n, int c) { return n * CHUNKS_PER_ROW + (c ^ (n % 8)); };
 
@@ -127,8 +143,10 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   const int kv_stop = kv_end < L ? kv_end : L;
   const int num_sub = kv_stop > kv_begin ? (kv_stop - kv_begin + DEC_SUB_N - 1) / DEC_SUB_N : 0;
   const int my_subs = num_sub > warp ? (num_sub - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
-  uint4* k_stages = kv_region + warp * DEC_STAGES * 2 * SUB_CHUNKS;
-  uint4* v_stages = k_stages + DEC_STAGES * SUB_CHUNKS;
+  uint4* k_stages = kv_region + warp * WARP_CHUNKS;  // as stored in the cache
+  uint4* v_stages = k_stages + DEC_STAGES * STAGE_CHUNKS;
+  uint4* k_converted = v_stages + DEC_STAGES * STAGE_CHUNKS;  // fp8 only: the sub-tile as T
+  uint4* v_converted = k_converted + SUB_CHUNKS;
 
   // -- block-table entries: lane j holds the entry of sub-tile 32 * batch + j of this warp
   // (only sub-tiles below my_subs, whose first position is < L), the next batch loaded a
@@ -150,17 +168,36 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     const long long block = __shfl_sync(0xffffffffu, table_cur, k % DEC_TABLE_BATCH);
     const int p0 = sub_p0(k);
     const long long slot0 = p0 % BLOCK_SIZE;
-    const T* k_base = key_cache + block * k_stride_block + slot0 * k_stride_slot + kv_head * k_stride_head;
-    const T* v_base = value_cache + block * v_stride_block + slot0 * v_stride_slot + kv_head * v_stride_head;
+    const C* k_base = key_cache + block * k_stride_block + slot0 * k_stride_slot + kv_head * k_stride_head;
+    const C* v_base = value_cache + block * v_stride_block + slot0 * v_stride_slot + kv_head * v_stride_head;
 #pragma unroll
     for (int i = 0; i < LOADS_PER_LANE; ++i) {
       const int idx = lane + 32 * i;
-      const int n = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
+      const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
       const bool valid = p0 + n < L;  // nothing at p >= L is read
-      const T* k_src = valid ? k_base + n * k_stride_slot + c * 8 : key_cache;
-      const T* v_src = valid ? v_base + n * v_stride_slot + c * 8 : value_cache;
-      cp_async_16(k_stages + stage * SUB_CHUNKS + swizzle(n, c), k_src, valid);
-      cp_async_16(v_stages + stage * SUB_CHUNKS + swizzle(n, c), v_src, valid);
+      const C* k_src = valid ? k_base + n * k_stride_slot + c * CACHE_ELEMS : key_cache;
+      const C* v_src = valid ? v_base + n * v_stride_slot + c * CACHE_ELEMS : value_cache;
+      const int at = FP8 ? idx : swizzle(n, c);  // fp8 bytes in order; T swizzled for ldmatrix
+      cp_async_16(k_stages + stage * STAGE_CHUNKS + at, k_src, valid);
+      cp_async_16(v_stages + stage * STAGE_CHUNKS + at, v_src, valid);
+    }
+  };
+
+  // -- fp8: the landed sub-tile in `stage` to T in k_converted / v_converted (exact)
+  auto convert_sub = [&](int stage) {
+    if constexpr (FP8) {  // (a 16-bit cache is read in place)
+#pragma unroll
+      for (int i = 0; i < LOADS_PER_LANE; ++i) {
+        const int idx = lane + 32 * i;
+        const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
+        uint4 first, second;
+        fp8_chunk_to<C, T>(k_stages[stage * STAGE_CHUNKS + idx], first, second);
+        k_converted[swizzle(n, 2 * c)] = first;
+        k_converted[swizzle(n, 2 * c + 1)] = second;
+        fp8_chunk_to<C, T>(v_stages[stage * STAGE_CHUNKS + idx], first, second);
+        v_converted[swizzle(n, 2 * c)] = first;
+        v_converted[swizzle(n, 2 * c + 1)] = second;
+      }
     }
   };
 
@@ -170,9 +207,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
 #pragma unroll
   for (int j = 0; j < O_TILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
-  auto attend_tile = [&](int stage, int p0) {
-    const uint4* k_tile = k_stages + stage * SUB_CHUNKS;
-    const uint4* v_tile = v_stages + stage * SUB_CHUNKS;
+  auto attend_tile = [&](const uint4* k_tile, const uint4* v_tile, int p0) {
     // -- compute qk: two n-tiles of 8 keys
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -265,8 +300,15 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     cp_async_commit();
     cp_async_wait<DEC_STAGES - 1>();
     __syncwarp();  // every lane's copies of sub-tile i are visible to the warp
-    attend_tile(i % DEC_STAGES, sub_p0(i));
-    __syncwarp();  // the stage is read before it is refilled
+    if constexpr (FP8) {
+      convert_sub(i % DEC_STAGES);
+      __syncwarp();  // the converted sub-tile is visible to the warp
+      attend_tile(k_converted, v_converted, sub_p0(i));
+    } else {
+      attend_tile(k_stages + (i % DEC_STAGES) * STAGE_CHUNKS, v_stages + (i % DEC_STAGES) * STAGE_CHUNKS,
+                  sub_p0(i));
+    }
+    __syncwarp();  // the stage (and the converted buffer) are read before they are refilled
   }
   cp_async_wait<0>();
   __syncthreads();  // all warps are done with their stages: the region becomes o_merge
@@ -305,7 +347,8 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
         acc = fmaf(weight, o_merge[(w * DEC_ROWS + r) * HEAD_DIM + d], acc);
       }
     }
-    const float o_final = l > 0.f ? acc / l : 0.f;
+    float o_final = l > 0.f ? acc / l : 0.f;
+    if constexpr (FP8) o_final *= v_scale;  // the value used is cache * v_scale
     const float lse_final = l > 0.f ? m * LN2 + logf(l) : PA_NEG_INF;
     if (partial >= 0) {
       partial_out[((long long)partial * DEC_ROWS + r) * HEAD_DIM + d] = o_final;

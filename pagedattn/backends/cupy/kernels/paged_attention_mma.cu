@@ -12,7 +12,11 @@
 //               O = O * alpha + P V on tensor cores
 //   epilogue:   O / l, lse = m + log l (0 and -inf for an empty row), to out or a partial.
 // Each warp owns 16 rows; a thread holds rows g and g + 8 of its warp (g = lane / 4).
+// fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): the stages hold the raw bytes;
+// each landed tile is converted (exact) to T in one more K/V buffer before attend_tile, the
+// score scale passed in already holds k_scale, and O is multiplied by v_scale at the end.
 #include "common.cuh"
+#include "fp8.cuh"
 #include "mma.cuh"
 
 constexpr int MMA_THREADS = 128;  // 4 warps x 16 rows
@@ -20,14 +24,16 @@ constexpr int MMA_ROWS = 64;
 constexpr int MMA_TILE_N = 64;    // keys per tile
 constexpr int MMA_ITEM_FIELDS = 9;
 
-// Shared-memory bytes of paged_attention_mma (the host computes the same).
-template <int HEAD_DIM> __host__ __device__ constexpr int mma_smem_bytes() {
-  return (MMA_ROWS + 2 * 2 * MMA_TILE_N) * HEAD_DIM * 2 + 3 * MMA_ROWS * 4;
+// Shared-memory bytes of paged_attention_mma (the host computes the same): Q, two stages of
+// K and V as stored, and (fp8) the converted K and V tile.
+template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int mma_smem_bytes() {
+  return MMA_ROWS * HEAD_DIM * 2 + 2 * 2 * MMA_TILE_N * HEAD_DIM * CACHE_BYTES +
+         (CACHE_BYTES == 1 ? 2 * MMA_TILE_N * HEAD_DIM * 2 : 0) + 3 * MMA_ROWS * 4;
 }
 
-template <typename T, int HEAD_DIM, int BLOCK_SIZE>
+template <typename T, int HEAD_DIM, int BLOCK_SIZE, typename C>
 __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
-    const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
+    const T* __restrict__ query, const C* __restrict__ key_cache, const C* __restrict__ value_cache,  //
     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
     float* __restrict__ partial_lse,  //
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
@@ -36,11 +42,17 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
     long long k_stride_block, long long k_stride_slot, long long k_stride_head,
     long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
     int max_blocks_per_seq, int num_q_heads, int group_size,                      //
-    float scale, float softcap, int sliding_window, int causal, int has_alibi) {
+    float scale, float softcap, int sliding_window, int causal, int has_alibi, float v_scale) {
+  constexpr bool FP8 = CacheKind<C>::FP8;
+  static_assert(FP8 || sizeof(C) == sizeof(T), "a 16-bit cache holds the query's type");
   constexpr int STAGES = 2;
-  constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks of 8 elements
+  constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks of 8 elements of T
   constexpr int TILE_CHUNKS = MMA_TILE_N * CHUNKS_PER_ROW;
-  constexpr int LOADS_PER_THREAD = TILE_CHUNKS / MMA_THREADS;
+  constexpr int CACHE_ELEMS = 16 / (int)sizeof(C);            // cache elements per 16-byte chunk
+  constexpr int CACHE_CHUNKS_PER_ROW = HEAD_DIM / CACHE_ELEMS;  // chunks of one key row in the cache
+  constexpr int STAGE_CHUNKS = MMA_TILE_N * CACHE_CHUNKS_PER_ROW;  // one K (or V) tile as stored
+  constexpr int LOADS_PER_THREAD = STAGE_CHUNKS / MMA_THREADS;
+  static_assert(STAGE_CHUNKS % MMA_THREADS == 0, "tile loads must divide among the threads");
   constexpr int Q_LOADS_PER_THREAD = MMA_ROWS * CHUNKS_PER_ROW / MMA_THREADS;
   constexpr int K_STEPS = HEAD_DIM / 16;   // k-steps of S = Q K^T
   constexpr int S_TILES = MMA_TILE_N / 8;  // n-tiles of S (8 keys each)
@@ -51,11 +63,13 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
   // ---- shared memory: Q tile | K stages | V stages | row state; chunk c of row n sits at
   // n * CHUNKS_PER_ROW + (c ^ (n % 8)), so 8 consecutive rows of one chunk column hit 8 bank groups
   extern __shared__ uint4 smem[];
-  if (dynamic_smem_size() < (unsigned)mma_smem_bytes<HEAD_DIM>()) __trap();
+  if (dynamic_smem_size() < (unsigned)mma_smem_bytes<HEAD_DIM, (int)sizeof(C)>()) __trap();
   uint4* q_tile = smem;
-  uint4* k_tiles = q_tile + MMA_ROWS * CHUNKS_PER_ROW;
-  uint4* v_tiles = k_tiles + STAGES * TILE_CHUNKS;
-  int* p_q = reinterpret_cast<int*>(v_tiles + STAGES * TILE_CHUNKS);
+  uint4* k_tiles = q_tile + MMA_ROWS * CHUNKS_PER_ROW;  // as stored in the cache
+  uint4* v_tiles = k_tiles + STAGES * STAGE_CHUNKS;
+  uint4* k_converted = v_tiles + STAGES * STAGE_CHUNKS;  // fp8 only: the tile as T
+  uint4* v_converted = k_converted + (FP8 ? TILE_CHUNKS : 0);
+  int* p_q = reinterpret_cast<int*>(v_converted + (FP8 ? TILE_CHUNKS : 0));
   float* slope = reinterpret_cast<float*>(p_q + MMA_ROWS);
   int* row_valid = reinterpret_cast<int*>(slope + MMA_ROWS);
   auto swizzle = [](int n, int c) { return n * CHUNKS_PER_ROW + (c ^ (n % 8)); };
@@ -96,24 +110,43 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
   cp_async_commit();
 
   auto load_tile = [&](int stage, int p0) {
-    uint4* k_dst = k_tiles + stage * TILE_CHUNKS;
-    uint4* v_dst = v_tiles + stage * TILE_CHUNKS;
+    uint4* k_dst = k_tiles + stage * STAGE_CHUNKS;
+    uint4* v_dst = v_tiles + stage * STAGE_CHUNKS;
 #pragma unroll
     for (int i = 0; i < LOADS_PER_THREAD; ++i) {
       const int idx = threadIdx.x + i * MMA_THREADS;
-      const int n = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
+      const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
       const int p = p0 + n;
       const bool valid = p < L;  // nothing at p >= L is read, not even the table
-      const T* k_src = key_cache;
-      const T* v_src = value_cache;
+      const C* k_src = key_cache;
+      const C* v_src = value_cache;
       if (valid) {
         const long long block = table_row[p / BLOCK_SIZE];
         const long long slot = p % BLOCK_SIZE;
-        k_src = key_cache + block * k_stride_block + slot * k_stride_slot + kv_head * k_stride_head + c * 8;
-        v_src = value_cache + block * v_stride_block + slot * v_stride_slot + kv_head * v_stride_head + c * 8;
+        k_src = key_cache + block * k_stride_block + slot * k_stride_slot + kv_head * k_stride_head + c * CACHE_ELEMS;
+        v_src = value_cache + block * v_stride_block + slot * v_stride_slot + kv_head * v_stride_head + c * CACHE_ELEMS;
       }
-      cp_async_16(k_dst + swizzle(n, c), k_src, valid);
-      cp_async_16(v_dst + swizzle(n, c), v_src, valid);
+      const int at = FP8 ? idx : swizzle(n, c);  // fp8 bytes in order; T swizzled for ldmatrix
+      cp_async_16(k_dst + at, k_src, valid);
+      cp_async_16(v_dst + at, v_src, valid);
+    }
+  };
+
+  // -- fp8: the landed tile in `stage` to T in k_converted / v_converted (exact)
+  auto convert_tile = [&](int stage) {
+    if constexpr (FP8) {  // (a 16-bit cache is read in place)
+#pragma unroll
+      for (int i = 0; i < LOADS_PER_THREAD; ++i) {
+        const int idx = threadIdx.x + i * MMA_THREADS;
+        const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
+        uint4 first, second;
+        fp8_chunk_to<C, T>(k_tiles[stage * STAGE_CHUNKS + idx], first, second);
+        k_converted[swizzle(n, 2 * c)] = first;
+        k_converted[swizzle(n, 2 * c + 1)] = second;
+        fp8_chunk_to<C, T>(v_tiles[stage * STAGE_CHUNKS + idx], first, second);
+        v_converted[swizzle(n, 2 * c)] = first;
+        v_converted[swizzle(n, 2 * c + 1)] = second;
+      }
     }
   };
 
@@ -125,9 +158,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
 #pragma unroll
   for (int j = 0; j < O_TILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
-  auto attend_tile = [&](int stage, int p0) {
-    const uint4* k_tile = k_tiles + stage * TILE_CHUNKS;
-    const uint4* v_tile = v_tiles + stage * TILE_CHUNKS;
+  auto attend_tile = [&](const uint4* k_tile, const uint4* v_tile, int p0) {
     // -- compute qk on tensor cores
     float s[S_TILES][4];
 #pragma unroll
@@ -215,8 +246,15 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
     cp_async_commit();
     cp_async_wait<1>();  // Q and tile i have landed
     __syncthreads();
-    attend_tile(i % STAGES, kv_begin + i * MMA_TILE_N);
-    __syncthreads();  // stage i % STAGES is free for tile i + 2
+    if constexpr (FP8) {
+      convert_tile(i % STAGES);
+      __syncthreads();  // the converted tile is visible to every warp
+      attend_tile(k_converted, v_converted, kv_begin + i * MMA_TILE_N);
+    } else {
+      attend_tile(k_tiles + (i % STAGES) * STAGE_CHUNKS, v_tiles + (i % STAGES) * STAGE_CHUNKS,
+                  kv_begin + i * MMA_TILE_N);
+    }
+    __syncthreads();  // stage i % STAGES (and the converted tile) is free for tile i + 2
   }
   cp_async_wait<0>();
 
@@ -231,7 +269,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
     const int r = half == 0 ? row_lo : row_hi;
     if (r >= num_rows) continue;
     const float l = l_i[half];
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    float inv_l = l > 0.f ? 1.f / l : 0.f;
+    if constexpr (FP8) inv_l *= v_scale;  // the value used is cache * v_scale
     const float lse_final = l > 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
     const long long t = token_start + r / num_groups;
     const int h = kv_head * group_size + group_start + r % num_groups;
