@@ -23,8 +23,10 @@ HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: Query rows (tokens x query heads of one KV head) per CTA of the CUDA-core attention kernel.
 ROWS: tuple[int, ...] = (4, 8)
-#: The tensor-core kernel (kernels/paged_attention_mma.cu): 64 rows, 64-key tiles, 16-bit dtypes.
+#: The tensor-core kernel (kernels/paged_attention_mma.cu): 64 rows, 64-key tiles in 3 stages,
+#: 16-bit dtypes.
 MMA_ROWS = 64
+MMA_STAGES = 3
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 4 warps
@@ -89,7 +91,7 @@ def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
     fp8 = cache_dtype in FP8_TYPES
     return (
         MMA_ROWS * head_dim * 2
-        + 2 * 2 * 64 * head_dim * cache_bytes(cache_dtype)
+        + MMA_STAGES * 2 * 64 * head_dim * cache_bytes(cache_dtype)
         + (2 * 64 * head_dim * 2 if fp8 else 0)
         + 3 * MMA_ROWS * 4
     )

@@ -22,12 +22,13 @@
 constexpr int MMA_THREADS = 128;  // 4 warps x 16 rows
 constexpr int MMA_ROWS = 64;
 constexpr int MMA_TILE_N = 64;    // keys per tile
+constexpr int MMA_STAGES = 3;     // K/V tiles in shared memory: two load while one is computed
 constexpr int MMA_ITEM_FIELDS = 9;
 
-// Shared-memory bytes of paged_attention_mma (the host computes the same): Q, two stages of
-// K and V as stored, and (fp8) the converted K and V tile.
+// Shared-memory bytes of paged_attention_mma (the host computes the same): Q, MMA_STAGES
+// stages of K and V as stored, and (fp8) the converted K and V tile.
 template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int mma_smem_bytes() {
-  return MMA_ROWS * HEAD_DIM * 2 + 2 * 2 * MMA_TILE_N * HEAD_DIM * CACHE_BYTES +
+  return MMA_ROWS * HEAD_DIM * 2 + MMA_STAGES * 2 * MMA_TILE_N * HEAD_DIM * CACHE_BYTES +
          (CACHE_BYTES == 1 ? 2 * MMA_TILE_N * HEAD_DIM * 2 : 0) + 3 * MMA_ROWS * 4;
 }
 
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
     float scale, float softcap, int sliding_window, int causal, int has_alibi, float v_scale) {
   constexpr bool FP8 = CacheKind<C>::FP8;
   static_assert(FP8 || sizeof(C) == sizeof(T), "a 16-bit cache holds the query's type");
-  constexpr int STAGES = 2;
+  constexpr int STAGES = MMA_STAGES;
   constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks of 8 elements of T
   constexpr int TILE_CHUNKS = MMA_TILE_N * CHUNKS_PER_ROW;
   constexpr int CACHE_ELEMS = 16 / (int)sizeof(C);            // cache elements per 16-byte chunk
@@ -53,6 +54,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
   constexpr int STAGE_CHUNKS = MMA_TILE_N * CACHE_CHUNKS_PER_ROW;  // one K (or V) tile as stored
   constexpr int LOADS_PER_THREAD = STAGE_CHUNKS / MMA_THREADS;
   static_assert(STAGE_CHUNKS % MMA_THREADS == 0, "tile loads must divide among the threads");
+  // block-table entries of a tile (it starts on a multiple of MMA_TILE_N): thread rows are
+  // n = threadIdx.x / CACHE_CHUNKS_PER_ROW + ROWS_PER_PASS * i
+  constexpr int BLOCKS_PER_TILE = MMA_TILE_N > BLOCK_SIZE ? MMA_TILE_N / BLOCK_SIZE : 1;
+  constexpr int ROWS_PER_PASS = MMA_THREADS / CACHE_CHUNKS_PER_ROW;
+  static_assert(MMA_TILE_N % BLOCK_SIZE == 0 || BLOCK_SIZE % MMA_TILE_N == 0, "tiles and blocks nest");
   constexpr int Q_LOADS_PER_THREAD = MMA_ROWS * CHUNKS_PER_ROW / MMA_THREADS;
   constexpr int K_STEPS = HEAD_DIM / 16;   // k-steps of S = Q K^T
   constexpr int S_TILES = MMA_TILE_N / 8;  // n-tiles of S (8 keys each)
@@ -109,7 +115,26 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
   }
   cp_async_commit();
 
-  auto load_tile = [&](int stage, int p0) {
+  // The physical blocks of tile `tile` (entries only below ceil(L / BLOCK_SIZE)): loaded a
+  // tile before the copies that use them, so the table's latency hides behind a tile.
+  auto fetch_blocks = [&](int tile, int (&blocks)[BLOCKS_PER_TILE]) {
+    const int p0 = kv_begin + tile * MMA_TILE_N;
+#pragma unroll
+    for (int b = 0; b < BLOCKS_PER_TILE; ++b) {
+      const int p = p0 + b * BLOCK_SIZE;
+      blocks[b] = p < L ? table_row[p / BLOCK_SIZE] : 0;
+    }
+  };
+  // blocks[j] with j in registers: a select chain (j is a constant wherever the unrolled
+  // loop lets the compiler see that n / BLOCK_SIZE is)
+  auto pick = [](const int (&blocks)[BLOCKS_PER_TILE], int j) {
+    int block = blocks[0];
+#pragma unroll
+    for (int b = 1; b < BLOCKS_PER_TILE; ++b) block = j == b ? blocks[b] : block;
+    return block;
+  };
+
+  auto load_tile = [&](int stage, int p0, const int (&blocks)[BLOCKS_PER_TILE]) {
     uint4* k_dst = k_tiles + stage * STAGE_CHUNKS;
     uint4* v_dst = v_tiles + stage * STAGE_CHUNKS;
 #pragma unroll
@@ -117,11 +142,13 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
       const int idx = threadIdx.x + i * MMA_THREADS;
       const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
       const int p = p0 + n;
-      const bool valid = p < L;  // nothing at p >= L is read, not even the table
+      const bool valid = p < L;  // nothing at p >= L is read
       const C* k_src = key_cache;
       const C* v_src = value_cache;
       if (valid) {
-        const long long block = table_row[p / BLOCK_SIZE];
+        // n / BLOCK_SIZE: a constant when a pass of rows stays inside one block
+        const int j = ROWS_PER_PASS <= BLOCK_SIZE ? (ROWS_PER_PASS * i) / BLOCK_SIZE : n / BLOCK_SIZE;
+        const long long block = pick(blocks, BLOCKS_PER_TILE == 1 ? 0 : j);
         const long long slot = p % BLOCK_SIZE;
         k_src = key_cache + block * k_stride_block + slot * k_stride_slot + kv_head * k_stride_head + c * CACHE_ELEMS;
         v_src = value_cache + block * v_stride_block + slot * v_stride_slot + kv_head * v_stride_head + c * CACHE_ELEMS;
@@ -152,6 +179,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
 
   // running state of rows g and g + 8 of this warp, log2 units
   const int row_lo = warp * 16 + g, row_hi = row_lo + 8;
+  // p_q of this CTA's first and last token: a tile in [pq_max - W + 1, pq_min] (and < L) is
+  // seen whole by every row
+  const int pq_min = L - q_len + (token_start - query_start_loc[seq]);
+  const int pq_max = pq_min + num_tokens - 1;
+  const bool plain = softcap <= 0.f && !has_alibi;  // scores are scale * q.k, nothing added
   float m_i[2] = {PA_NEG_INF, PA_NEG_INF};
   float l_i[2] = {0.f, 0.f};  // this thread's share of l; summed over the quad in the epilogue
   float o[O_TILES][4];
@@ -177,21 +209,35 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
     }
     // -- scale, softcap, ALiBi, mask (replace, never add); row max over the quad
     float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
+    const bool whole = p0 + MMA_TILE_N <= L && (!causal || p0 + MMA_TILE_N - 1 <= pq_min) &&
+                       (sliding_window <= 0 || p0 > pq_max - sliding_window);
+    if (plain && whole) {  // every row sees every key of the tile: the same arithmetic, no mask
 #pragma unroll
-    for (int j = 0; j < S_TILES; ++j) {
+      for (int j = 0; j < S_TILES; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e < 2 ? row_lo : row_hi;
-        const int p = p0 + 8 * j + 2 * tig + (e & 1);
-        float x = s[j][e] * scale;
-        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-        const int distance = p - p_q[r];
-        x += slope[r] * (float)distance;
-        bool visible = row_valid[r] && p < L;
-        if (causal) visible = visible && distance <= 0;
-        if (sliding_window > 0) visible = visible && distance > -sliding_window;
-        s[j][e] = visible ? x * LOG2E : PA_NEG_INF;
-        m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = (s[j][e] * scale) * LOG2E;
+          m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < S_TILES; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e / 2;
+          const int r = half == 0 ? row_lo : row_hi;
+          const int p = p0 + 8 * j + 2 * tig + (e & 1);
+          float x = s[j][e] * scale;
+          if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+          const int distance = p - p_q[r];
+          if (has_alibi) x += slope[r] * (float)distance;
+          bool visible = row_valid[r] && p < L;
+          if (causal) visible = visible && distance <= 0;
+          if (sliding_window > 0) visible = visible && distance > -sliding_window;
+          s[j][e] = visible ? x * LOG2E : PA_NEG_INF;
+          m_ij[half] = fmaxf(m_ij[half], s[j][e]);
+        }
       }
     }
     float alpha[2], m_safe[2];
@@ -239,12 +285,25 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
 
   // ---- inner loop over tiles, loading one tile ahead
   const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + MMA_TILE_N - 1) / MMA_TILE_N : 0;
-  if (num_tiles > 0) load_tile(0, kv_begin);
-  cp_async_commit();
-  for (int i = 0; i < num_tiles; ++i) {
-    if (i + 1 < num_tiles) load_tile((i + 1) % STAGES, kv_begin + (i + 1) * MMA_TILE_N);
+  int blocks[BLOCKS_PER_TILE];       // of the next tile to load
+  int blocks_after[BLOCKS_PER_TILE] = {};  // of the tile after it
+  if (num_tiles > 0) fetch_blocks(0, blocks);
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {  // tiles 0 .. STAGES - 2 (Q lands with tile 0's group)
+    if (i + 1 < num_tiles) fetch_blocks(i + 1, blocks_after);
+    if (i < num_tiles) load_tile(i, kv_begin + i * MMA_TILE_N, blocks);
     cp_async_commit();
-    cp_async_wait<1>();  // Q and tile i have landed
+#pragma unroll
+    for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = blocks_after[b];
+  }
+  for (int i = 0; i < num_tiles; ++i) {
+    const int next = i + STAGES - 1;  // into the stage computed in iteration i - 1
+    if (next + 1 < num_tiles) fetch_blocks(next + 1, blocks_after);
+    if (next < num_tiles) load_tile(next % STAGES, kv_begin + next * MMA_TILE_N, blocks);
+    cp_async_commit();
+#pragma unroll
+    for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = blocks_after[b];
+    cp_async_wait<STAGES - 1>();  // Q and tile i have landed
     __syncthreads();
     if constexpr (FP8) {
       convert_tile(i % STAGES);
@@ -254,7 +313,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
       attend_tile(k_tiles + (i % STAGES) * STAGE_CHUNKS, v_tiles + (i % STAGES) * STAGE_CHUNKS,
                   kv_begin + i * MMA_TILE_N);
     }
-    __syncthreads();  // stage i % STAGES (and the converted tile) is free for tile i + 2
+    __syncthreads();  // stage i % STAGES (and the converted tile) may be refilled
   }
   cp_async_wait<0>();
 
