@@ -27,9 +27,8 @@ class Case:
     query_start_loc: np.ndarray | None
     options: dict[str, Any] = field(default_factory=dict)
     pool_view: bool = False  # run on HND views of a [blocks, 2, layers, Hkv, bs, D] pool
-    #: plan as if this many CTAs fit on the device (1: no split-KV, so one CTA walks a whole
-    #: long range); None: the device's real count
-    resident_ctas: int | None = None
+    #: False: plan without split-KV, so one CTA walks each whole (long) range
+    split_kv: bool = True
 
 
 def make_case(
@@ -45,7 +44,7 @@ def make_case(
     dtype: str = "bfloat16",
     kv_layout: str = "NHD",
     pool_view: bool = False,
-    resident_ctas: int | None = None,
+    split_kv: bool = True,
     cache_dtype: str | None = None,
     **options: Any,
 ) -> Case:
@@ -93,5 +92,5 @@ def make_case(
         starts,
         options,
         pool_view,
-        resident_ctas,
+        split_kv,
     )

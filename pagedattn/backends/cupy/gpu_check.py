@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.backends.cupy import planning
 from pagedattn.backends.cupy.backend import CupyBackend
 from pagedattn.backends.cupy.cases import Case, make_case
 from pagedattn.spec import kv_ops
@@ -50,9 +51,9 @@ def decode_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
                 block_size=64,
                 dtype="float16",
                 kv_layout="HND",
-                sliding_window=1000,
+                sliding_window=2300,
                 softcap=30.0,
-                resident_ctas=1,
+                split_kv=False,
             )
         ]
     return [
@@ -62,7 +63,7 @@ def decode_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
             seq_lens=[9000, 2500, 0, 70],
             num_q_heads=8,
             num_kv_heads=2,
-            resident_ctas=1,
+            split_kv=False,
         ),
         make_case(
             "decode unsplit MQA G=8 HND bs64 fp16",
@@ -73,7 +74,7 @@ def decode_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
             block_size=64,
             dtype="float16",
             kv_layout="HND",
-            resident_ctas=1,
+            split_kv=False,
         ),
         make_case(
             "decode softcap alibi scale",
@@ -426,9 +427,9 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
     options = dict(case.options)
     if "alibi_slopes" in options:
         options["alibi_slopes"] = to_dev(options["alibi_slopes"])
-    if case.resident_ctas is not None:  # an instance attribute shadows the method
-        resident = case.resident_ctas
-        backend._resident_ctas = lambda problem: resident  # type: ignore[method-assign]
+    choose_split = planning.choose_split
+    if not case.split_kv:  # one part per range, however long
+        planning.choose_split = lambda base_tiles, slots, **_: max(1, int(base_tiles.max()))  # type: ignore[assignment]
     try:
         out, lse = backend.paged_attention(
             q,
@@ -441,8 +442,7 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
             **options,
         )
     finally:
-        if case.resident_ctas is not None:
-            del backend._resident_ctas
+        planning.choose_split = choose_split
     return backend.to_numpy(out), backend.to_numpy(lse)
 
 
