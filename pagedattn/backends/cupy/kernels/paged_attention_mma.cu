@@ -7,7 +7,8 @@
 //   setup:      rows' p_q and ALiBi slopes; the Q tile staged in shared memory
 //   inner loop: for each tile of MMA_TILE_N logical positions (attend_tile): look up physical
 //               blocks (only p < L), stage K and V (16-byte cp.async, zero-filled beyond L,
-//               double-buffered, 16-byte chunks XOR-swizzled against bank conflicts),
+//               MMA_STAGES deep, 16-byte chunks XOR-swizzled against bank conflicts; no mask
+//               on tiles every row sees whole),
 //               S = Q K^T on tensor cores, mask (replace, never add), update m, l in registers,
 //               O = O * alpha + P V on tensor cores
 //   epilogue:   O / l, lse = m + log l (0 and -inf for an empty row), to out or a partial.
@@ -283,13 +284,13 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
     }
   };
 
-  // ---- inner loop over tiles, loading one tile ahead
+  // ---- inner loop over tiles, loading STAGES - 1 tiles ahead (their table entries one more)
   const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + MMA_TILE_N - 1) / MMA_TILE_N : 0;
   int blocks[BLOCKS_PER_TILE];       // of the next tile to load
   int blocks_after[BLOCKS_PER_TILE] = {};  // of the tile after it
   if (num_tiles > 0) fetch_blocks(0, blocks);
 #pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {  // tiles 0 .. STAGES - 2 (Q lands with tile 0's group)
+  for (int i = 0; i < STAGES - 1; ++i) {  // tiles 0 .. STAGES - 2, after Q's group
     if (i + 1 < num_tiles) fetch_blocks(i + 1, blocks_after);
     if (i < num_tiles) load_tile(i, kv_begin + i * MMA_TILE_N, blocks);
     cp_async_commit();
