@@ -119,6 +119,17 @@ def raw_view(array: Any, argument: str) -> tuple[Any, str]:
     )
 
 
+def raw_bits(array: Any, argument: str) -> Any:
+    """The cupy array of ``array``'s bits or values (:func:`raw_view` without the dtype name)."""
+    if isinstance(array, RawArray):
+        return array.raw
+    import cupy
+
+    if isinstance(array, cupy.ndarray):
+        return array
+    return raw_view(array, argument)[0]
+
+
 def element_strides(raw: Any) -> tuple[int, ...]:
     """Strides of a cupy array in elements."""
     return tuple(int(s) // raw.itemsize for s in raw.strides)

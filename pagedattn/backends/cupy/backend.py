@@ -16,7 +16,13 @@ import numpy as np
 
 from pagedattn.backends.capabilities import ALL_FEATURES, Capabilities
 from pagedattn.backends.cupy import arrays, planning, specializations
-from pagedattn.backends.cupy.runtime import current_stream, kernel, launch
+from pagedattn.backends.cupy.runtime import (
+    current_stream,
+    kernel,
+    launch,
+    launch_prepared,
+    prepared,
+)
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
@@ -45,9 +51,16 @@ class CupyPlanState:
     threads: int
     smem: int
     scalars: tuple[Any, ...]  # the attention kernel's trailing scalar arguments
+    attention_kernel: Any  # the compiled kernels (runtime.prepared)
+    merge_kernel: Any
+    #: partial_out / partial_lse when no range is split (never written, passed as arguments)
+    no_partials: tuple[Any, Any] | None
     #: (shape, dtype) of query, key_cache, value_cache as last accepted by the full check of
     #: ``Backend.run``; equal ones skip it (the same check, done once)
     accepted: tuple[Any, ...] | None = None
+    #: (pointer, shape, strides) of the raw caches last seen, and their checked strides
+    strides_seen: tuple[Any, ...] | None = None
+    strides: tuple[Any, ...] = ()
 
 
 class CupyBackend(Backend):
@@ -135,6 +148,19 @@ class CupyBackend(Backend):
 
         rows, name, cache = work.rows, problem.dtype, problem.cache_dtype
         fp8 = cache in specializations.FP8_TYPES
+        attention = specializations.attention(
+            name, problem.head_dim, problem.block_size, rows, cache
+        )
+        merge = specializations.merge_partials(name, problem.head_dim, rows)
+        smem = specializations.smem_bytes(name, problem.head_dim, rows, cache)
+        no_partials = (
+            None
+            if work.num_partials
+            else (
+                cupy.empty((1, rows, problem.head_dim), dtype=cupy.float32),
+                cupy.empty((1, rows), dtype=cupy.float32),
+            )
+        )
         return CupyPlanState(
             work=work,
             items=cupy.asarray(work.items),
@@ -143,12 +169,10 @@ class CupyBackend(Backend):
             seq_lens=cupy.asarray(problem.seq_lens.astype(np.int32)),
             query_start_loc=cupy.asarray(problem.query_start_loc.astype(np.int32)),
             alibi_slopes=cupy.asarray(slopes.astype(np.float32)),
-            attention=specializations.attention(
-                name, problem.head_dim, problem.block_size, rows, cache
-            ),
-            merge=specializations.merge_partials(name, problem.head_dim, rows),
+            attention=attention,
+            merge=merge,
             threads=specializations.threads(rows),
-            smem=specializations.smem_bytes(name, problem.head_dim, rows, cache),
+            smem=smem,
             scalars=(
                 np.int32(problem.max_blocks_per_seq),
                 np.int32(problem.num_q_heads),
@@ -161,6 +185,9 @@ class CupyBackend(Backend):
                 np.int32(problem.alibi_slopes is not None),
                 np.float32(problem.v_scale if fp8 else 1.0),
             ),
+            attention_kernel=prepared(attention, smem),
+            merge_kernel=prepared(merge) if len(work.merges) else None,
+            no_partials=no_partials,
         )
 
     def run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> Any:
@@ -198,11 +225,11 @@ class CupyBackend(Backend):
         return per_sm * attributes["MultiProcessorCount"]
 
     def _cache_strides(
-        self, cache: Any, argument: str, kv_layout: str
-    ) -> tuple[Any, tuple[Any, Any, Any]]:
-        """``(raw, (stride_block, stride_slot, stride_head))`` in elements (np.int64); rows
+        self, raw: Any, argument: str, kv_layout: str
+    ) -> tuple[Any, Any, Any]:
+        """``(stride_block, stride_slot, stride_head)`` of a raw cache (cupy) in elements, as
+        np.int64; raises the unsupported error unless head_dim has unit stride and rows are
         16-byte aligned."""
-        raw, _ = arrays.raw_view(cache, argument)
         s_block, s1, s2, s_dim = arrays.element_strides(raw)
         s_slot, s_head = (s1, s2) if kv_layout == "NHD" else (s2, s1)
         aligned = raw.data.ptr % 16 == 0 and all(
@@ -216,33 +243,49 @@ class CupyBackend(Backend):
                 backend=self.name,
                 capability="strided_caches",
             )
-        return raw, (np.int64(s_block), np.int64(s_slot), np.int64(s_head))
+        return np.int64(s_block), np.int64(s_slot), np.int64(s_head)
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
-        with current_stream():  # allocations ordered on the stream of the launches
-            return self._launch_attention(plan, query, key_cache, value_cache)
+        stream = current_stream()
+        with stream:  # allocations and launches on one stream, entered once
+            return self._launch_attention(plan, query, key_cache, value_cache, stream)
+
+    def _checked_strides(
+        self, state: CupyPlanState, raw_k: Any, raw_v: Any, kv_layout: str
+    ) -> tuple[Any, ...]:
+        """The six cache strides of the kernel arguments, checked once per (pointer, shape,
+        strides) of the two caches (:meth:`_cache_strides` does the checking)."""
+        seen = (raw_k.data.ptr, raw_k.shape, raw_k.strides, raw_v.data.ptr, raw_v.shape, raw_v.strides)
+        if seen != state.strides_seen:
+            k_strides = self._cache_strides(raw_k, "key_cache", kv_layout)
+            v_strides = self._cache_strides(raw_v, "value_cache", kv_layout)
+            state.strides, state.strides_seen = (*k_strides, *v_strides), seen
+        return state.strides
 
     def _launch_attention(
-        self, plan: Plan, query: Any, key_cache: Any, value_cache: Any
+        self, plan: Plan, query: Any, key_cache: Any, value_cache: Any, stream: Any
     ) -> tuple[Any, Any]:
         import cupy
 
         p: AttentionProblem = plan.problem
         state: CupyPlanState = plan.state
         work = state.work
-        raw_q, name = arrays.raw_view(query, "query")
-        raw_k, k_strides = self._cache_strides(key_cache, "key_cache", p.kv_layout)
-        raw_v, v_strides = self._cache_strides(value_cache, "value_cache", p.kv_layout)
+        raw_q = arrays.raw_bits(query, "query")
+        raw_k = arrays.raw_bits(key_cache, "key_cache")
+        raw_v = arrays.raw_bits(value_cache, "value_cache")
+        strides = self._checked_strides(state, raw_k, raw_v, p.kv_layout)
         if not raw_q.flags.c_contiguous or raw_q.data.ptr % 16:
             raw_q = cupy.ascontiguousarray(raw_q).copy()
-        out, raw_out = arrays.empty_like_output(query, raw_q, name)
+        out, raw_out = arrays.empty_like_output(query, raw_q, p.dtype)
         lse, raw_lse = arrays.empty_lse(query, (p.num_tokens, p.num_q_heads))
-        rows, D = work.rows, p.head_dim
-        partial_out = cupy.empty((max(1, work.num_partials), rows, D), dtype=cupy.float32)
-        partial_lse = cupy.empty((max(1, work.num_partials), rows), dtype=cupy.float32)
-        stream = current_stream()
-        launch(
-            state.attention,
+        if state.no_partials is not None:
+            partial_out, partial_lse = state.no_partials
+        else:
+            partial_out = cupy.empty((work.num_partials, work.rows, p.head_dim), cupy.float32)
+            partial_lse = cupy.empty((work.num_partials, work.rows), cupy.float32)
+        launch_prepared(
+            state.attention_kernel,
+            state.attention.name_expression,
             (len(work.items),),
             (state.threads,),
             (
@@ -258,16 +301,16 @@ class CupyBackend(Backend):
                 state.query_start_loc,
                 state.alibi_slopes,
                 state.items,
-                *k_strides,
-                *v_strides,
+                *strides,
                 *state.scalars,
             ),
-            shared_mem=state.smem,
-            stream=stream,
+            state.smem,
+            stream,
         )
-        if len(work.merges):
-            launch(
-                state.merge,
+        if state.merge_kernel is not None:
+            launch_prepared(
+                state.merge_kernel,
+                state.merge.name_expression,
                 (len(work.merges),),
                 (NUM_THREADS,),
                 (
@@ -279,7 +322,8 @@ class CupyBackend(Backend):
                     state.scalars[1],
                     state.scalars[2],
                 ),
-                stream=stream,
+                0,
+                stream,
             )
         return out, (lse if p.return_lse else None)
 

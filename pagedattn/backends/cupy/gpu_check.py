@@ -911,6 +911,59 @@ def host_overhead(backend: CupyBackend, out_dir: str, calls: int = 300) -> str:
     return f"{per_call * 1e6:.1f} us of host time per run (8 x 64 decode, cupy arrays)"
 
 
+def kernel_times(backend: CupyBackend, runs: int = 10) -> list[str]:
+    """Device time per run of each kernel (torch.profiler, CUPTI) beside the CUDA-event time
+    of the same runs, for decode 64 x 4,096 and 2 x 65,536 at block size 16 (the latter also
+    planned for 2x and 3x the resident CTAs, i.e. more split-KV parts): what the kernels take
+    apart from the host's share."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    lines = []
+    for batch, seq_len, slots_factor in ((64, 4096, 1), (2, 65536, 1), (2, 65536, 2), (2, 65536, 3)):
+        x = paged_inputs(batch, seq_len, 16, None, 0)
+        resident = backend._resident_ctas
+
+        def more_slots(problem: Any, f: int = slots_factor, r: Any = resident) -> int:
+            return int(f * r(problem))
+
+        backend._resident_ctas = more_slots  # type: ignore[method-assign]
+        try:
+            plan = backend.plan(
+                x["query"], x["key_cache"], x["value_cache"], x["block_tables"], x["seq_lens"]
+            )
+        finally:
+            del backend._resident_ctas
+
+        def call(plan: Any = plan, x: dict = x) -> Any:
+            return backend.run(plan, x["query"], x["key_cache"], x["value_cache"])
+
+        event_ms = median_ms([call])
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(runs):
+                call()
+            torch.cuda.synchronize()
+        per_kernel: dict[str, float] = {}
+        for event in prof.key_averages():
+            device_us = float(
+                getattr(event, "self_device_time_total", None)
+                or getattr(event, "self_cuda_time_total", 0)
+                or 0
+            )
+            if device_us > 0:
+                per_kernel[event.key[:60]] = device_us / runs
+        total = sum(per_kernel.values())
+        detail = ", ".join(f"{k}: {v:.1f} us" for k, v in sorted(per_kernel.items()))
+        lines.append(
+            f"decode {batch}x{seq_len} bs16, {len(plan.state.work.items)} CTAs:"
+            f" kernels {total:.1f} us per run ({detail}); CUDA events {event_ms * 1e3:.1f} us"
+        )
+    return lines
+
+
 def run_sanitizer(
     out_dir: str, only_decode: bool = False, timeout: float = 110
 ) -> list[tuple[str, bool, str]]:
@@ -960,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=".")
     parser.add_argument("--sanitize", action="store_true", help="internal: the sanitizer's cases")
     parser.add_argument(
-        "--skip", default="", help="comma list of parts to skip: sanitizer,bench,host"
+        "--skip", default="", help="comma list of parts to skip: sanitizer,bench,host,kernels"
     )
     parser.add_argument(
         "--only-decode",
@@ -1012,6 +1065,13 @@ def main(argv: list[str] | None = None) -> int:
     if "host" not in skip:
         log["host_overhead"] = host_overhead(backend, args.out)
         print(f"host overhead: {log['host_overhead']}", flush=True)
+    if "kernels" not in skip:
+        try:
+            log["kernel_times"] = kernel_times(backend)
+        except Exception as error:  # a measurement, not a check: report and go on
+            log["kernel_times"] = [f"kernel times failed: {type(error).__name__}: {error}"]
+        for line in log["kernel_times"]:
+            print(f"kernel time: {line}", flush=True)
     rows = benchmarks(backend, log) if "bench" not in skip else []
     if "sanitizer" not in skip:
         for name, ok, summary in run_sanitizer(

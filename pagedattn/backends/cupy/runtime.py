@@ -2,8 +2,8 @@
 
 Kernels launch on torch's current stream when torch is imported and has initialised CUDA,
 otherwise on cupy's current stream. A failed launch raises :class:`KernelLaunchError` naming
-the kernel; ``PAGEDATTN_CUPY_SYNC=1`` also synchronises after each launch to surface
-asynchronous faults at the launch that caused them.
+the kernel; ``PAGEDATTN_CUPY_SYNC=1`` (read when this module is imported) also synchronises
+after each launch to surface asynchronous faults at the launch that caused them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,20 @@ def kernel(spec: Specialization) -> Any:
 _EXTERNAL_STREAMS: dict[tuple[int, int], Any] = {}
 #: dynamic shared memory each kernel has been allowed so far (cuFuncSetAttribute once)
 _SMEM_ALLOWED: dict[Specialization, int] = {}
+#: PAGEDATTN_CUPY_SYNC=1 (read at import): synchronise after each launch
+_SYNC = os.environ.get("PAGEDATTN_CUPY_SYNC") == "1"
+
+
+def _torch_stream(torch: Any) -> tuple[int, int]:
+    """(device index, stream handle) of torch's current stream; torch's internal getters when
+    present (this runs on every launch and ``torch.cuda.current_stream`` costs microseconds)."""
+    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
+    if get_raw is not None and get_device is not None:
+        device = get_device()
+        return device, get_raw(device)
+    stream = torch.cuda.current_stream()
+    return stream.device_index, stream.cuda_stream
 
 
 def current_stream() -> Any:
@@ -48,14 +62,44 @@ def current_stream() -> Any:
 
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        stream = torch.cuda.current_stream()
-        key = (stream.device_index, stream.cuda_stream)
+        key = _torch_stream(torch)
         external = _EXTERNAL_STREAMS.get(key)
         if external is None:
-            external = cupy.cuda.ExternalStream(stream.cuda_stream)
+            external = cupy.cuda.ExternalStream(key[1])
             _EXTERNAL_STREAMS[key] = external
         return external
     return cupy.cuda.get_current_stream()
+
+
+def prepared(spec: Specialization, shared_mem: int = 0) -> Any:
+    """The compiled kernel of ``spec``, allowed ``shared_mem`` bytes of dynamic shared memory."""
+    function = kernel(spec)
+    if shared_mem > _SMEM_ALLOWED.get(spec, 48 * 1024):
+        if function.max_dynamic_shared_size_bytes < shared_mem:
+            function.max_dynamic_shared_size_bytes = shared_mem
+        _SMEM_ALLOWED[spec] = shared_mem
+    return function
+
+
+def launch_prepared(
+    function: Any,
+    name: str,
+    grid: tuple[int, ...],
+    block: tuple[int, ...],
+    args: tuple[Any, ...],
+    shared_mem: int,
+    stream: Any,
+) -> None:
+    """Launch a :func:`prepared` kernel inside ``with stream:`` (the caller's); raise
+    KernelLaunchError naming it. The short path of :func:`launch`, for every run's launches."""
+    if grid[0] == 0:
+        return
+    try:
+        function(grid, block, args, shared_mem=shared_mem)
+        if _SYNC:
+            stream.synchronize()
+    except Exception as error:
+        raise KernelLaunchError(f"launching {name} grid={grid} block={block}: {error}") from error
 
 
 def launch(
@@ -70,16 +114,12 @@ def launch(
     """Launch ``spec`` on ``stream`` (default: :func:`current_stream`); raise KernelLaunchError."""
     if grid[0] == 0:
         return
-    function = kernel(spec)
-    if shared_mem > _SMEM_ALLOWED.get(spec, 48 * 1024):
-        if function.max_dynamic_shared_size_bytes < shared_mem:
-            function.max_dynamic_shared_size_bytes = shared_mem
-        _SMEM_ALLOWED[spec] = shared_mem
+    function = prepared(spec, shared_mem)
     stream = current_stream() if stream is None else stream
     try:
         with stream:
             function(grid, block, args, shared_mem=shared_mem)
-        if os.environ.get("PAGEDATTN_CUPY_SYNC") == "1":
+        if _SYNC:
             stream.synchronize()
     except Exception as error:
         raise KernelLaunchError(
