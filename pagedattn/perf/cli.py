@@ -23,6 +23,7 @@ from pagedattn.perf import device, inputs, shapes, timing
 from pagedattn.perf.measure import DevicePool, Result, case_work, measure_backend, measure_peer
 from pagedattn.perf.peers import PEERS, FlexPeer
 from pagedattn.perf.report import HEADERS, add_reference_ratios, document, format_seconds, table_rows, write_json
+from pagedattn.perf.targets import VERDICT_HEADERS, evaluate
 
 GPU_FLUSH_BYTES = 256 << 20  # rotated regions hold at least this much: several times a GPU's L2
 CPU_FLUSH_BYTES = 64 << 20
@@ -147,6 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = document(results, ceilings, command=command, machine=machine,
                        elapsed_s=time.perf_counter() - started)
         doc["complete"] = not partial
+        doc["targets"] = [{"backend": v.backend, "target": v.target.name, "bars": v.target.bars(), "status": v.status,
+                           "worst_pct_of_ceiling": v.worst_pct_of_ceiling,
+                           "worst_speed_vs_reference": v.worst_speed_vs_reference, "spread": v.spread,
+                           "reason": v.reason} for v in evaluate(results)]
         write_json(args.out / "bench.json", doc)
 
     for pool_cases in group_by_pool(cases):
@@ -175,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     title = f"pagedattn bench: {where}; read ceiling {ceilings.read_bytes_per_s / 1e9:.0f} GB/s"
     print_table(HEADERS, table_rows(results), title=title)
+    verdicts = evaluate(results)
+    if verdicts:
+        print()
+        print_table(VERDICT_HEADERS, [v.row() for v in verdicts], title="speed targets (pagedattn.perf.targets)")
     elapsed = time.perf_counter() - started
     save(partial=False)
     wrote = [str(args.out / "bench.json")]

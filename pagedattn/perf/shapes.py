@@ -137,7 +137,8 @@ SETS: dict[str, list[Case]] = {
         *cases(["llama3-8b"], ["prefill"], [8], [4096]),
     ],
 }
-SETS["full"] = SETS["decode"] + SETS["prefill"] + SETS["mixed"] + SETS["targets"]
+SETS["full"] = SETS["decode"] + SETS["prefill"] + SETS["mixed"]
+SETS["full"] += [c for c in SETS["targets"] if c not in SETS["full"]]
 
 
 def resolve(names: Sequence[str], *, dtype: str | None = None) -> list[Case]:

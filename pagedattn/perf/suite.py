@@ -43,11 +43,26 @@ def suite_cases(on_gpu: bool) -> list[shapes.Case]:
 
 @dataclass
 class PreparedRun:
-    """One case planned on one backend: ``call()`` runs the next rotation and synchronizes."""
+    """One case planned on one backend: ``step()`` queues the next rotation's run, ``call()`` also synchronizes."""
 
-    call: Callable[[], Any]
+    step: Callable[[], Any]
+    synchronize: Callable[[], Any]
     work: Work
     rotations: int
+
+    def call(self) -> None:
+        self.step()
+        self.synchronize()
+
+    def batch(self, runs: int) -> Callable[[], None]:
+        """A call queuing ``runs`` runs back to back and synchronizing once (amortizes the synchronization)."""
+
+        def call() -> None:
+            for _ in range(runs):
+                self.step()
+            self.synchronize()
+
+        return call
 
 
 @functools.lru_cache(maxsize=2)
@@ -67,13 +82,12 @@ def prepare(backend: Backend, case: shapes.Case, flush_bytes: int) -> PreparedRu
                                   **case.options))
     counter = [0]
 
-    def call() -> None:
+    def step() -> None:
         r = counter[0] % pool.rotations
         counter[0] += 1
         backend.run(plans[r], device_pool.queries[r], kc, vc)
-        backend.synchronize()
 
-    return PreparedRun(call, case_work(case, pool), pool.rotations)
+    return PreparedRun(step, backend.synchronize, case_work(case, pool), pool.rotations)
 
 
 def extra_info(work: Work, median_s: float, ceilings: Ceilings) -> dict[str, Any]:
