@@ -12,6 +12,10 @@
    (32 q heads, 8 KV heads, d=128, bf16, block sizes 16/32/64) against the read bandwidth
    measured in the same run and cuDNN SDPA on contiguous K/V, and of causal prefill 8 x 4096
    against cuDNN's FLOP rate. A short table is printed last; logs go to ``--out``.
+
+``--only-decode`` keeps the decode cases (16-bit and fp8), fp8 ops and one case per other
+kernel (about 40 s on an H200 with the compiles); ``--measure host,kernels`` adds the host
+time per run (with a cProfile) and the device time per kernel (torch.profiler).
 """
 
 from __future__ import annotations
@@ -1013,7 +1017,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=".")
     parser.add_argument("--sanitize", action="store_true", help="internal: the sanitizer's cases")
     parser.add_argument(
-        "--skip", default="", help="comma list of parts to skip: sanitizer,bench,host,kernels"
+        "--skip", default="", help="comma list of parts to skip: sanitizer,bench"
+    )
+    parser.add_argument(
+        "--measure",
+        default="",
+        help="comma list of extra measurements: host (host time per run, cProfile),"
+        " kernels (device time per kernel, torch.profiler)",
     )
     parser.add_argument(
         "--only-decode",
@@ -1062,10 +1072,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
     skip = set(args.skip.split(","))
     log: dict[str, Any] = {"device": backend.device_name(), "checks": checks}
-    if "host" not in skip:
+    measure = set(args.measure.split(","))
+    if "host" in measure:
         log["host_overhead"] = host_overhead(backend, args.out)
         print(f"host overhead: {log['host_overhead']}", flush=True)
-    if "kernels" not in skip:
+    if "kernels" in measure:
         try:
             log["kernel_times"] = kernel_times(backend)
         except Exception as error:  # a measurement, not a check: report and go on

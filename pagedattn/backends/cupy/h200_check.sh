@@ -14,7 +14,7 @@ start=$SECONDS
 left() { echo $((TOTAL - (SECONDS - start))); }
 
 timeout 100 python3 -m pagedattn.backends.cupy.gpu_check --only-decode --skip bench,sanitizer \
-    --out "$OUT/logs" > "$OUT/gpu_check.log" 2>&1
+    --measure host,kernels --out "$OUT/logs" > "$OUT/gpu_check.log" 2>&1
 echo "gpu_check rc=$? at $((SECONDS - start)) s"
 timeout $(( $(left) > 110 ? 110 : $(left) )) python3 -m pagedattn bench --backend cupy \
     --shapes targets --peers sdpa --budget 0.1 --out "$OUT/logs/bench" > "$OUT/bench.log" 2>&1
@@ -28,5 +28,5 @@ for tool in memcheck racecheck; do
     grep -E "^sanitize" "$OUT/logs/$tool.log" | grep -v ": ok" | head -5
 done
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-grep -E "^FAIL|checks passed|host overhead" "$OUT/gpu_check.log" | tail -20
+grep -E "^FAIL|checks passed|host overhead|kernel time" "$OUT/gpu_check.log" | tail -20
 grep -v '^\[' "$OUT/bench.log" | grep -E "ceilings|cupy|sdpa" | tail -20
