@@ -311,7 +311,7 @@ class CupyBackend(Backend):
             launch_prepared(
                 state.merge_kernel,
                 state.merge.name_expression,
-                (len(work.merges),),
+                (len(work.merges), work.rows),  # one CTA per (merge, row)
                 (NUM_THREADS,),
                 (
                     partial_out,

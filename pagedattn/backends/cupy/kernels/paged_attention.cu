@@ -299,31 +299,38 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
 // Split-KV merge: the exact online-softmax merge of the num_splits partials of one work item
 // (pagedattn.spec.online_softmax.merge_states), in a fixed order. merges: [n, 7] of
 // token_start, num_tokens, kv_head, group_start, num_groups, first_partial, num_splits.
+// Grid: (merges, ROWS); rows past num_tokens * num_groups return at once.
 template <typename T, int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(NUM_THREADS) merge_partials(
     const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
     const int* __restrict__ merges, T* __restrict__ out, float* __restrict__ lse, int num_q_heads,
     int group_size) {
+  // one CTA per (merge, row): blockIdx.x the merge, blockIdx.y the row; the parts' loads are
+  // independent of each other, so the unrolled loops keep several in flight
   const int* merge = merges + (long long)blockIdx.x * 7;
   const int token_start = merge[0], num_tokens = merge[1], kv_head = merge[2];
   const int group_start = merge[3], num_groups = merge[4], first = merge[5], num_splits = merge[6];
-  const int num_rows = num_tokens * num_groups;
-  for (int idx = threadIdx.x; idx < num_rows * HEAD_DIM; idx += NUM_THREADS) {
-    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
-    float m = PA_NEG_INF;
-    for (int k = 0; k < num_splits; ++k) m = fmaxf(m, partial_lse[(long long)(first + k) * ROWS + r]);
+  const int r = blockIdx.y;
+  if (r >= num_tokens * num_groups) return;
+  const float* lse_r = partial_lse + (long long)first * ROWS + r;            // part k at k * ROWS
+  const float* out_r = partial_out + ((long long)first * ROWS + r) * HEAD_DIM;  // at k * ROWS * HEAD_DIM
+  float m = PA_NEG_INF;
+#pragma unroll 4
+  for (int k = 0; k < num_splits; ++k) m = fmaxf(m, lse_r[(long long)k * ROWS]);
+  const long long t = token_start + r / num_groups;
+  const int h = kv_head * group_size + group_start + r % num_groups;
+  for (int d = threadIdx.x; d < HEAD_DIM; d += NUM_THREADS) {
     float weight_sum = 0.f, acc = 0.f;
     if (m != PA_NEG_INF) {
+#pragma unroll 4
       for (int k = 0; k < num_splits; ++k) {
-        const float lse_k = partial_lse[(long long)(first + k) * ROWS + r];
-        if (lse_k == PA_NEG_INF) continue;  // an empty part: its out is ignored
-        const float w = expf(lse_k - m);
+        const float lse_k = lse_r[(long long)k * ROWS];
+        const float w = lse_k == PA_NEG_INF ? 0.f : expf(lse_k - m);  // an empty part: out ignored
+        const float o_k = out_r[(long long)k * ROWS * HEAD_DIM + d];
         weight_sum += w;
-        acc = fmaf(w, partial_out[((long long)(first + k) * ROWS + r) * HEAD_DIM + d], acc);
+        acc = w == 0.f ? acc : fmaf(w, o_k, acc);
       }
     }
-    const long long t = token_start + r / num_groups;
-    const int h = kv_head * group_size + group_start + r % num_groups;
     out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(weight_sum > 0.f ? acc / weight_sum : 0.f);
     if (d == 0) lse[t * num_q_heads + h] = weight_sum > 0.f ? m + logf(weight_sum) : PA_NEG_INF;
   }
