@@ -210,6 +210,25 @@ def correctness(torch: Any, backend_cls: Any, decode_only: bool = False) -> tupl
             "bit-identical to the small pool" if same else "DIFFERS from the small pool")
 
     cases.append(("pool > 2**31 elements (64-bit offsets)", huge_pool))
+
+    def relaunch() -> tuple[bool, str]:
+        # one plan run again and again (the direct relaunch path) and with an unaligned query
+        case = make_case([700, 33, 1500], None, seed=13)
+        dev: list[Any] = [None if a is None else be.to_device(a) for a in args_of(case)]
+        plan = be.plan(*dev, kv_layout="NHD", return_lse=True)
+        runs = [be.run(plan, dev[0], dev[1], dev[2]) for _ in range(3)]
+        first_out, first_lse = runs[0][0].cpu().view(torch.int16), runs[0][1].cpu()
+        same = all(o.cpu().view(torch.int16).equal(first_out) and l.cpu().equal(first_lse) for o, l in runs)
+        raw = torch.empty(dev[0].numel() + 1, dtype=dev[0].dtype, device="cuda")
+        unaligned = raw[1:].view(dev[0].shape)
+        unaligned.copy_(dev[0])
+        out_u = be.run(plan, unaligned, dev[1], dev[2])[0]
+        same_u = out_u.cpu().view(torch.int16).equal(first_out)
+        ok, text, _, _ = compare(be, case)
+        return ok and same and same_u, f"{text}, 3 runs {'identical' if same else 'DIFFER'}, unaligned query " + (
+            "identical" if same_u else "DIFFERS")
+
+    cases.append(("decode relaunch: one plan run 3 times, unaligned query", relaunch))
     cases.append(("write_kv fp8/bf16, both layouts", lambda: check_write_kv(be)))
     cases.append(("copy_blocks with a cycle", lambda: check_copy_blocks(be)))
     cases.append(("merge_states", lambda: check_merge(be)))
@@ -493,12 +512,86 @@ def sweep(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
     return rows
 
 
+DECODE_CONFIGS = (  # (keys per tile, warps, stages, resident programs per SM): see launch_config
+    (128, 4, 3, 2), (128, 4, 5, 1), (64, 4, 5, 2), (64, 4, 7, 2), (32, 4, 5, 4), (32, 4, 7, 4), (64, 2, 5, 3),
+)
+
+
+def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]], tuple[int, ...]]:
+    """Decode tile choices timed the perf suite's way (its pool, tables, timer) at block sizes 16 and 64.
+
+    Also per choice: the median of CUDA-event timing (triton.testing.do_bench) of the same
+    plan, and the host time of one ``run`` call. Returns the rows and the fastest choice.
+    """
+    import triton.testing
+
+    from pagedattn.backends.triton import launch_config as lc
+    from pagedattn.perf import inputs, shapes, timing
+    from pagedattn.perf.ceilings import measure_gpu
+    from pagedattn.perf.measure import DevicePool, case_work, measure_backend, measure_peer
+    from pagedattn.perf.peers import SdpaPeer
+
+    ceilings = measure_gpu()
+    policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget})
+    say(f"bench-sweep ceiling: read {ceilings.read_bytes_per_s / 1e9:.0f} GB/s")
+    cases = shapes.resolve(["llama3-8b/decode/b64/ctx4096/bs16", "llama3-8b/decode/b64/ctx4096/bs64"])
+    pool = inputs.make_pool(cases[0], inputs.rotations_for(cases[0], 256 << 20))
+    rows: list[dict[str, Any]] = []
+    sdpa = measure_peer(SdpaPeer(), cases[0], pool.rotations, case_work(cases[0], pool), ceilings, policy)
+    rows.append({"case": "sweep sdpa decode 64x4096", "us": (sdpa.seconds or float("nan")) * 1e6,
+                 "gbs": sdpa.gbps, "pct_ceiling": sdpa.pct_of_ceiling})
+    say(str(rows[-1]))
+    backend0 = backend_cls()
+    device_pool = DevicePool(backend0, pool)
+    totals: dict[tuple[int, ...], float] = {}
+    for config in DECODE_CONFIGS:
+        block_n, warps, stages, resident = config
+        tiles = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), block_n=block_n, num_warps=warps,
+                        num_stages=stages, resident=resident)
+        backend = backend_cls(tiles=tiles)
+        totals[config] = 0.0
+        for case in cases:
+            try:
+                result = measure_backend(backend, case, device_pool, case_work(case, pool), ceilings, policy)
+                kc, vc = device_pool.caches(case)
+                t = inputs.make_tables(case, pool, 0)
+                q = device_pool.queries[0]
+                plan = backend.plan(q, kc, vc, t.block_tables, t.seq_lens, t.query_start_loc)
+                def once(backend: Any = backend, plan: Any = plan, q: Any = q, kc: Any = kc, vc: Any = vc) -> Any:
+                    return backend.run(plan, q, kc, vc)
+
+                events_us = float(triton.testing.do_bench(once, warmup=20, rep=100, return_mode="median")) * 1e3
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(20):
+                    once()
+                host_us = (time.perf_counter() - start) / 20 * 1e6
+                torch.cuda.synchronize()
+            except Exception as exc:
+                say(f"sweep {config} {case.name} failed: {exc}")
+                totals[config] = float("inf")
+                continue
+            us = (result.seconds or float("inf")) * 1e6
+            totals[config] += us
+            rows.append({"case": f"sweep decode 64x4096 N={block_n} w={warps} s={stages}", "block_size":
+                         case.block_size, "us": us, "gbs": result.gbps, "pct_ceiling": result.pct_of_ceiling,
+                         "ratio_to_cudnn": (sdpa.seconds or float("nan")) * 1e6 / us, "us_events": events_us,
+                         "host_us": host_us})
+            say(str(rows[-1]))
+    del device_pool
+    torch.cuda.empty_cache()
+    best = min(totals, key=lambda c: totals[c])
+    say(f"fastest decode tiles (N, warps, stages, resident): {best}")
+    return rows, best
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| case | block size | us (median) | us (graph) | GB/s | % of read bw | TFLOP/s | x cuDNN |",
+    lines = ["| case | block size | us (median) | us (graph/events) | GB/s | % of read bw | TFLOP/s | x cuDNN |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        other = r.get("us_graph") or r.get("us_events")
         lines.append("| {} | {} | {:.1f} | {} | {} | {} | {} | {} |".format(
-            r["case"], r.get("block_size", ""), r["us"], f"{r['us_graph']:.1f}" if r.get("us_graph") else "",
+            r["case"], r.get("block_size", ""), r["us"], f"{other:.1f}" if other else "",
             f"{r['gbs']:.0f}" if "gbs" in r else "", f"{r['pct_ceiling']:.1f}" if "pct_ceiling" in r else "",
             f"{r['tflops']:.0f}" if "tflops" in r else "",
             f"{r['ratio_to_cudnn']:.2f}" if "ratio_to_cudnn" in r else ""))
@@ -513,6 +606,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--decode-only", action="store_true",
                         help="decode correctness cases and decode timings, plus the other launch order")
+    parser.add_argument("--bench-sweep", action="store_true",
+                        help="time the decode tile choices on the perf suite's inputs first and use the fastest")
+    parser.add_argument("--then-bench", nargs="*", metavar="ARG",
+                        help="finally run `pagedattn bench` with these arguments in this process")
     parser.add_argument("--sanitize-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     import torch
@@ -529,6 +626,14 @@ def main(argv: list[str] | None = None) -> int:
     say(f"device: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}, "
         f"triton {triton.__version__}, cuDNN {torch.backends.cudnn.version()}")
     results: dict[str, Any] = {"device": props.name}
+    sweep_rows: list[dict[str, Any]] = []
+    if args.bench_sweep:
+        from pagedattn.backends.triton import launch_config as lc
+
+        say("0. decode tile choices on the perf suite's inputs")
+        sweep_rows, best = bench_sweep(torch, TritonBackend)
+        lc.DECODE_BLOCK_N, lc.DECODE_WARPS, lc.DECODE_STAGES, lc.DECODE_RESIDENT = best
+        results["decode_tiles"] = best
     start = time.perf_counter()
     say("1. correctness against the spec (error model; bit-exact where the contract says so)")
     passed, total = correctness(torch, TritonBackend, args.decode_only)
@@ -562,11 +667,21 @@ def main(argv: list[str] | None = None) -> int:
             rows += sweep(torch, TritonBackend)
         except Exception:
             say(traceback.format_exc())
+    rows += sweep_rows
+    if args.then_bench is not None:
+        from pagedattn.perf.cli import main as bench_main
+
+        say(f"5. pagedattn bench {' '.join(args.then_bench)}")
+        try:
+            results["bench_exit"] = bench_main(args.then_bench)
+        except Exception:
+            say(traceback.format_exc())
     results["rows"] = rows
     (out_dir / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str))
     (out_dir / "gpu_check_full.log").write_text("\n".join(LOG))
     print()
-    print(f"correctness: {results['correctness']}; sanitizer: {results.get('sanitizer', 'not run')}")
+    print(f"correctness: {results['correctness']}; sanitizer: {results.get('sanitizer', 'not run')}; "
+          f"decode tiles: {results.get('decode_tiles', 'table')}")
     print(table([r for r in rows if not r["case"].startswith("sweep")]))
     sweep_rows = [r for r in rows if r["case"].startswith("sweep")]
     if sweep_rows:

@@ -6,8 +6,9 @@ Pure Python, no triton import: the plan calls these once per batch.
   group size, head_dim and dtype.
 - :func:`choose_num_splits`: the split-KV heuristic. Splitting the key range of each
   program only pays when the grid is too small to fill the GPU: with fewer than half of
-  ``PROGRAMS_PER_SM * num_sms`` programs, each program's key range is cut into
-  ``floor(PROGRAMS_PER_SM * num_sms / num_programs)`` splits (rounded down, so the grid
+  ``resident * num_sms`` programs (``resident``: programs of the chosen tiles that fit on
+  one multiprocessor at once), each program's key range is cut into
+  ``floor(resident * num_sms / num_programs)`` splits (rounded down, so the grid
   never exceeds that many programs: a few extra programs would cost a whole extra round),
   but never into splits of fewer than ``MIN_TILES_PER_SPLIT`` key tiles (each split adds
   partials to merge), and never more than ``MAX_SPLITS``. Splits only partition the key
@@ -18,11 +19,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PROGRAMS_PER_SM = 2  # resident decode programs per multiprocessor (registers allow two)
+PROGRAMS_PER_SM = 2  # resident programs per multiprocessor assumed when the tiles do not say
 MIN_TILES_PER_SPLIT = 4  # key tiles a split must have for the extra merge to pay
 MAX_SPLITS = 64  # bound on the partial buffers: [num_splits, T, Hq, D] float32
 MAX_GROUP_TILE = 64  # query heads of one KV head served by one program at most
 MAX_HEAD_DIM = 256  # larger head_dims exceed registers/shared memory: reported unsupported
+
+# Decode tiles (16-bit, head_dim <= 128): keys per tile, warps, pipeline stages, and the
+# programs that fit on one multiprocessor (registers and shared memory of the sm_90a build,
+# PERF_NOTES.md "Resource report"). Triton gives the block-table load its own pipeline stage,
+# so K/V get (stages - 1) // 2 buffers: 5 stages are the first with two (double buffering).
+DECODE_BLOCK_N = 128
+DECODE_WARPS = 4
+DECODE_STAGES = 3
+DECODE_RESIDENT = 2
 
 
 def next_power_of_2(n: int) -> int:
@@ -42,6 +52,7 @@ class Tiles:
     num_warps: int
     num_stages: int
     heads_fastest: bool = False  # launch order: the KV heads of a work item next to each other
+    resident: int = PROGRAMS_PER_SM  # programs of these tiles resident on one multiprocessor
 
     @property
     def block_q(self) -> int:
@@ -66,19 +77,23 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str) -> 
     block_q = max(1, min(next_power_of_2(max_q_len), max_rows // group_tile))
     block_m = max(16, block_q * group_tile)
     decode = max_q_len <= 1
-    block_n = 32 if wide else (128 if decode else 64)
+    block_n = 32 if wide else (DECODE_BLOCK_N if decode else 64)
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2
+    resident = PROGRAMS_PER_SM
+    if decode and not wide and block_m == 16:
+        num_warps, num_stages, resident = DECODE_WARPS, DECODE_STAGES, DECODE_RESIDENT
     # decode: the heads of a sequence read the same blocks (NHD: interleaved in memory), so
     # they run side by side; prefill: a head's K/V is reused by the next query tiles, so
     # consecutive programs take consecutive work items of one head (L2 reuse)
     return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages,
-                 heads_fastest=decode)
+                 heads_fastest=decode, resident=resident)
 
 
-def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int) -> int:
-    """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles."""
-    target = PROGRAMS_PER_SM * num_sms
+def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resident: int = PROGRAMS_PER_SM) -> int:
+    """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles,
+    ``resident`` programs fitting on each of ``num_sms`` multiprocessors."""
+    target = resident * num_sms
     if num_programs <= 0:
         return 1
     wanted = target // num_programs
