@@ -189,6 +189,40 @@ def test_launch_orders_give_the_same_bits(q_lens: list[int] | None) -> None:
     assert results[0][0].tobytes() == results[1][0].tobytes(), "launch order changed the output bits"
 
 
+@pytest.mark.parametrize("options", [
+    {},
+    {"sliding_window": 9},
+    {"softcap": 4.0, "causal": False},
+    {"alibi_slopes": (2.0 ** -np.arange(1, 9)).astype(np.float32), "sliding_window": 30},
+], ids=["plain", "window", "softcap", "alibi+window"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_keys_major_tiles_match_spec(num_splits: int, options: dict) -> None:
+    # scores as [keys, rows]: the same contract, with padding entries, GQA 8/2, both layouts
+    for kv_layout, dtype in (("NHD", "bfloat16"), ("HND", "float16")):
+        case = make_case([45, 0, 130, 1], None, dtype=dtype, kv_layout=kv_layout, num_q_heads=8, num_kv_heads=2,
+                         seed=21)
+        tiles = replace(choose_tiles(1, 4, 16, dtype), block_n=32, keys_major=True)
+        assert_within_model(case, backend=TritonBackend(num_splits=num_splits, tiles=tiles), **options)
+    chunked = make_case([70, 9], [5, 1], dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=22)
+    tiles = replace(choose_tiles(5, 4, 16, "bfloat16"), block_n=16, keys_major=True)
+    assert_within_model(chunked, backend=TritonBackend(num_splits=num_splits, tiles=tiles), **options)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_keys_major_tiles_with_fp8_caches(cache_dtype: str) -> None:
+    case = make_case([40, 9], None, dtype="bfloat16", cache_dtype=cache_dtype, seed=23)
+    tiles = replace(choose_tiles(1, 2, 16, "bfloat16"), block_n=16, keys_major=True)
+    assert_within_model(case, backend=TritonBackend(tiles=tiles), cache_dtype=cache_dtype, k_scale=0.37,
+                        v_scale=2.5)
+
+
+def test_register_cap_and_short_tiles_match_spec() -> None:
+    # prefill tiles of 64 rows x 32 keys under a register cap (a launch option only)
+    case = make_case([90, 40], [50, 40], dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=24)
+    tiles = replace(choose_tiles(50, 4, 16, "bfloat16"), block_m=64, block_n=32, max_registers=128)
+    assert_within_model(case, backend=TritonBackend(tiles=tiles), sliding_window=33)
+
+
 def test_split_heuristic_from_batch_shape() -> None:
     # 2 sequences x 8 KV heads on 132 SMs: split; 64 x 8 programs already fill the GPU: no split
     assert choose_num_splits(16, 512, 132) == 16

@@ -242,13 +242,16 @@ class TritonBackend(Backend):
             IS_CAUSAL=problem.causal, HAS_WINDOW=problem.sliding_window is not None,
             HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
             STORE_LSE=lse is not None, SPLIT=split,
-            HEADS_FASTEST=tiles.heads_fastest, IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
+            HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
+            IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
         )
         # what may differ between runs of this plan: the arrays' strides and 16-byte alignment
         arrays = (q, k_cache, v_cache, out, lse_arg, part_out, part_lse)
         key = (q.stride(), k_cache.stride(), v_cache.stride(), tuple(a.data_ptr() % 16 == 0 for a in arrays))
-        state.relauncher.launch(paged_attention_kernel, grid, key, args, constexprs,
-                                {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}, interpreter_mode())
+        options: dict[str, Any] = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+        if tiles.max_registers is not None:
+            options["maxnreg"] = tiles.max_registers
+        state.relauncher.launch(paged_attention_kernel, grid, key, args, constexprs, options, interpreter_mode())
         if split:
             state.relauncher.launch(
                 merge_splits_kernel, (T, Hq, 1), key,

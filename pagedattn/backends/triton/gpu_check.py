@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -136,6 +137,17 @@ def correctness(torch: Any, backend_cls: Any, decode_only: bool = False) -> tupl
 
     for bs in (16, 32, 64):
         add(f"decode bf16 NHD bs={bs} GQA 8/2", {"seq_lens": [1, 700, 0, 4097, 63], "q_lens": None, "block_size": bs})
+    from pagedattn.backends.triton.launch_config import choose_tiles
+
+    for major in (False, True):
+        tiles = replace(choose_tiles(1, 4, 128, "bfloat16"), block_n=64, num_stages=5, keys_major=major)
+        add(f"decode bf16 HND bs=32 N=64 s=5 {'keys' if major else 'rows'}-major, window=1000",
+            {"seq_lens": [1, 2500, 0, 4097], "q_lens": None, "block_size": 32, "kv_layout": "HND"},
+            backend=backend_cls(tiles=tiles), sliding_window=1000)
+        add(f"decode bf16 fp8 e4m3 cache {'keys' if major else 'rows'}-major, split 3, softcap",
+            {"seq_lens": [700, 2000], "q_lens": None, "cache_dtype": "float8_e4m3fn"},
+            backend=backend_cls(tiles=tiles, num_splits=3), cache_dtype="float8_e4m3fn", k_scale=0.37,
+            v_scale=2.5, softcap=20.0)
     add("decode fp16 HND bs=16 MQA 8/1", {"seq_lens": [300, 1025], "q_lens": None, "dtype": "float16",
                                           "kv_layout": "HND", "num_kv_heads": 1})
     add("decode fp32 NHD d=64", {"seq_lens": [77, 513], "q_lens": None, "dtype": "float32", "head_dim": 64})
@@ -327,9 +339,13 @@ def sanitize_child(backend_cls: Any) -> int:
     return 1 if failures else 0
 
 
-def run_sanitizer(out_dir: Path) -> str:
+def run_sanitizer(out_dir: Path, decode_tiles: str | None = None, prefill_tiles: str | None = None) -> str:
     command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m",
                "pagedattn.backends.triton.gpu_check", "--sanitize-child"]
+    if decode_tiles:
+        command += ["--decode-tiles", decode_tiles]
+    if prefill_tiles:
+        command += ["--prefill-tiles", prefill_tiles]
     start = time.perf_counter()
     try:
         env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # one allocation per tensor: exact bounds
@@ -512,13 +528,14 @@ def sweep(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
     return rows
 
 
-DECODE_CONFIGS = (  # (keys per tile, warps, stages, resident programs per SM): see launch_config
-    (128, 4, 3, 2), (128, 4, 5, 1), (64, 4, 5, 2), (64, 4, 7, 2), (32, 4, 5, 4), (32, 4, 7, 4), (64, 2, 5, 3),
+DECODE_CONFIGS = (  # (keys per tile, warps, stages, resident programs per SM, keys major): see launch_config
+    (128, 4, 3, 2, False), (64, 4, 5, 2, False), (64, 4, 7, 2, False), (32, 4, 5, 4, False), (32, 4, 7, 4, False),
+    (64, 4, 3, 3, True), (64, 4, 5, 2, True), (128, 4, 3, 1, True), (128, 8, 5, 1, True),
 )
 
 
-def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]], tuple[int, ...]]:
-    """Decode tile choices timed the perf suite's way (its pool, tables, timer) at block sizes 16 and 64.
+def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]], tuple[Any, ...]]:
+    """Decode tile choices timed the perf suite's way (its pool, tables, timer) at block size 16.
 
     Also per choice: the median of CUDA-event timing (triton.testing.do_bench) of the same
     plan, and the host time of one ``run`` call. Returns the rows and the fastest choice.
@@ -534,7 +551,7 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
     ceilings = measure_gpu()
     policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget})
     say(f"bench-sweep ceiling: read {ceilings.read_bytes_per_s / 1e9:.0f} GB/s")
-    cases = shapes.resolve(["llama3-8b/decode/b64/ctx4096/bs16", "llama3-8b/decode/b64/ctx4096/bs64"])
+    cases = shapes.resolve(["llama3-8b/decode/b64/ctx4096/bs16"])
     pool = inputs.make_pool(cases[0], inputs.rotations_for(cases[0], 256 << 20))
     rows: list[dict[str, Any]] = []
     sdpa = measure_peer(SdpaPeer(), cases[0], pool.rotations, case_work(cases[0], pool), ceilings, policy)
@@ -543,16 +560,18 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
     say(str(rows[-1]))
     backend0 = backend_cls()
     device_pool = DevicePool(backend0, pool)
-    totals: dict[tuple[int, ...], float] = {}
+    totals: dict[tuple[Any, ...], float] = {}
     for config in DECODE_CONFIGS:
-        block_n, warps, stages, resident = config
+        block_n, warps, stages, resident, keys_major = config
         tiles = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), block_n=block_n, num_warps=warps,
-                        num_stages=stages, resident=resident)
+                        num_stages=stages, resident=resident, keys_major=keys_major)
         backend = backend_cls(tiles=tiles)
         totals[config] = 0.0
         for case in cases:
             try:
                 result = measure_backend(backend, case, device_pool, case_work(case, pool), ceilings, policy)
+                if result.status != "ok":
+                    raise RuntimeError(f"{result.status}: {result.reason}")
                 kc, vc = device_pool.caches(case)
                 t = inputs.make_tables(case, pool, 0)
                 q = device_pool.queries[0]
@@ -573,7 +592,8 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
                 continue
             us = (result.seconds or float("inf")) * 1e6
             totals[config] += us
-            rows.append({"case": f"sweep decode 64x4096 N={block_n} w={warps} s={stages}", "block_size":
+            rows.append({"case": f"sweep decode 64x4096 N={block_n} w={warps} s={stages}"
+                         + (" keys-major" if keys_major else ""), "block_size":
                          case.block_size, "us": us, "gbs": result.gbps, "pct_ceiling": result.pct_of_ceiling,
                          "ratio_to_cudnn": (sdpa.seconds or float("nan")) * 1e6 / us, "us_events": events_us,
                          "host_us": host_us})
@@ -581,7 +601,69 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
     del device_pool
     torch.cuda.empty_cache()
     best = min(totals, key=lambda c: totals[c])
-    say(f"fastest decode tiles (N, warps, stages, resident): {best}")
+    say(f"fastest decode tiles (N, warps, stages, resident, keys major): {best}")
+    # 2 x 65536 with those tiles: the heuristic's split count, its half and its double
+    long_case = shapes.resolve(["llama3-8b/decode/b2/ctx65536/bs16"])[0]
+    long_pool = inputs.make_pool(long_case, inputs.rotations_for(long_case, 256 << 20))
+    device_pool = DevicePool(backend0, long_pool)
+    tiles = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), block_n=best[0], num_warps=best[1], num_stages=best[2],
+                    resident=best[3], keys_major=best[4])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    default = lc.choose_num_splits(16, 65536 // best[0], sms, best[3])
+    for splits in sorted({default, max(2, default // 2), min(lc.MAX_SPLITS, default * 2)}):
+        result = measure_backend(backend_cls(tiles=tiles, num_splits=splits), long_case, device_pool,
+                                 case_work(long_case, long_pool), ceilings, policy)
+        rows.append({"case": f"sweep decode 2x65536 splits={splits}" + (" (heuristic)" if splits == default else ""),
+                     "block_size": 16, "us": (result.seconds or float("nan")) * 1e6, "gbs": result.gbps,
+                     "pct_ceiling": result.pct_of_ceiling})
+        say(str(rows[-1]))
+    del device_pool
+    torch.cuda.empty_cache()
+    return rows, best
+
+
+PREFILL_CONFIGS = (  # (rows, keys per tile, warps, stages, register cap or 0): see launch_config
+    (128, 64, 8, 3, 0), (128, 32, 8, 3, 128), (128, 64, 8, 3, 128), (64, 32, 4, 3, 0), (64, 32, 4, 4, 128),
+)
+
+
+def bench_sweep_prefill(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]],
+                                                                                   tuple[int, ...]]:
+    """Prefill tile choices timed the perf suite's way on its causal 8 x 4096 case at block size 16."""
+    from pagedattn.backends.triton import launch_config as lc
+    from pagedattn.perf import inputs, shapes, timing
+    from pagedattn.perf.ceilings import measure_gpu
+    from pagedattn.perf.measure import DevicePool, case_work, measure_backend, measure_peer
+    from pagedattn.perf.peers import SdpaPeer
+
+    ceilings = measure_gpu()
+    policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget})
+    case = shapes.resolve(["llama3-8b/prefill/b8/ctx4096/bs16"])[0]
+    pool = inputs.make_pool(case, inputs.rotations_for(case, 256 << 20))
+    work = case_work(case, pool)
+    sdpa = measure_peer(SdpaPeer(), case, pool.rotations, work, ceilings, policy)
+    rows: list[dict[str, Any]] = [{"case": "sweep sdpa prefill 8x4096", "us": (sdpa.seconds or float("nan")) * 1e6,
+                                   "tflops": sdpa.tflops}]
+    say(str(rows[-1]))
+    device_pool = DevicePool(backend_cls(), pool)
+    times: dict[tuple[int, ...], float] = {}
+    for config in PREFILL_CONFIGS:
+        block_m, block_n, warps, stages, registers = config
+        tiles = replace(lc.choose_tiles(4096, 4, 128, "bfloat16"), block_m=block_m, block_n=block_n,
+                        num_warps=warps, num_stages=stages, max_registers=registers or None)
+        result = measure_backend(backend_cls(tiles=tiles), case, device_pool, work, ceilings, policy)
+        if result.status != "ok" or result.seconds is None:
+            say(f"sweep prefill {config} failed: {result.reason}")
+            continue
+        times[config] = result.seconds
+        rows.append({"case": f"sweep prefill 8x4096 M={block_m} N={block_n} w={warps} s={stages} maxnreg={registers}",
+                     "block_size": 16, "us": result.seconds * 1e6, "tflops": result.tflops,
+                     "ratio_to_cudnn": (sdpa.seconds or float("nan")) / result.seconds})
+        say(str(rows[-1]))
+    del device_pool
+    torch.cuda.empty_cache()
+    best = min(times, key=lambda c: times[c]) if times else PREFILL_CONFIGS[0]
+    say(f"fastest prefill tiles (rows, N, warps, stages, register cap): {best}")
     return rows, best
 
 
@@ -608,15 +690,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode correctness cases and decode timings, plus the other launch order")
     parser.add_argument("--bench-sweep", action="store_true",
                         help="time the decode tile choices on the perf suite's inputs first and use the fastest")
-    parser.add_argument("--then-bench", nargs="*", metavar="ARG",
-                        help="finally run `pagedattn bench` with these arguments in this process")
+    parser.add_argument("--then-bench", metavar="ARGS",
+                        help="finally run `pagedattn bench ARGS` (one quoted string) in this process")
+    parser.add_argument("--decode-tiles", metavar="N,WARPS,STAGES,RESIDENT,KEYS_MAJOR",
+                        help="replace launch_config's decode tile table for this run (e.g. 64,4,5,2,1)")
+    parser.add_argument("--prefill-tiles", metavar="ROWS,N,WARPS,STAGES,REGISTERS",
+                        help="replace launch_config's prefill tile table for this run (REGISTERS 0: no cap)")
     parser.add_argument("--sanitize-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     import torch
     import triton
 
+    from pagedattn.backends.triton import launch_config as lc
     from pagedattn.backends.triton.backend import TritonBackend
 
+    if args.decode_tiles:
+        n, w, st, r, km = (int(x) for x in args.decode_tiles.split(","))
+        lc.DECODE_BLOCK_N, lc.DECODE_WARPS, lc.DECODE_STAGES, lc.DECODE_RESIDENT, lc.DECODE_KEYS_MAJOR = (
+            n, w, st, r, bool(km))
+    if args.prefill_tiles:
+        m, n, w, st, r = (int(x) for x in args.prefill_tiles.split(","))
+        lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = m, n, w, st
+        lc.PREFILL_MAX_REGISTERS = r or None
     if args.sanitize_child:
         return sanitize_child(TritonBackend)
     out_dir = Path(args.out)
@@ -628,12 +723,22 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"device": props.name}
     sweep_rows: list[dict[str, Any]] = []
     if args.bench_sweep:
-        from pagedattn.backends.triton import launch_config as lc
-
         say("0. decode tile choices on the perf suite's inputs")
         sweep_rows, best = bench_sweep(torch, TritonBackend)
-        lc.DECODE_BLOCK_N, lc.DECODE_WARPS, lc.DECODE_STAGES, lc.DECODE_RESIDENT = best
-        results["decode_tiles"] = best
+        lc.DECODE_BLOCK_N, lc.DECODE_WARPS, lc.DECODE_STAGES, lc.DECODE_RESIDENT, lc.DECODE_KEYS_MAJOR = best
+        args.decode_tiles = ",".join(str(int(x)) for x in best)
+        if not args.decode_only:
+            rows_p, best_p = bench_sweep_prefill(torch, TritonBackend)
+            sweep_rows += rows_p
+            lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = best_p[:4]
+            lc.PREFILL_MAX_REGISTERS = best_p[4] or None
+            args.prefill_tiles = ",".join(str(x) for x in best_p)
+    results["decode_tiles"] = (lc.DECODE_BLOCK_N, lc.DECODE_WARPS, lc.DECODE_STAGES, lc.DECODE_RESIDENT,
+                               lc.DECODE_KEYS_MAJOR)
+    results["prefill_tiles"] = (lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES,
+                                lc.PREFILL_MAX_REGISTERS)
+    say(f"decode tiles (N, warps, stages, resident, keys major): {results['decode_tiles']}; "
+        f"prefill tiles (rows, N, warps, stages, register cap): {results['prefill_tiles']}")
     start = time.perf_counter()
     say("1. correctness against the spec (error model; bit-exact where the contract says so)")
     passed, total = correctness(torch, TritonBackend, args.decode_only)
@@ -649,13 +754,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows), flush=True)
     if not args.no_sanitizer:
         say("3. compute-sanitizer --tool memcheck, garbage-filled pools")
-        results["sanitizer"] = run_sanitizer(out_dir)
+        results["sanitizer"] = run_sanitizer(out_dir, args.decode_tiles, args.prefill_tiles)
         say(f"   {results['sanitizer']}")
-    if args.decode_only:
-        from pagedattn.backends.triton.launch_config import choose_tiles
-
+    if args.decode_only and not args.no_bench:
         time_paged = _time_paged(torch)
-        other = replace(choose_tiles(1, 4, 128, "bfloat16"), heads_fastest=False)
+        other = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), heads_fastest=False)
         for batch, length in ((64, 4096), (2, 65536)):
             row = time_paged(f"sweep decode {batch}x{length} work-major launch order", batch, length, 16, 1,
                              TritonBackend(tiles=other), None)
@@ -671,9 +774,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.then_bench is not None:
         from pagedattn.perf.cli import main as bench_main
 
-        say(f"5. pagedattn bench {' '.join(args.then_bench)}")
+        say(f"5. pagedattn bench {args.then_bench}")
         try:
-            results["bench_exit"] = bench_main(args.then_bench)
+            results["bench_exit"] = bench_main(shlex.split(args.then_bench))
         except Exception:
             say(traceback.format_exc())
     results["rows"] = rows
@@ -681,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "gpu_check_full.log").write_text("\n".join(LOG))
     print()
     print(f"correctness: {results['correctness']}; sanitizer: {results.get('sanitizer', 'not run')}; "
-          f"decode tiles: {results.get('decode_tiles', 'table')}")
+          f"decode tiles: {results['decode_tiles']}; prefill tiles: {results['prefill_tiles']}")
     print(table([r for r in rows if not r["case"].startswith("sweep")]))
     sweep_rows = [r for r in rows if r["case"].startswith("sweep")]
     if sweep_rows:

@@ -33,6 +33,16 @@ DECODE_BLOCK_N = 128
 DECODE_WARPS = 4
 DECODE_STAGES = 3
 DECODE_RESIDENT = 2
+DECODE_KEYS_MAJOR = False  # scores as [keys, rows]: K/V feed warpgroup MMA from shared memory
+
+# Prefill tiles (16-bit, head_dim <= 128) at their full height: rows (queries x group heads),
+# keys per tile, warps, stages, and a register cap per thread (None: the compiler's choice),
+# which decides how many programs share a multiprocessor.
+PREFILL_ROWS = 128
+PREFILL_BLOCK_N = 64
+PREFILL_WARPS = 8
+PREFILL_STAGES = 3
+PREFILL_MAX_REGISTERS: int | None = None
 
 
 def next_power_of_2(n: int) -> int:
@@ -53,6 +63,8 @@ class Tiles:
     num_stages: int
     heads_fastest: bool = False  # launch order: the KV heads of a work item next to each other
     resident: int = PROGRAMS_PER_SM  # programs of these tiles resident on one multiprocessor
+    keys_major: bool = False  # scores as [block_n, block_m] (keys first): decode tiles only
+    max_registers: int | None = None  # register cap per thread passed to the compiler (maxnreg)
 
     @property
     def block_q(self) -> int:
@@ -73,21 +85,25 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str) -> 
     num_group_tiles = -(-group_size // group_tile)
     head_dim_pad = max(16, next_power_of_2(head_dim))
     wide = dtype == "float32" or head_dim_pad > 128
-    max_rows = 64 if wide else 128
+    max_rows = 64 if wide else max(PREFILL_ROWS, group_tile)
     block_q = max(1, min(next_power_of_2(max_q_len), max_rows // group_tile))
     block_m = max(16, block_q * group_tile)
     decode = max_q_len <= 1
     block_n = 32 if wide else (DECODE_BLOCK_N if decode else 64)
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2
-    resident = PROGRAMS_PER_SM
+    resident, keys_major, max_registers = PROGRAMS_PER_SM, False, None
     if decode and not wide and block_m == 16:
         num_warps, num_stages, resident = DECODE_WARPS, DECODE_STAGES, DECODE_RESIDENT
+        keys_major = DECODE_KEYS_MAJOR
+    elif not decode and not wide and block_m == PREFILL_ROWS:
+        block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
+                                                         PREFILL_MAX_REGISTERS)
     # decode: the heads of a sequence read the same blocks (NHD: interleaved in memory), so
     # they run side by side; prefill: a head's K/V is reused by the next query tiles, so
     # consecutive programs take consecutive work items of one head (L2 reuse)
     return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages,
-                 heads_fastest=decode, resident=resident)
+                 heads_fastest=decode, resident=resident, keys_major=keys_major, max_registers=max_registers)
 
 
 def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resident: int = PROGRAMS_PER_SM) -> int:
