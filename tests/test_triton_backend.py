@@ -231,10 +231,25 @@ def test_split_heuristic_from_batch_shape() -> None:
     assert choose_num_splits(16, 8, 132) == 2  # at least MIN_TILES_PER_SPLIT tiles per split
     assert choose_num_splits(16, 7, 132) == 1
     assert choose_num_splits(1, 10_000, 132) == 64  # bounded
+    assert choose_num_splits(16, 512, 132, resident=4) == 33  # more resident programs, more splits
     decode = choose_tiles(1, 4, 128, "bfloat16")
     prefill = choose_tiles(4096, 4, 128, "bfloat16")
-    assert (decode.block_m, decode.block_q, decode.block_n) == (16, 4, 128)
-    assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8)
+    assert (decode.block_m, decode.block_q) == (16, 4) and decode.heads_fastest
+    assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8) and not prefill.heads_fastest
+
+
+def test_decode_table_by_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedattn.backends.triton import launch_config as lc
+
+    table = {None: lc.DecodeTiles(64, 4, 5, 2, True), 32: lc.DecodeTiles(32, 4, 5, 4, False)}
+    monkeypatch.setattr(lc, "DECODE_TABLE", table)
+    at_32 = choose_tiles(1, 4, 128, "bfloat16", block_size=32)
+    at_64 = choose_tiles(1, 4, 128, "bfloat16", block_size=64)
+    assert (at_32.block_n, at_32.resident, at_32.keys_major) == (32, 4, False)
+    assert (at_64.block_n, at_64.num_stages, at_64.keys_major) == (64, 5, True)
+    assert not choose_tiles(1, 4, 128, "float32", block_size=32).keys_major  # float32: not from the table
+    case = make_case([70, 0, 33], None, block_size=32, dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=25)
+    assert_within_model(case, backend=TritonBackend())
 
 
 # -- never: garbage in unused entries, placement, repeatability ---------------------------------

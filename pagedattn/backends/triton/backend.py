@@ -160,7 +160,8 @@ class TritonBackend(Backend):
                                    backend=self.name, capability="head_dim")
         device = self._device()
         max_q_len = int(problem.q_lens.max(initial=0))
-        tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype)
+        tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype,
+                                                   problem.block_size)
         work_seq, work_q, key_tiles = _work_list(problem, tiles)
         num_programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
         if self._forced_splits is not None:

@@ -528,17 +528,19 @@ def sweep(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
     return rows
 
 
-DECODE_CONFIGS = (  # (keys per tile, warps, stages, resident programs per SM, keys major): see launch_config
-    (128, 4, 3, 2, False), (64, 4, 5, 2, False), (64, 4, 7, 2, False), (32, 4, 5, 4, False), (32, 4, 7, 4, False),
-    (64, 4, 3, 3, True), (64, 4, 5, 2, True), (128, 4, 3, 1, True), (128, 8, 5, 1, True),
+DECODE_CONFIGS = (  # (keys per tile, warps, stages, resident programs per SM, keys major): launch_config.DecodeTiles
+    (64, 4, 5, 2, True), (32, 4, 5, 4, False), (128, 4, 3, 2, False),
 )
+DECODE_SHAPES = ("llama3-8b/decode/b64/ctx4096", "llama3-8b/decode/b2/ctx65536")
 
 
-def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]], tuple[Any, ...]]:
-    """Decode tile choices timed the perf suite's way (its pool, tables, timer) at block size 16.
+def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]], dict[int, Any]]:
+    """Decode tile choices timed the perf suite's way (its pools, tables, timer) at block sizes 16, 32, 64.
 
-    Also per choice: the median of CUDA-event timing (triton.testing.do_bench) of the same
-    plan, and the host time of one ``run`` call. Returns the rows and the fastest choice.
+    Per block size the choice with the least ``t(64 x 4096) + 2 t(2 x 65536)`` wins (the
+    second shape reads half the bytes). Also, at block size 16 on 64 x 4096: the median of
+    CUDA-event timing (triton.testing.do_bench) of the same plan and the host time of one
+    ``run`` call. Returns the rows and the winners by block size.
     """
     import triton.testing
 
@@ -551,75 +553,73 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
     ceilings = measure_gpu()
     policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget})
     say(f"bench-sweep ceiling: read {ceilings.read_bytes_per_s / 1e9:.0f} GB/s")
-    cases = shapes.resolve(["llama3-8b/decode/b64/ctx4096/bs16"])
-    pool = inputs.make_pool(cases[0], inputs.rotations_for(cases[0], 256 << 20))
     rows: list[dict[str, Any]] = []
-    sdpa = measure_peer(SdpaPeer(), cases[0], pool.rotations, case_work(cases[0], pool), ceilings, policy)
-    rows.append({"case": "sweep sdpa decode 64x4096", "us": (sdpa.seconds or float("nan")) * 1e6,
-                 "gbs": sdpa.gbps, "pct_ceiling": sdpa.pct_of_ceiling})
-    say(str(rows[-1]))
-    backend0 = backend_cls()
-    device_pool = DevicePool(backend0, pool)
-    totals: dict[tuple[Any, ...], float] = {}
-    for config in DECODE_CONFIGS:
-        block_n, warps, stages, resident, keys_major = config
-        tiles = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), block_n=block_n, num_warps=warps,
-                        num_stages=stages, resident=resident, keys_major=keys_major)
-        backend = backend_cls(tiles=tiles)
-        totals[config] = 0.0
-        for case in cases:
-            try:
-                result = measure_backend(backend, case, device_pool, case_work(case, pool), ceilings, policy)
-                if result.status != "ok":
-                    raise RuntimeError(f"{result.status}: {result.reason}")
-                kc, vc = device_pool.caches(case)
-                t = inputs.make_tables(case, pool, 0)
-                q = device_pool.queries[0]
-                plan = backend.plan(q, kc, vc, t.block_tables, t.seq_lens, t.query_start_loc)
-                def once(backend: Any = backend, plan: Any = plan, q: Any = q, kc: Any = kc, vc: Any = vc) -> Any:
-                    return backend.run(plan, q, kc, vc)
-
-                events_us = float(triton.testing.do_bench(once, warmup=20, rep=100, return_mode="median")) * 1e3
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(20):
-                    once()
-                host_us = (time.perf_counter() - start) / 20 * 1e6
-                torch.cuda.synchronize()
-            except Exception as exc:
-                say(f"sweep {config} {case.name} failed: {exc}")
-                totals[config] = float("inf")
-                continue
-            us = (result.seconds or float("inf")) * 1e6
-            totals[config] += us
-            rows.append({"case": f"sweep decode 64x4096 N={block_n} w={warps} s={stages}"
-                         + (" keys-major" if keys_major else ""), "block_size":
-                         case.block_size, "us": us, "gbs": result.gbps, "pct_ceiling": result.pct_of_ceiling,
-                         "ratio_to_cudnn": (sdpa.seconds or float("nan")) * 1e6 / us, "us_events": events_us,
-                         "host_us": host_us})
-            say(str(rows[-1]))
-    del device_pool
-    torch.cuda.empty_cache()
-    best = min(totals, key=lambda c: totals[c])
-    say(f"fastest decode tiles (N, warps, stages, resident, keys major): {best}")
-    # 2 x 65536 with those tiles: the heuristic's split count, its half and its double
-    long_case = shapes.resolve(["llama3-8b/decode/b2/ctx65536/bs16"])[0]
-    long_pool = inputs.make_pool(long_case, inputs.rotations_for(long_case, 256 << 20))
-    device_pool = DevicePool(backend0, long_pool)
-    tiles = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), block_n=best[0], num_warps=best[1], num_stages=best[2],
-                    resident=best[3], keys_major=best[4])
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    default = lc.choose_num_splits(16, 65536 // best[0], sms, best[3])
-    for splits in sorted({default, max(2, default // 2), min(lc.MAX_SPLITS, default * 2)}):
-        result = measure_backend(backend_cls(tiles=tiles, num_splits=splits), long_case, device_pool,
-                                 case_work(long_case, long_pool), ceilings, policy)
-        rows.append({"case": f"sweep decode 2x65536 splits={splits}" + (" (heuristic)" if splits == default else ""),
-                     "block_size": 16, "us": (result.seconds or float("nan")) * 1e6, "gbs": result.gbps,
-                     "pct_ceiling": result.pct_of_ceiling})
+    score: dict[tuple[int, tuple[Any, ...]], float] = {}
+    for weight, shape in zip((1.0, 2.0), DECODE_SHAPES, strict=True):
+        cases = shapes.resolve([f"{shape}/bs{bs}" for bs in (16, 32, 64)])
+        pool = inputs.make_pool(cases[0], inputs.rotations_for(cases[0], 256 << 20))
+        sdpa = measure_peer(SdpaPeer(), cases[0], pool.rotations, case_work(cases[0], pool), ceilings, policy)
+        rows.append({"case": f"sweep sdpa {shape}", "us": (sdpa.seconds or float("nan")) * 1e6, "gbs": sdpa.gbps,
+                     "pct_ceiling": sdpa.pct_of_ceiling})
         say(str(rows[-1]))
-    del device_pool
-    torch.cuda.empty_cache()
+        device_pool = DevicePool(backend_cls(), pool)
+        for config in DECODE_CONFIGS:
+            block_n, warps, stages, resident, keys_major = config
+            tiles = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), block_n=block_n, num_warps=warps,
+                            num_stages=stages, resident=resident, keys_major=keys_major)
+            backend = backend_cls(tiles=tiles)
+            for case in cases:
+                result = measure_backend(backend, case, device_pool, case_work(case, pool), ceilings, policy)
+                if result.status != "ok" or result.seconds is None:
+                    say(f"sweep {config} {case.name} failed: {result.reason}")
+                    score[(case.block_size, config)] = float("inf")
+                    continue
+                key = (case.block_size, config)
+                score[key] = score.get(key, 0.0) + weight * result.seconds
+                row = {"case": f"sweep {shape} N={block_n} w={warps} s={stages} r={resident}"
+                       + (" keys-major" if keys_major else ""), "block_size": case.block_size,
+                       "us": result.seconds * 1e6, "gbs": result.gbps, "pct_ceiling": result.pct_of_ceiling,
+                       "ratio_to_cudnn": (sdpa.seconds or float("nan")) / result.seconds}
+                if weight == 1.0 and case.block_size == 16:
+                    kc, vc = device_pool.caches(case)
+                    t = inputs.make_tables(case, pool, 0)
+                    q = device_pool.queries[0]
+                    plan = backend.plan(q, kc, vc, t.block_tables, t.seq_lens, t.query_start_loc)
+
+                    def once(backend: Any = backend, plan: Any = plan, q: Any = q, kc: Any = kc,
+                             vc: Any = vc) -> Any:
+                        return backend.run(plan, q, kc, vc)
+
+                    row["us_events"] = float(triton.testing.do_bench(once, warmup=20, rep=100,
+                                                                     return_mode="median")) * 1e3
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(20):
+                        once()
+                    row["host_us"] = (time.perf_counter() - start) / 20 * 1e6
+                    torch.cuda.synchronize()
+                rows.append(row)
+                say(str(row))
+        del device_pool
+        torch.cuda.empty_cache()
+    best: dict[int, Any] = {}
+    for bs in (16, 32, 64):
+        times = {config: score.get((bs, config), float("inf")) for config in DECODE_CONFIGS}
+        best[bs] = min(times, key=times.__getitem__)
+    say(f"fastest decode tiles by block size (N, warps, stages, resident, keys major): {best}")
     return rows, best
+
+
+def decode_table_from_json(text: str) -> dict[int | None, Any]:
+    """``{"16": [N, warps, stages, resident, keys_major], ..., "any": [...]}`` -> launch_config.DECODE_TABLE."""
+    from pagedattn.backends.triton import launch_config as lc
+
+    table: dict[int | None, Any] = {}
+    for key, (n, w, st, r, km) in json.loads(text).items():
+        table[None if key == "any" else int(key)] = lc.DecodeTiles(int(n), int(w), int(st), int(r), bool(km))
+    if None not in table:
+        table[None] = lc.DECODE_TABLE[None]
+    return table
 
 
 PREFILL_CONFIGS = (  # (rows, keys per tile, warps, stages, register cap or 0): see launch_config
@@ -692,8 +692,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="time the decode tile choices on the perf suite's inputs first and use the fastest")
     parser.add_argument("--then-bench", metavar="ARGS",
                         help="finally run `pagedattn bench ARGS` (one quoted string) in this process")
-    parser.add_argument("--decode-tiles", metavar="N,WARPS,STAGES,RESIDENT,KEYS_MAJOR",
-                        help="replace launch_config's decode tile table for this run (e.g. 64,4,5,2,1)")
+    parser.add_argument("--decode-tiles", metavar="JSON",
+                        help='replace launch_config.DECODE_TABLE for this run: {"16": [64, 4, 5, 2, 1], "any": [...]}')
+    parser.add_argument("--sweep-prefill", action="store_true",
+                        help="with --bench-sweep: also time the prefill tile choices and use the fastest")
     parser.add_argument("--prefill-tiles", metavar="ROWS,N,WARPS,STAGES,REGISTERS",
                         help="replace launch_config's prefill tile table for this run (REGISTERS 0: no cap)")
     parser.add_argument("--sanitize-child", action="store_true", help=argparse.SUPPRESS)
@@ -705,9 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     from pagedattn.backends.triton.backend import TritonBackend
 
     if args.decode_tiles:
-        n, w, st, r, km = (int(x) for x in args.decode_tiles.split(","))
-        lc.DECODE_BLOCK_N, lc.DECODE_WARPS, lc.DECODE_STAGES, lc.DECODE_RESIDENT, lc.DECODE_KEYS_MAJOR = (
-            n, w, st, r, bool(km))
+        lc.DECODE_TABLE = decode_table_from_json(args.decode_tiles)
     if args.prefill_tiles:
         m, n, w, st, r = (int(x) for x in args.prefill_tiles.split(","))
         lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = m, n, w, st
@@ -725,19 +725,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench_sweep:
         say("0. decode tile choices on the perf suite's inputs")
         sweep_rows, best = bench_sweep(torch, TritonBackend)
-        lc.DECODE_BLOCK_N, lc.DECODE_WARPS, lc.DECODE_STAGES, lc.DECODE_RESIDENT, lc.DECODE_KEYS_MAJOR = best
-        args.decode_tiles = ",".join(str(int(x)) for x in best)
-        if not args.decode_only:
+        args.decode_tiles = json.dumps({**{str(bs): list(c) for bs, c in best.items()}, "any": list(best[16])})
+        lc.DECODE_TABLE = decode_table_from_json(args.decode_tiles)
+        if args.sweep_prefill:
             rows_p, best_p = bench_sweep_prefill(torch, TritonBackend)
             sweep_rows += rows_p
             lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = best_p[:4]
             lc.PREFILL_MAX_REGISTERS = best_p[4] or None
             args.prefill_tiles = ",".join(str(x) for x in best_p)
-    results["decode_tiles"] = (lc.DECODE_BLOCK_N, lc.DECODE_WARPS, lc.DECODE_STAGES, lc.DECODE_RESIDENT,
-                               lc.DECODE_KEYS_MAJOR)
+    results["decode_tiles"] = {str(k): tuple(v) for k, v in lc.DECODE_TABLE.items()}
     results["prefill_tiles"] = (lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES,
                                 lc.PREFILL_MAX_REGISTERS)
-    say(f"decode tiles (N, warps, stages, resident, keys major): {results['decode_tiles']}; "
+    say(f"decode tiles by block size (N, warps, stages, resident, keys major): {results['decode_tiles']}; "
         f"prefill tiles (rows, N, warps, stages, register cap): {results['prefill_tiles']}")
     start = time.perf_counter()
     say("1. correctness against the spec (error model; bit-exact where the contract says so)")

@@ -3,7 +3,7 @@
 Pure Python, no triton import: the plan calls these once per batch.
 
 - :func:`choose_tiles`: tile shape and warps from the batch's longest ``q_len``, the GQA
-  group size, head_dim and dtype.
+  group size, head_dim, dtype and (decode only) the block size.
 - :func:`choose_num_splits`: the split-KV heuristic. Splitting the key range of each
   program only pays when the grid is too small to fill the GPU: with fewer than half of
   ``resident * num_sms`` programs (``resident``: programs of the chosen tiles that fit on
@@ -18,6 +18,7 @@ Pure Python, no triton import: the plan calls these once per batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 PROGRAMS_PER_SM = 2  # resident programs per multiprocessor assumed when the tiles do not say
 MIN_TILES_PER_SPLIT = 4  # key tiles a split must have for the extra merge to pay
@@ -25,15 +26,22 @@ MAX_SPLITS = 64  # bound on the partial buffers: [num_splits, T, Hq, D] float32
 MAX_GROUP_TILE = 64  # query heads of one KV head served by one program at most
 MAX_HEAD_DIM = 256  # larger head_dims exceed registers/shared memory: reported unsupported
 
-# Decode tiles (16-bit, head_dim <= 128): keys per tile, warps, pipeline stages, and the
-# programs that fit on one multiprocessor (registers and shared memory of the sm_90a build,
-# PERF_NOTES.md "Resource report"). Triton gives the block-table load its own pipeline stage,
-# so K/V get (stages - 1) // 2 buffers: 5 stages are the first with two (double buffering).
-DECODE_BLOCK_N = 128
-DECODE_WARPS = 4
-DECODE_STAGES = 3
-DECODE_RESIDENT = 2
-DECODE_KEYS_MAJOR = False  # scores as [keys, rows]: K/V feed warpgroup MMA from shared memory
+
+class DecodeTiles(NamedTuple):
+    """One entry of the decode tile table."""
+
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # Triton gives the block-table load its own stage: K/V get fewer buffers
+    resident: int  # programs per multiprocessor (registers, shared memory of the sm_90a build)
+    keys_major: bool  # scores as [keys, rows]: K and V feed warpgroup MMA from shared memory
+
+
+# Decode tiles (16-bit, head_dim <= 128, at most 16 query heads per KV head), by block size
+# (None: any other). Measured on an H200 with the perf suite's inputs: PERF_NOTES.md.
+DECODE_TABLE: dict[int | None, DecodeTiles] = {
+    None: DecodeTiles(64, 4, 5, 2, True),
+}
 
 # Prefill tiles (16-bit, head_dim <= 128) at their full height: rows (queries x group heads),
 # keys per tile, warps, stages, and a register cap per thread (None: the compiler's choice),
@@ -42,7 +50,7 @@ PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
 PREFILL_WARPS = 8
 PREFILL_STAGES = 3
-PREFILL_MAX_REGISTERS: int | None = None
+PREFILL_MAX_REGISTERS: int | None = 128  # two programs per multiprocessor: 0.71x against 0.54x cuDNN
 
 
 def next_power_of_2(n: int) -> int:
@@ -72,7 +80,7 @@ class Tiles:
         return self.block_m // self.group_tile
 
 
-def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str) -> Tiles:
+def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, block_size: int | None = None) -> Tiles:
     """Pick tiles from the fixed table.
 
     Decode-like batches (``max_q_len <= 1``): 16 rows (the tl.dot minimum) or the group,
@@ -89,13 +97,13 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str) -> 
     block_q = max(1, min(next_power_of_2(max_q_len), max_rows // group_tile))
     block_m = max(16, block_q * group_tile)
     decode = max_q_len <= 1
-    block_n = 32 if wide else (DECODE_BLOCK_N if decode else 64)
+    block_n = 32 if wide else (128 if decode else 64)
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2
     resident, keys_major, max_registers = PROGRAMS_PER_SM, False, None
     if decode and not wide and block_m == 16:
-        num_warps, num_stages, resident = DECODE_WARPS, DECODE_STAGES, DECODE_RESIDENT
-        keys_major = DECODE_KEYS_MAJOR
+        entry = DECODE_TABLE.get(block_size, DECODE_TABLE[None])
+        block_n, num_warps, num_stages, resident, keys_major = entry
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
                                                          PREFILL_MAX_REGISTERS)

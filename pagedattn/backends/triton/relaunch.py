@@ -36,7 +36,7 @@ class Relauncher:
         device = driver.active.get_current_device()
         full_key = (id(kernel), device, grid, key)
         found = self._compiled.get(full_key)
-        hooks = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+        hooks = _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
         if found is None or hooks:
             compiled = kernel[grid](*args, **constexprs, **options)
             if not hooks and all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
@@ -47,3 +47,11 @@ class Relauncher:
         stream = driver.active.get_current_stream(device)
         compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args, *constexpr_values)
+
+
+def _hooked(hook: Any) -> bool:
+    """Whether a launch hook is installed: a callable, or a hook chain (triton 3.6) with members."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
