@@ -339,7 +339,8 @@ def sanitize_child(backend_cls: Any) -> int:
     return 1 if failures else 0
 
 
-def run_sanitizer(out_dir: Path, decode_tiles: str | None = None, prefill_tiles: str | None = None) -> str:
+def run_sanitizer(out_dir: Path, decode_tiles: str | None = None, prefill_tiles: str | None = None,
+                  limit_s: float = 150.0) -> str:
     command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m",
                "pagedattn.backends.triton.gpu_check", "--sanitize-child"]
     if decode_tiles:
@@ -349,11 +350,13 @@ def run_sanitizer(out_dir: Path, decode_tiles: str | None = None, prefill_tiles:
     start = time.perf_counter()
     try:
         env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # one allocation per tensor: exact bounds
-        done = subprocess.run(command, capture_output=True, text=True, timeout=150, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, env=env)
     except FileNotFoundError:
         return "compute-sanitizer not found"
-    except subprocess.TimeoutExpired:
-        return "compute-sanitizer timed out after 150 s"
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        (out_dir / "sanitizer.log").write_text(partial)
+        return f"compute-sanitizer timed out after {limit_s:.0f} s (its output so far: sanitizer.log)"
     (out_dir / "sanitizer.log").write_text(done.stdout + done.stderr)
     summary = [line for line in (done.stdout + done.stderr).splitlines() if "ERROR SUMMARY" in line]
     last = summary[-1].strip() if summary else "no summary"
@@ -529,7 +532,7 @@ def sweep(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
 
 
 DECODE_CONFIGS = (  # (keys per tile, warps, stages, resident programs per SM, keys major): launch_config.DecodeTiles
-    (64, 4, 5, 2, True), (32, 4, 5, 4, False), (128, 4, 3, 2, False),
+    (64, 4, 5, 2, True), (64, 4, 5, 3, True), (32, 4, 5, 4, False), (128, 4, 3, 2, False),
 )
 DECODE_SHAPES = ("llama3-8b/decode/b64/ctx4096", "llama3-8b/decode/b2/ctx65536")
 
@@ -698,8 +701,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --bench-sweep: also time the prefill tile choices and use the fastest")
     parser.add_argument("--prefill-tiles", metavar="ROWS,N,WARPS,STAGES,REGISTERS",
                         help="replace launch_config's prefill tile table for this run (REGISTERS 0: no cap)")
+    parser.add_argument("--deadline", type=float, metavar="SECONDS",
+                        help="wall-clock budget of this run: the sanitizer gets what is left of it")
     parser.add_argument("--sanitize-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     import torch
     import triton
 
@@ -751,9 +757,18 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             say(traceback.format_exc())
     print(table(rows), flush=True)
+    if args.then_bench is not None:  # before the sanitizer: a run cut short still has its figures
+        from pagedattn.perf.cli import main as bench_main
+
+        say(f"2b. pagedattn bench {args.then_bench}")
+        try:
+            results["bench_exit"] = bench_main(shlex.split(args.then_bench))
+        except Exception:
+            say(traceback.format_exc())
     if not args.no_sanitizer:
         say("3. compute-sanitizer --tool memcheck, garbage-filled pools")
-        results["sanitizer"] = run_sanitizer(out_dir, args.decode_tiles, args.prefill_tiles)
+        limit = 150.0 if args.deadline is None else max(10.0, args.deadline - (time.perf_counter() - started) - 8)
+        results["sanitizer"] = run_sanitizer(out_dir, args.decode_tiles, args.prefill_tiles, limit)
         say(f"   {results['sanitizer']}")
     if args.decode_only and not args.no_bench:
         time_paged = _time_paged(torch)
@@ -770,14 +785,6 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             say(traceback.format_exc())
     rows += sweep_rows
-    if args.then_bench is not None:
-        from pagedattn.perf.cli import main as bench_main
-
-        say(f"5. pagedattn bench {args.then_bench}")
-        try:
-            results["bench_exit"] = bench_main(shlex.split(args.then_bench))
-        except Exception:
-            say(traceback.format_exc())
     results["rows"] = rows
     (out_dir / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str))
     (out_dir / "gpu_check_full.log").write_text("\n".join(LOG))
