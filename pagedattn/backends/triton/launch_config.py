@@ -37,10 +37,15 @@ class DecodeTiles(NamedTuple):
     keys_major: bool  # scores as [keys, rows]: K and V feed warpgroup MMA from shared memory
 
 
-# Decode tiles (16-bit, head_dim <= 128, at most 16 query heads per KV head), by block size
-# (None: any other). Measured on an H200 with the perf suite's inputs: PERF_NOTES.md.
+# Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
+# size (None: any other). Picked on an H200 by `gpu_check --bench-sweep` (PERF_NOTES.md, run 5):
+# per block size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's timer. At block
+# size 16 the two entries scored within 0.2% of each other, well inside the run-to-run spread.
 DECODE_TABLE: dict[int | None, DecodeTiles] = {
-    None: DecodeTiles(64, 4, 5, 2, True),
+    None: DecodeTiles(128, 4, 3, 2, False),
+    16: DecodeTiles(128, 4, 3, 2, False),
+    32: DecodeTiles(64, 4, 5, 2, True),
+    64: DecodeTiles(64, 4, 5, 2, True),
 }
 
 # Prefill tiles (16-bit, head_dim <= 128) at their full height: rows (queries x group heads),
@@ -81,13 +86,14 @@ class Tiles:
 
 
 def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, block_size: int | None = None) -> Tiles:
-    """Pick tiles from the fixed table.
+    """Pick tiles from the fixed tables.
 
-    Decode-like batches (``max_q_len <= 1``): 16 rows (the tl.dot minimum) or the group,
-    128 keys per tile (more bytes in flight: 88.6% of the read bandwidth against 68% with 64
-    keys on an H200, decode 64 x 4096, block size 16), 4 warps. Prefill: up to 128 rows of
-    16-bit queries (64 for float32 or head_dim > 128), 64 keys per tile, 8 warps at 128 rows.
-    float32 or head_dim > 128: 32 keys per tile.
+    Decode-like batches (``max_q_len <= 1``): 16 rows (the tl.dot minimum) or the group; for
+    16-bit queries with head_dim <= 128 and 16 rows, keys per tile, warps, stages and the
+    scores' orientation come from ``DECODE_TABLE`` by ``block_size``; otherwise 128 keys, 4
+    warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
+    128), 64 keys per tile, 8 warps at 128 rows, and the ``PREFILL_*`` entries (register cap)
+    at the full height. float32 or head_dim > 128: 32 keys per tile.
     """
     group_tile = min(next_power_of_2(group_size), MAX_GROUP_TILE)
     num_group_tiles = -(-group_size // group_tile)
