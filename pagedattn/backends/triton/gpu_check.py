@@ -1,6 +1,7 @@
 """Check and measure the ``triton`` backend on a CUDA GPU in one run.
 
-    python -m pagedattn.backends.triton.gpu_check --out DIR [--sweep] [--no-sanitizer]
+    python -m pagedattn.backends.triton.gpu_check --out DIR [--sweep] [--no-sanitizer] [--decode-only]
+        [--bench-sweep [--sweep-prefill]] [--then-bench "BENCH ARGS"] [--deadline SECONDS]
 
 1. correctness against :func:`pagedattn.spec.exact.exact_attention` under the error model
    (decode, prefill, chunked, GQA, layouts, masks, softcap, ALiBi, fp8, split-KV, strided
@@ -13,6 +14,10 @@
    bfloat16, block sizes 16/32/64) against the read bandwidth of a large reduction measured
    in the same run and cuDNN SDPA (torch, contiguous K/V), and causal prefill 8 x 4096 against
    cuDNN's FLOP rate. ``--sweep`` also times a few other tile choices.
+
+``--bench-sweep`` first times decode tile choices (and with ``--sweep-prefill`` prefill ones)
+with the perf suite's own pools, tables and timer and applies the fastest for the rest of
+the run (the sanitizer child included); ``--then-bench`` runs ``pagedattn bench`` in-process.
 
 Logs and a JSON of all numbers go to ``--out``; a short table is printed last.
 """

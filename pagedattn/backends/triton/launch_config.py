@@ -76,7 +76,7 @@ class Tiles:
     num_stages: int
     heads_fastest: bool = False  # launch order: the KV heads of a work item next to each other
     resident: int = PROGRAMS_PER_SM  # programs of these tiles resident on one multiprocessor
-    keys_major: bool = False  # scores as [block_n, block_m] (keys first): decode tiles only
+    keys_major: bool = False  # scores as [block_n, block_m] (keys first); the table uses it for decode
     max_registers: int | None = None  # register cap per thread passed to the compiler (maxnreg)
 
     @property
