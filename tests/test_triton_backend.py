@@ -189,6 +189,40 @@ def test_launch_orders_give_the_same_bits(q_lens: list[int] | None) -> None:
     assert results[0][0].tobytes() == results[1][0].tobytes(), "launch order changed the output bits"
 
 
+@pytest.mark.parametrize("options", [
+    {},
+    {"sliding_window": 9},
+    {"softcap": 4.0, "causal": False},
+    {"alibi_slopes": (2.0 ** -np.arange(1, 9)).astype(np.float32), "sliding_window": 30},
+], ids=["plain", "window", "softcap", "alibi+window"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_keys_major_tiles_match_spec(num_splits: int, options: dict) -> None:
+    # scores as [keys, rows]: the same contract, with padding entries, GQA 8/2, both layouts
+    for kv_layout, dtype in (("NHD", "bfloat16"), ("HND", "float16")):
+        case = make_case([45, 0, 130, 1], None, dtype=dtype, kv_layout=kv_layout, num_q_heads=8, num_kv_heads=2,
+                         seed=21)
+        tiles = replace(choose_tiles(1, 4, 16, dtype), block_n=32, keys_major=True)
+        assert_within_model(case, backend=TritonBackend(num_splits=num_splits, tiles=tiles), **options)
+    chunked = make_case([70, 9], [5, 1], dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=22)
+    tiles = replace(choose_tiles(5, 4, 16, "bfloat16"), block_n=16, keys_major=True)
+    assert_within_model(chunked, backend=TritonBackend(num_splits=num_splits, tiles=tiles), **options)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_keys_major_tiles_with_fp8_caches(cache_dtype: str) -> None:
+    case = make_case([40, 9], None, dtype="bfloat16", cache_dtype=cache_dtype, seed=23)
+    tiles = replace(choose_tiles(1, 2, 16, "bfloat16"), block_n=16, keys_major=True)
+    assert_within_model(case, backend=TritonBackend(tiles=tiles), cache_dtype=cache_dtype, k_scale=0.37,
+                        v_scale=2.5)
+
+
+def test_register_cap_and_short_tiles_match_spec() -> None:
+    # prefill tiles of 64 rows x 32 keys under a register cap (a launch option only)
+    case = make_case([90, 40], [50, 40], dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=24)
+    tiles = replace(choose_tiles(50, 4, 16, "bfloat16"), block_m=64, block_n=32, max_registers=128)
+    assert_within_model(case, backend=TritonBackend(tiles=tiles), sliding_window=33)
+
+
 def test_split_heuristic_from_batch_shape() -> None:
     # 2 sequences x 8 KV heads on 132 SMs: split; 64 x 8 programs already fill the GPU: no split
     assert choose_num_splits(16, 512, 132) == 16
@@ -197,10 +231,25 @@ def test_split_heuristic_from_batch_shape() -> None:
     assert choose_num_splits(16, 8, 132) == 2  # at least MIN_TILES_PER_SPLIT tiles per split
     assert choose_num_splits(16, 7, 132) == 1
     assert choose_num_splits(1, 10_000, 132) == 64  # bounded
+    assert choose_num_splits(16, 512, 132, resident=4) == 33  # more resident programs, more splits
     decode = choose_tiles(1, 4, 128, "bfloat16")
     prefill = choose_tiles(4096, 4, 128, "bfloat16")
-    assert (decode.block_m, decode.block_q, decode.block_n) == (16, 4, 128)
-    assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8)
+    assert (decode.block_m, decode.block_q) == (16, 4) and decode.heads_fastest
+    assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8) and not prefill.heads_fastest
+
+
+def test_decode_table_by_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedattn.backends.triton import launch_config as lc
+
+    table = {None: lc.DecodeTiles(64, 4, 5, 2, True), 32: lc.DecodeTiles(32, 4, 5, 4, False)}
+    monkeypatch.setattr(lc, "DECODE_TABLE", table)
+    at_32 = choose_tiles(1, 4, 128, "bfloat16", block_size=32)
+    at_64 = choose_tiles(1, 4, 128, "bfloat16", block_size=64)
+    assert (at_32.block_n, at_32.resident, at_32.keys_major) == (32, 4, False)
+    assert (at_64.block_n, at_64.num_stages, at_64.keys_major) == (64, 5, True)
+    assert not choose_tiles(1, 4, 128, "float32", block_size=32).keys_major  # float32: not from the table
+    case = make_case([70, 0, 33], None, block_size=32, dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=25)
+    assert_within_model(case, backend=TritonBackend())
 
 
 # -- never: garbage in unused entries, placement, repeatability ---------------------------------

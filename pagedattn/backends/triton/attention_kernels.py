@@ -169,6 +169,84 @@ def _attend_tiles(
 
 
 @triton.jit
+def _attend_tiles_keys_major(
+    acc_t, l_i, m_i, q_t,  #
+    k_base, v_base, bt_row,  #
+    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
+    L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+    t_begin, t_end,  #
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
+    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,  #
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
+    IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+):
+    """:func:`_attend_tiles` with keys along the first axis: scores ``[BLOCK_N, BLOCK_M]``.
+
+    Same arithmetic, transposed: ``s^T = K q^T`` and ``O^T += V^T p^T``, so the key tile is
+    the matrix unit's M side (at least 64 rows: warpgroup MMA on sm_90, K and V read from
+    shared memory) and the few query rows of a decode tile its N side. ``acc_t`` is
+    ``[HEAD_DIM_PAD, BLOCK_M]``; ``q_t`` is ``[HEAD_DIM_PAD, BLOCK_M]``.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    q_dtype = q_t.dtype
+    for t in range(t_begin, t_end):
+        p = t * BLOCK_N + offs_n
+        # -- physical block of each position; the table is read only for p < L
+        if MASKED:
+            in_seq = p < L
+            physical = tl.load(bt_row + p // BLOCK_SIZE, mask=in_seq, other=0)
+        else:
+            in_seq = p >= 0
+            physical = tl.load(bt_row + p // BLOCK_SIZE)
+        physical = physical.to(tl.int64)  # 64-bit offsets: pools may exceed 2**31 elements
+        slot = (p % BLOCK_SIZE).to(tl.int64)
+        kv_ok = in_seq[:, None] & d_ok[None, :]
+        # -- compute qk (transposed): K tile [BLOCK_N, HEAD_DIM_PAD] @ q^T
+        k_ptrs = k_base + physical[:, None] * stride_kb + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd
+        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
+            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        qk = _dot(_operand(k, q_dtype, INTERPRET), q_t, IEEE, INTERPRET)
+        # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
+        if HAS_SOFTCAP or HAS_ALIBI:
+            s = qk * sm_scale
+            if HAS_SOFTCAP:
+                s = softcap * _tanh(s / softcap)
+            if HAS_ALIBI:
+                s = s + slopes[None, :] * (p[:, None] - p_q[None, :]).to(tl.float32)
+            s = s * LOG2E
+        else:
+            s = qk * qk_scale2
+        if MASKED:
+            visible = in_seq[:, None]  # broadcast against the rows below
+            if IS_CAUSAL:
+                visible = visible & (p[:, None] <= p_q[None, :])
+            if HAS_WINDOW:
+                visible = visible & (p[:, None] > p_q[None, :] - window)
+            s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks
+        # -- update m_i and l_i; a row with no finite score yet keeps m = -inf, l = 0
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p_ij = tl.math.exp2(s - shift[None, :])
+        alpha = tl.math.exp2(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p_ij, 0)
+        # -- update the output accumulator: V^T [HEAD_DIM_PAD, BLOCK_N] @ p^T
+        v_ptrs = v_base + physical[:, None] * stride_vb + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd
+        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
+            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        pv = _dot(tl.trans(_operand(v, q_dtype, INTERPRET)), _operand(p_ij, q_dtype, INTERPRET), IEEE, INTERPRET)
+        acc_t = acc_t * alpha[None, :] + pv
+        m_i = m_new
+    return acc_t, l_i, m_i
+
+
+@triton.jit
 def paged_attention_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
     q_ptr, k_cache_ptr, v_cache_ptr,  #
@@ -185,7 +263,7 @@ def paged_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,  #
     HAS_ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SPLIT: tl.constexpr,  #
-    HEADS_FASTEST: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+    HEADS_FASTEST: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Paged attention of one (work item, KV head and head tile, split): see the module doc.
 
@@ -261,26 +339,51 @@ def paged_attention_kernel(
     k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
-        if stage == 0:
-            begin = t_a
-            end = f_a
-        elif stage == 1:
-            begin = f_a
-            end = f_b
-        else:
-            begin = f_b
-            end = t_b
-        acc, l_i, m_i = _attend_tiles(
-            acc, l_i, m_i, q,  #
-            k_base, v_base, bt_row,  #
-            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-            L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
-            begin, end,  #
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
-            stage != 1, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,  #
-            IEEE, INTERPRET,  #
-        )
+    if KEYS_MAJOR:  # decode: scores [BLOCK_N, BLOCK_M], the accumulator transposed
+        acc_t = tl.zeros([HEAD_DIM_PAD, BLOCK_M], dtype=tl.float32)
+        q_t = tl.trans(q)
+        for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
+            if stage == 0:
+                begin = t_a
+                end = f_a
+            elif stage == 1:
+                begin = f_a
+                end = f_b
+            else:
+                begin = f_b
+                end = t_b
+            acc_t, l_i, m_i = _attend_tiles_keys_major(
+                acc_t, l_i, m_i, q_t,  #
+                k_base, v_base, bt_row,  #
+                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
+                L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+                begin, end,  #
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
+                stage != 1, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,  #
+                IEEE, INTERPRET,  #
+            )
+        acc = tl.trans(acc_t)
+    else:
+        for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
+            if stage == 0:
+                begin = t_a
+                end = f_a
+            elif stage == 1:
+                begin = f_a
+                end = f_b
+            else:
+                begin = f_b
+                end = t_b
+            acc, l_i, m_i = _attend_tiles(
+                acc, l_i, m_i, q,  #
+                k_base, v_base, bt_row,  #
+                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
+                L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+                begin, end,  #
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
+                stage != 1, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,  #
+                IEEE, INTERPRET,  #
+            )
 
     # -- epilogue: out = O / l * v_scale and lse = m + log l; (0, -inf) where nothing was visible
     empty = l_i == 0.0

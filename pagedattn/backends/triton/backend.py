@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from pagedattn.backends.triton.launch_config import (
     choose_tiles,
     next_power_of_2,
 )
+from pagedattn.backends.triton.relaunch import Relauncher
 from pagedattn.backends.triton.tensors import as_tensor, numpy_to_torch, torch_to_numpy
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
@@ -62,6 +63,7 @@ class TritonPlanState:
     work_q: Any
     alibi_slopes: Any
     device: Any
+    relauncher: Relauncher = field(default_factory=Relauncher)  # compiled kernels of this plan, reused by run
 
 
 def _work_list(problem: AttentionProblem, tiles: Tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -158,13 +160,15 @@ class TritonBackend(Backend):
                                    backend=self.name, capability="head_dim")
         device = self._device()
         max_q_len = int(problem.q_lens.max(initial=0))
-        tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype)
+        tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype,
+                                                   problem.block_size)
         work_seq, work_q, key_tiles = _work_list(problem, tiles)
         num_programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
         if self._forced_splits is not None:
             num_splits = self._forced_splits
         else:
-            num_splits = choose_num_splits(num_programs, int(key_tiles.max(initial=0)), self._num_sms())
+            num_splits = choose_num_splits(num_programs, int(key_tiles.max(initial=0)), self._num_sms(),
+                                           tiles.resident)
 
         def upload(values: np.ndarray, dtype: Any = np.int32) -> Any:
             return numpy_to_torch(np.ascontiguousarray(values, dtype=dtype), device)
@@ -213,11 +217,12 @@ class TritonBackend(Backend):
         v_scale = problem.v_scale if problem.cache_dtype in FP8_DTYPES else 1.0
         head_programs = problem.num_kv_heads * tiles.num_group_tiles
         if tiles.heads_fastest:
-            grid: tuple[int, ...] = (state.num_work * head_programs, num_splits, 1)
+            grid: tuple[int, int, int] = (state.num_work * head_programs, num_splits, 1)
         else:
             grid = (state.num_work, head_programs, num_splits)
-        paged_attention_kernel[grid](
-            out, lse if lse is not None else out, part_out, part_lse,
+        lse_arg = lse if lse is not None else out
+        args = [
+            out, lse_arg, part_out, part_lse,
             q, k_cache, v_cache,
             state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
             state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens,
@@ -230,23 +235,31 @@ class TritonBackend(Backend):
             scale_k * LOG2E, scale_k, v_scale,
             problem.softcap if problem.softcap is not None else 1.0,
             problem.sliding_window if problem.sliding_window is not None else 0,
+        ]
+        constexprs = dict(
             GROUP_SIZE=problem.group_size, GROUP_TILE=tiles.group_tile, NUM_GROUP_TILES=tiles.num_group_tiles,
             HEAD_DIM=D, HEAD_DIM_PAD=tiles.head_dim_pad, BLOCK_SIZE=problem.block_size,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
             IS_CAUSAL=problem.causal, HAS_WINDOW=problem.sliding_window is not None,
             HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
             STORE_LSE=lse is not None, SPLIT=split,
-            HEADS_FASTEST=tiles.heads_fastest, IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
+            IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
         )
+        # what may differ between runs of this plan: the arrays' strides and 16-byte alignment
+        arrays = (q, k_cache, v_cache, out, lse_arg, part_out, part_lse)
+        key = (q.stride(), k_cache.stride(), v_cache.stride(), tuple(a.data_ptr() % 16 == 0 for a in arrays))
+        options: dict[str, Any] = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+        if tiles.max_registers is not None:
+            options["maxnreg"] = tiles.max_registers
+        state.relauncher.launch(paged_attention_kernel, grid, key, args, constexprs, options, interpreter_mode())
         if split:
-            merge_splits_kernel[(T, Hq)](
-                out, lse if lse is not None else out, part_out, part_lse,
-                T, Hq, num_splits, out.stride(0), out.stride(1),
-                HEAD_DIM=D, HEAD_DIM_PAD=next_power_of_2(D), SPLITS_PAD=next_power_of_2(num_splits),
-                STORE_LSE=lse is not None, INTERPRET=interpreter_mode(),
-                num_warps=4,
-            )
+            state.relauncher.launch(
+                merge_splits_kernel, (T, Hq, 1), key,
+                [out, lse_arg, part_out, part_lse, T, Hq, num_splits, out.stride(0), out.stride(1)],
+                dict(HEAD_DIM=D, HEAD_DIM_PAD=next_power_of_2(D), SPLITS_PAD=next_power_of_2(num_splits),
+                     STORE_LSE=lse is not None, INTERPRET=interpreter_mode()),
+                {"num_warps": 4}, interpreter_mode())
         return out, lse
 
     # -- other operations ------------------------------------------------------

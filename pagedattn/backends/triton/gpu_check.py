@@ -1,6 +1,7 @@
 """Check and measure the ``triton`` backend on a CUDA GPU in one run.
 
-    python -m pagedattn.backends.triton.gpu_check --out DIR [--sweep] [--no-sanitizer]
+    python -m pagedattn.backends.triton.gpu_check --out DIR [--sweep] [--no-sanitizer] [--decode-only]
+        [--bench-sweep [--sweep-prefill]] [--then-bench "BENCH ARGS"] [--deadline SECONDS]
 
 1. correctness against :func:`pagedattn.spec.exact.exact_attention` under the error model
    (decode, prefill, chunked, GQA, layouts, masks, softcap, ALiBi, fp8, split-KV, strided
@@ -14,6 +15,10 @@
    in the same run and cuDNN SDPA (torch, contiguous K/V), and causal prefill 8 x 4096 against
    cuDNN's FLOP rate. ``--sweep`` also times a few other tile choices.
 
+``--bench-sweep`` first times decode tile choices (and with ``--sweep-prefill`` prefill ones)
+with the perf suite's own pools, tables and timer and applies the fastest for the rest of
+the run (the sanitizer child included); ``--then-bench`` runs ``pagedattn bench`` in-process.
+
 Logs and a JSON of all numbers go to ``--out``; a short table is printed last.
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -136,6 +142,17 @@ def correctness(torch: Any, backend_cls: Any, decode_only: bool = False) -> tupl
 
     for bs in (16, 32, 64):
         add(f"decode bf16 NHD bs={bs} GQA 8/2", {"seq_lens": [1, 700, 0, 4097, 63], "q_lens": None, "block_size": bs})
+    from pagedattn.backends.triton.launch_config import choose_tiles
+
+    for major in (False, True):
+        tiles = replace(choose_tiles(1, 4, 128, "bfloat16"), block_n=64, num_stages=5, keys_major=major)
+        add(f"decode bf16 HND bs=32 N=64 s=5 {'keys' if major else 'rows'}-major, window=1000",
+            {"seq_lens": [1, 2500, 0, 4097], "q_lens": None, "block_size": 32, "kv_layout": "HND"},
+            backend=backend_cls(tiles=tiles), sliding_window=1000)
+        add(f"decode bf16 fp8 e4m3 cache {'keys' if major else 'rows'}-major, split 3, softcap",
+            {"seq_lens": [700, 2000], "q_lens": None, "cache_dtype": "float8_e4m3fn"},
+            backend=backend_cls(tiles=tiles, num_splits=3), cache_dtype="float8_e4m3fn", k_scale=0.37,
+            v_scale=2.5, softcap=20.0)
     add("decode fp16 HND bs=16 MQA 8/1", {"seq_lens": [300, 1025], "q_lens": None, "dtype": "float16",
                                           "kv_layout": "HND", "num_kv_heads": 1})
     add("decode fp32 NHD d=64", {"seq_lens": [77, 513], "q_lens": None, "dtype": "float32", "head_dim": 64})
@@ -210,6 +227,25 @@ def correctness(torch: Any, backend_cls: Any, decode_only: bool = False) -> tupl
             "bit-identical to the small pool" if same else "DIFFERS from the small pool")
 
     cases.append(("pool > 2**31 elements (64-bit offsets)", huge_pool))
+
+    def relaunch() -> tuple[bool, str]:
+        # one plan run again and again (the direct relaunch path) and with an unaligned query
+        case = make_case([700, 33, 1500], None, seed=13)
+        dev: list[Any] = [None if a is None else be.to_device(a) for a in args_of(case)]
+        plan = be.plan(*dev, kv_layout="NHD", return_lse=True)
+        runs = [be.run(plan, dev[0], dev[1], dev[2]) for _ in range(3)]
+        first_out, first_lse = runs[0][0].cpu().view(torch.int16), runs[0][1].cpu()
+        same = all(o.cpu().view(torch.int16).equal(first_out) and l.cpu().equal(first_lse) for o, l in runs)
+        raw = torch.empty(dev[0].numel() + 1, dtype=dev[0].dtype, device="cuda")
+        unaligned = raw[1:].view(dev[0].shape)
+        unaligned.copy_(dev[0])
+        out_u = be.run(plan, unaligned, dev[1], dev[2])[0]
+        same_u = out_u.cpu().view(torch.int16).equal(first_out)
+        ok, text, _, _ = compare(be, case)
+        return ok and same and same_u, f"{text}, 3 runs {'identical' if same else 'DIFFER'}, unaligned query " + (
+            "identical" if same_u else "DIFFERS")
+
+    cases.append(("decode relaunch: one plan run 3 times, unaligned query", relaunch))
     cases.append(("write_kv fp8/bf16, both layouts", lambda: check_write_kv(be)))
     cases.append(("copy_blocks with a cycle", lambda: check_copy_blocks(be)))
     cases.append(("merge_states", lambda: check_merge(be)))
@@ -308,17 +344,24 @@ def sanitize_child(backend_cls: Any) -> int:
     return 1 if failures else 0
 
 
-def run_sanitizer(out_dir: Path) -> str:
+def run_sanitizer(out_dir: Path, decode_tiles: str | None = None, prefill_tiles: str | None = None,
+                  limit_s: float = 150.0) -> str:
     command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m",
                "pagedattn.backends.triton.gpu_check", "--sanitize-child"]
+    if decode_tiles:
+        command += ["--decode-tiles", decode_tiles]
+    if prefill_tiles:
+        command += ["--prefill-tiles", prefill_tiles]
     start = time.perf_counter()
     try:
         env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # one allocation per tensor: exact bounds
-        done = subprocess.run(command, capture_output=True, text=True, timeout=150, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, env=env)
     except FileNotFoundError:
         return "compute-sanitizer not found"
-    except subprocess.TimeoutExpired:
-        return "compute-sanitizer timed out after 150 s"
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        (out_dir / "sanitizer.log").write_text(partial)
+        return f"compute-sanitizer timed out after {limit_s:.0f} s (its output so far: sanitizer.log)"
     (out_dir / "sanitizer.log").write_text(done.stdout + done.stderr)
     summary = [line for line in (done.stdout + done.stderr).splitlines() if "ERROR SUMMARY" in line]
     last = summary[-1].strip() if summary else "no summary"
@@ -493,12 +536,152 @@ def sweep(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
     return rows
 
 
+DECODE_CONFIGS = (  # (keys per tile, warps, stages, resident programs per SM, keys major): launch_config.DecodeTiles
+    (64, 4, 5, 2, True), (64, 4, 5, 3, True), (32, 4, 5, 4, False), (128, 4, 3, 2, False),
+)
+DECODE_SHAPES = ("llama3-8b/decode/b64/ctx4096", "llama3-8b/decode/b2/ctx65536")
+
+
+def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]], dict[int, Any]]:
+    """Decode tile choices timed the perf suite's way (its pools, tables, timer) at block sizes 16, 32, 64.
+
+    Per block size the choice with the least ``t(64 x 4096) + 2 t(2 x 65536)`` wins (the
+    second shape reads half the bytes). Also, at block size 16 on 64 x 4096: the median of
+    CUDA-event timing (triton.testing.do_bench) of the same plan and the host time of one
+    ``run`` call. Returns the rows and the winners by block size.
+    """
+    import triton.testing
+
+    from pagedattn.backends.triton import launch_config as lc
+    from pagedattn.perf import inputs, shapes, timing
+    from pagedattn.perf.ceilings import measure_gpu
+    from pagedattn.perf.measure import DevicePool, case_work, measure_backend, measure_peer
+    from pagedattn.perf.peers import SdpaPeer
+
+    ceilings = measure_gpu()
+    policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget})
+    say(f"bench-sweep ceiling: read {ceilings.read_bytes_per_s / 1e9:.0f} GB/s")
+    rows: list[dict[str, Any]] = []
+    score: dict[tuple[int, tuple[Any, ...]], float] = {}
+    for weight, shape in zip((1.0, 2.0), DECODE_SHAPES, strict=True):
+        cases = shapes.resolve([f"{shape}/bs{bs}" for bs in (16, 32, 64)])
+        pool = inputs.make_pool(cases[0], inputs.rotations_for(cases[0], 256 << 20))
+        sdpa = measure_peer(SdpaPeer(), cases[0], pool.rotations, case_work(cases[0], pool), ceilings, policy)
+        rows.append({"case": f"sweep sdpa {shape}", "us": (sdpa.seconds or float("nan")) * 1e6, "gbs": sdpa.gbps,
+                     "pct_ceiling": sdpa.pct_of_ceiling})
+        say(str(rows[-1]))
+        device_pool = DevicePool(backend_cls(), pool)
+        for config in DECODE_CONFIGS:
+            block_n, warps, stages, resident, keys_major = config
+            tiles = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), block_n=block_n, num_warps=warps,
+                            num_stages=stages, resident=resident, keys_major=keys_major)
+            backend = backend_cls(tiles=tiles)
+            for case in cases:
+                result = measure_backend(backend, case, device_pool, case_work(case, pool), ceilings, policy)
+                if result.status != "ok" or result.seconds is None:
+                    say(f"sweep {config} {case.name} failed: {result.reason}")
+                    score[(case.block_size, config)] = float("inf")
+                    continue
+                key = (case.block_size, config)
+                score[key] = score.get(key, 0.0) + weight * result.seconds
+                row = {"case": f"sweep {shape} N={block_n} w={warps} s={stages} r={resident}"
+                       + (" keys-major" if keys_major else ""), "block_size": case.block_size,
+                       "us": result.seconds * 1e6, "gbs": result.gbps, "pct_ceiling": result.pct_of_ceiling,
+                       "ratio_to_cudnn": (sdpa.seconds or float("nan")) / result.seconds}
+                if weight == 1.0 and case.block_size == 16:
+                    kc, vc = device_pool.caches(case)
+                    t = inputs.make_tables(case, pool, 0)
+                    q = device_pool.queries[0]
+                    plan = backend.plan(q, kc, vc, t.block_tables, t.seq_lens, t.query_start_loc)
+
+                    def once(backend: Any = backend, plan: Any = plan, q: Any = q, kc: Any = kc,
+                             vc: Any = vc) -> Any:
+                        return backend.run(plan, q, kc, vc)
+
+                    row["us_events"] = float(triton.testing.do_bench(once, warmup=20, rep=100,
+                                                                     return_mode="median")) * 1e3
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(20):
+                        once()
+                    row["host_us"] = (time.perf_counter() - start) / 20 * 1e6
+                    torch.cuda.synchronize()
+                rows.append(row)
+                say(str(row))
+        del device_pool
+        torch.cuda.empty_cache()
+    best: dict[int, Any] = {}
+    for bs in (16, 32, 64):
+        times = {config: score.get((bs, config), float("inf")) for config in DECODE_CONFIGS}
+        best[bs] = min(times, key=times.__getitem__)
+    say(f"fastest decode tiles by block size (N, warps, stages, resident, keys major): {best}")
+    return rows, best
+
+
+def decode_table_from_json(text: str) -> dict[int | None, Any]:
+    """``{"16": [N, warps, stages, resident, keys_major], ..., "any": [...]}`` -> launch_config.DECODE_TABLE."""
+    from pagedattn.backends.triton import launch_config as lc
+
+    table: dict[int | None, Any] = {}
+    for key, (n, w, st, r, km) in json.loads(text).items():
+        table[None if key == "any" else int(key)] = lc.DecodeTiles(int(n), int(w), int(st), int(r), bool(km))
+    if None not in table:
+        table[None] = lc.DECODE_TABLE[None]
+    return table
+
+
+PREFILL_CONFIGS = (  # (rows, keys per tile, warps, stages, register cap or 0): see launch_config
+    (128, 64, 8, 3, 0), (128, 32, 8, 3, 128), (128, 64, 8, 3, 128), (64, 32, 4, 3, 0), (64, 32, 4, 4, 128),
+)
+
+
+def bench_sweep_prefill(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]],
+                                                                                   tuple[int, ...]]:
+    """Prefill tile choices timed the perf suite's way on its causal 8 x 4096 case at block size 16."""
+    from pagedattn.backends.triton import launch_config as lc
+    from pagedattn.perf import inputs, shapes, timing
+    from pagedattn.perf.ceilings import measure_gpu
+    from pagedattn.perf.measure import DevicePool, case_work, measure_backend, measure_peer
+    from pagedattn.perf.peers import SdpaPeer
+
+    ceilings = measure_gpu()
+    policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget})
+    case = shapes.resolve(["llama3-8b/prefill/b8/ctx4096/bs16"])[0]
+    pool = inputs.make_pool(case, inputs.rotations_for(case, 256 << 20))
+    work = case_work(case, pool)
+    sdpa = measure_peer(SdpaPeer(), case, pool.rotations, work, ceilings, policy)
+    rows: list[dict[str, Any]] = [{"case": "sweep sdpa prefill 8x4096", "us": (sdpa.seconds or float("nan")) * 1e6,
+                                   "tflops": sdpa.tflops}]
+    say(str(rows[-1]))
+    device_pool = DevicePool(backend_cls(), pool)
+    times: dict[tuple[int, ...], float] = {}
+    for config in PREFILL_CONFIGS:
+        block_m, block_n, warps, stages, registers = config
+        tiles = replace(lc.choose_tiles(4096, 4, 128, "bfloat16"), block_m=block_m, block_n=block_n,
+                        num_warps=warps, num_stages=stages, max_registers=registers or None)
+        result = measure_backend(backend_cls(tiles=tiles), case, device_pool, work, ceilings, policy)
+        if result.status != "ok" or result.seconds is None:
+            say(f"sweep prefill {config} failed: {result.reason}")
+            continue
+        times[config] = result.seconds
+        rows.append({"case": f"sweep prefill 8x4096 M={block_m} N={block_n} w={warps} s={stages} maxnreg={registers}",
+                     "block_size": 16, "us": result.seconds * 1e6, "tflops": result.tflops,
+                     "ratio_to_cudnn": (sdpa.seconds or float("nan")) / result.seconds})
+        say(str(rows[-1]))
+    del device_pool
+    torch.cuda.empty_cache()
+    best = min(times, key=lambda c: times[c]) if times else PREFILL_CONFIGS[0]
+    say(f"fastest prefill tiles (rows, N, warps, stages, register cap): {best}")
+    return rows, best
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| case | block size | us (median) | us (graph) | GB/s | % of read bw | TFLOP/s | x cuDNN |",
+    lines = ["| case | block size | us (median) | us (graph/events) | GB/s | % of read bw | TFLOP/s | x cuDNN |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        other = r.get("us_graph") or r.get("us_events")
         lines.append("| {} | {} | {:.1f} | {} | {} | {} | {} | {} |".format(
-            r["case"], r.get("block_size", ""), r["us"], f"{r['us_graph']:.1f}" if r.get("us_graph") else "",
+            r["case"], r.get("block_size", ""), r["us"], f"{other:.1f}" if other else "",
             f"{r['gbs']:.0f}" if "gbs" in r else "", f"{r['pct_ceiling']:.1f}" if "pct_ceiling" in r else "",
             f"{r['tflops']:.0f}" if "tflops" in r else "",
             f"{r['ratio_to_cudnn']:.2f}" if "ratio_to_cudnn" in r else ""))
@@ -513,13 +696,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--decode-only", action="store_true",
                         help="decode correctness cases and decode timings, plus the other launch order")
+    parser.add_argument("--bench-sweep", action="store_true",
+                        help="time the decode tile choices on the perf suite's inputs first and use the fastest")
+    parser.add_argument("--then-bench", metavar="ARGS",
+                        help="finally run `pagedattn bench ARGS` (one quoted string) in this process")
+    parser.add_argument("--decode-tiles", metavar="JSON",
+                        help='replace launch_config.DECODE_TABLE for this run: {"16": [64, 4, 5, 2, 1], "any": [...]}')
+    parser.add_argument("--sweep-prefill", action="store_true",
+                        help="with --bench-sweep: also time the prefill tile choices and use the fastest")
+    parser.add_argument("--prefill-tiles", metavar="ROWS,N,WARPS,STAGES,REGISTERS",
+                        help="replace launch_config's prefill tile table for this run (REGISTERS 0: no cap)")
+    parser.add_argument("--deadline", type=float, metavar="SECONDS",
+                        help="wall-clock budget of this run: the sanitizer gets what is left of it")
     parser.add_argument("--sanitize-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     import torch
     import triton
 
+    from pagedattn.backends.triton import launch_config as lc
     from pagedattn.backends.triton.backend import TritonBackend
 
+    if args.decode_tiles:
+        lc.DECODE_TABLE = decode_table_from_json(args.decode_tiles)
+    if args.prefill_tiles:
+        m, n, w, st, r = (int(x) for x in args.prefill_tiles.split(","))
+        lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = m, n, w, st
+        lc.PREFILL_MAX_REGISTERS = r or None
     if args.sanitize_child:
         return sanitize_child(TritonBackend)
     out_dir = Path(args.out)
@@ -529,6 +732,23 @@ def main(argv: list[str] | None = None) -> int:
     say(f"device: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}, "
         f"triton {triton.__version__}, cuDNN {torch.backends.cudnn.version()}")
     results: dict[str, Any] = {"device": props.name}
+    sweep_rows: list[dict[str, Any]] = []
+    if args.bench_sweep:
+        say("0. decode tile choices on the perf suite's inputs")
+        sweep_rows, best = bench_sweep(torch, TritonBackend)
+        args.decode_tiles = json.dumps({**{str(bs): list(c) for bs, c in best.items()}, "any": list(best[16])})
+        lc.DECODE_TABLE = decode_table_from_json(args.decode_tiles)
+        if args.sweep_prefill:
+            rows_p, best_p = bench_sweep_prefill(torch, TritonBackend)
+            sweep_rows += rows_p
+            lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = best_p[:4]
+            lc.PREFILL_MAX_REGISTERS = best_p[4] or None
+            args.prefill_tiles = ",".join(str(x) for x in best_p)
+    results["decode_tiles"] = {str(k): tuple(v) for k, v in lc.DECODE_TABLE.items()}
+    results["prefill_tiles"] = (lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES,
+                                lc.PREFILL_MAX_REGISTERS)
+    say(f"decode tiles by block size (N, warps, stages, resident, keys major): {results['decode_tiles']}; "
+        f"prefill tiles (rows, N, warps, stages, register cap): {results['prefill_tiles']}")
     start = time.perf_counter()
     say("1. correctness against the spec (error model; bit-exact where the contract says so)")
     passed, total = correctness(torch, TritonBackend, args.decode_only)
@@ -542,15 +762,22 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             say(traceback.format_exc())
     print(table(rows), flush=True)
+    if args.then_bench is not None:  # before the sanitizer: a run cut short still has its figures
+        from pagedattn.perf.cli import main as bench_main
+
+        say(f"2b. pagedattn bench {args.then_bench}")
+        try:
+            results["bench_exit"] = bench_main(shlex.split(args.then_bench))
+        except Exception:
+            say(traceback.format_exc())
     if not args.no_sanitizer:
         say("3. compute-sanitizer --tool memcheck, garbage-filled pools")
-        results["sanitizer"] = run_sanitizer(out_dir)
+        limit = 150.0 if args.deadline is None else max(10.0, args.deadline - (time.perf_counter() - started) - 8)
+        results["sanitizer"] = run_sanitizer(out_dir, args.decode_tiles, args.prefill_tiles, limit)
         say(f"   {results['sanitizer']}")
-    if args.decode_only:
-        from pagedattn.backends.triton.launch_config import choose_tiles
-
+    if args.decode_only and not args.no_bench:
         time_paged = _time_paged(torch)
-        other = replace(choose_tiles(1, 4, 128, "bfloat16"), heads_fastest=False)
+        other = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), heads_fastest=False)
         for batch, length in ((64, 4096), (2, 65536)):
             row = time_paged(f"sweep decode {batch}x{length} work-major launch order", batch, length, 16, 1,
                              TritonBackend(tiles=other), None)
@@ -562,11 +789,13 @@ def main(argv: list[str] | None = None) -> int:
             rows += sweep(torch, TritonBackend)
         except Exception:
             say(traceback.format_exc())
+    rows += sweep_rows
     results["rows"] = rows
     (out_dir / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str))
     (out_dir / "gpu_check_full.log").write_text("\n".join(LOG))
     print()
-    print(f"correctness: {results['correctness']}; sanitizer: {results.get('sanitizer', 'not run')}")
+    print(f"correctness: {results['correctness']}; sanitizer: {results.get('sanitizer', 'not run')}; "
+          f"decode tiles: {results['decode_tiles']}; prefill tiles: {results['prefill_tiles']}")
     print(table([r for r in rows if not r["case"].startswith("sweep")]))
     sweep_rows = [r for r in rows if r["case"].startswith("sweep")]
     if sweep_rows:

@@ -3,11 +3,12 @@
 Pure Python, no triton import: the plan calls these once per batch.
 
 - :func:`choose_tiles`: tile shape and warps from the batch's longest ``q_len``, the GQA
-  group size, head_dim and dtype.
+  group size, head_dim, dtype and (decode only) the block size.
 - :func:`choose_num_splits`: the split-KV heuristic. Splitting the key range of each
   program only pays when the grid is too small to fill the GPU: with fewer than half of
-  ``PROGRAMS_PER_SM * num_sms`` programs, each program's key range is cut into
-  ``floor(PROGRAMS_PER_SM * num_sms / num_programs)`` splits (rounded down, so the grid
+  ``resident * num_sms`` programs (``resident``: programs of the chosen tiles that fit on
+  one multiprocessor at once), each program's key range is cut into
+  ``floor(resident * num_sms / num_programs)`` splits (rounded down, so the grid
   never exceeds that many programs: a few extra programs would cost a whole extra round),
   but never into splits of fewer than ``MIN_TILES_PER_SPLIT`` key tiles (each split adds
   partials to merge), and never more than ``MAX_SPLITS``. Splits only partition the key
@@ -17,12 +18,44 @@ Pure Python, no triton import: the plan calls these once per batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-PROGRAMS_PER_SM = 2  # resident decode programs per multiprocessor (registers allow two)
+PROGRAMS_PER_SM = 2  # resident programs per multiprocessor assumed when the tiles do not say
 MIN_TILES_PER_SPLIT = 4  # key tiles a split must have for the extra merge to pay
 MAX_SPLITS = 64  # bound on the partial buffers: [num_splits, T, Hq, D] float32
 MAX_GROUP_TILE = 64  # query heads of one KV head served by one program at most
 MAX_HEAD_DIM = 256  # larger head_dims exceed registers/shared memory: reported unsupported
+
+
+class DecodeTiles(NamedTuple):
+    """One entry of the decode tile table."""
+
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # Triton gives the block-table load its own stage: K/V get fewer buffers
+    resident: int  # programs per multiprocessor (registers, shared memory of the sm_90a build)
+    keys_major: bool  # scores as [keys, rows]: K and V feed warpgroup MMA from shared memory
+
+
+# Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
+# size (None: any other). Picked on an H200 by `gpu_check --bench-sweep` (PERF_NOTES.md, run 5):
+# per block size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's timer. At block
+# size 16 the two entries scored within 0.2% of each other, well inside the run-to-run spread.
+DECODE_TABLE: dict[int | None, DecodeTiles] = {
+    None: DecodeTiles(128, 4, 3, 2, False),
+    16: DecodeTiles(128, 4, 3, 2, False),
+    32: DecodeTiles(64, 4, 5, 2, True),
+    64: DecodeTiles(64, 4, 5, 2, True),
+}
+
+# Prefill tiles (16-bit, head_dim <= 128) at their full height: rows (queries x group heads),
+# keys per tile, warps, stages, and a register cap per thread (None: the compiler's choice),
+# which decides how many programs share a multiprocessor.
+PREFILL_ROWS = 128
+PREFILL_BLOCK_N = 64
+PREFILL_WARPS = 8
+PREFILL_STAGES = 3
+PREFILL_MAX_REGISTERS: int | None = 128  # two programs per multiprocessor: 0.71x against 0.54x cuDNN
 
 
 def next_power_of_2(n: int) -> int:
@@ -42,6 +75,9 @@ class Tiles:
     num_warps: int
     num_stages: int
     heads_fastest: bool = False  # launch order: the KV heads of a work item next to each other
+    resident: int = PROGRAMS_PER_SM  # programs of these tiles resident on one multiprocessor
+    keys_major: bool = False  # scores as [block_n, block_m] (keys first); the table uses it for decode
+    max_registers: int | None = None  # register cap per thread passed to the compiler (maxnreg)
 
     @property
     def block_q(self) -> int:
@@ -49,36 +85,45 @@ class Tiles:
         return self.block_m // self.group_tile
 
 
-def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str) -> Tiles:
-    """Pick tiles from the fixed table.
+def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, block_size: int | None = None) -> Tiles:
+    """Pick tiles from the fixed tables.
 
-    Decode-like batches (``max_q_len <= 1``): 16 rows (the tl.dot minimum) or the group,
-    128 keys per tile (more bytes in flight: 88.6% of the read bandwidth against 68% with 64
-    keys on an H200, decode 64 x 4096, block size 16), 4 warps. Prefill: up to 128 rows of
-    16-bit queries (64 for float32 or head_dim > 128), 64 keys per tile, 8 warps at 128 rows.
-    float32 or head_dim > 128: 32 keys per tile.
+    Decode-like batches (``max_q_len <= 1``): 16 rows (the tl.dot minimum) or the group; for
+    16-bit queries with head_dim <= 128 and 16 rows, keys per tile, warps, stages and the
+    scores' orientation come from ``DECODE_TABLE`` by ``block_size``; otherwise 128 keys, 4
+    warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
+    128), 64 keys per tile, 8 warps at 128 rows, and the ``PREFILL_*`` entries (register cap)
+    at the full height. float32 or head_dim > 128: 32 keys per tile.
     """
     group_tile = min(next_power_of_2(group_size), MAX_GROUP_TILE)
     num_group_tiles = -(-group_size // group_tile)
     head_dim_pad = max(16, next_power_of_2(head_dim))
     wide = dtype == "float32" or head_dim_pad > 128
-    max_rows = 64 if wide else 128
+    max_rows = 64 if wide else max(PREFILL_ROWS, group_tile)
     block_q = max(1, min(next_power_of_2(max_q_len), max_rows // group_tile))
     block_m = max(16, block_q * group_tile)
     decode = max_q_len <= 1
     block_n = 32 if wide else (128 if decode else 64)
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2
+    resident, keys_major, max_registers = PROGRAMS_PER_SM, False, None
+    if decode and not wide and block_m == 16:
+        entry = DECODE_TABLE.get(block_size, DECODE_TABLE[None])
+        block_n, num_warps, num_stages, resident, keys_major = entry
+    elif not decode and not wide and block_m == PREFILL_ROWS:
+        block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
+                                                         PREFILL_MAX_REGISTERS)
     # decode: the heads of a sequence read the same blocks (NHD: interleaved in memory), so
     # they run side by side; prefill: a head's K/V is reused by the next query tiles, so
     # consecutive programs take consecutive work items of one head (L2 reuse)
     return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages,
-                 heads_fastest=decode)
+                 heads_fastest=decode, resident=resident, keys_major=keys_major, max_registers=max_registers)
 
 
-def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int) -> int:
-    """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles."""
-    target = PROGRAMS_PER_SM * num_sms
+def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resident: int = PROGRAMS_PER_SM) -> int:
+    """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles,
+    ``resident`` programs fitting on each of ``num_sms`` multiprocessors."""
+    target = resident * num_sms
     if num_programs <= 0:
         return 1
     wanted = target // num_programs
