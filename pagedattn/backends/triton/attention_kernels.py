@@ -93,6 +93,50 @@ def cast_for_store(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _key_slots(bt_row, t, L, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Key tile ``t``: positions ``p``, ``p < L`` (all true unmasked), 64-bit physical block and slot.
+
+    The block table is read only for ``p < L``; 64-bit, so pools may exceed 2**31 elements.
+    """
+    p = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    if MASKED:
+        in_seq = p < L
+        physical = tl.load(bt_row + p // BLOCK_SIZE, mask=in_seq, other=0)
+    else:
+        in_seq = p >= 0
+        physical = tl.load(bt_row + p // BLOCK_SIZE)
+    return p, in_seq, physical.to(tl.int64), (p % BLOCK_SIZE).to(tl.int64)
+
+
+@triton.jit
+def _load_kv_tile(base, physical, slot, stride_b, stride_s, stride_d, kv_ok,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr):
+    """A K or V tile ``[BLOCK_N, HEAD_DIM_PAD]`` at (physical, slot): zero where ``kv_ok`` is false."""
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    ptrs = base + physical[:, None] * stride_b + slot[:, None] * stride_s + offs_d[None, :] * stride_d
+    if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
+        tile = tl.load(ptrs, mask=kv_ok, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _stage_tiles(stage: tl.constexpr, t_a, f_a, f_b, t_b):
+    """Key tiles ``[begin, end)`` of a stage: 0 masked before ``f_a``, 1 unmasked, 2 masked from ``f_b``."""
+    if stage == 0:
+        begin = t_a
+        end = f_a
+    elif stage == 1:
+        begin = f_a
+        end = f_b
+    else:
+        begin = f_b
+        end = t_b
+    return begin, end
+
+
+@triton.jit
 def _attend_tiles(
     acc, l_i, m_i, q,  #
     k_base, v_base, bt_row,  #
@@ -110,28 +154,14 @@ def _attend_tiles(
     ``MASKED=False`` only for tiles where every key is visible to every valid row: no
     bounds, causal or window masks there. m_i is in base-2 units (scores times log2 e).
     """
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_ok = offs_d < HEAD_DIM
+    d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
     q_dtype = q.dtype
     for t in range(t_begin, t_end):
-        p = t * BLOCK_N + offs_n
-        # -- physical block of each position; the table is read only for p < L
-        if MASKED:
-            in_seq = p < L
-            physical = tl.load(bt_row + p // BLOCK_SIZE, mask=in_seq, other=0)
-        else:
-            in_seq = p >= 0
-            physical = tl.load(bt_row + p // BLOCK_SIZE)
-        physical = physical.to(tl.int64)  # 64-bit offsets: pools may exceed 2**31 elements
-        slot = (p % BLOCK_SIZE).to(tl.int64)
+        p, in_seq, physical, slot = _key_slots(bt_row, t, L, BLOCK_SIZE, BLOCK_N, MASKED)
         kv_ok = in_seq[:, None] & d_ok[None, :]
         # -- compute qk: K tile [BLOCK_N, HEAD_DIM_PAD], zero outside the sequence
-        k_ptrs = k_base + physical[:, None] * stride_kb + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd
-        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
-            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
+        k = _load_kv_tile(k_base, physical, slot, stride_kb, stride_ks, stride_kd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
+                          MASKED)
         qk = _dot(q, tl.trans(_operand(k, q_dtype, INTERPRET)), IEEE, INTERPRET)
         # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
         if HAS_SOFTCAP or HAS_ALIBI:
@@ -157,11 +187,8 @@ def _attend_tiles(
         alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p_ij, 1)
         # -- update the output accumulator: V tile [BLOCK_N, HEAD_DIM_PAD]
-        v_ptrs = v_base + physical[:, None] * stride_vb + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd
-        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
-            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
-        else:
-            v = tl.load(v_ptrs)
+        v = _load_kv_tile(v_base, physical, slot, stride_vb, stride_vs, stride_vd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
+                          MASKED)
         pv = _dot(_operand(p_ij, q_dtype, INTERPRET), _operand(v, q_dtype, INTERPRET), IEEE, INTERPRET)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
@@ -188,28 +215,14 @@ def _attend_tiles_keys_major(
     shared memory) and the few query rows of a decode tile its N side. ``acc_t`` is
     ``[HEAD_DIM_PAD, BLOCK_M]``; ``q_t`` is ``[HEAD_DIM_PAD, BLOCK_M]``.
     """
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_ok = offs_d < HEAD_DIM
+    d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
     q_dtype = q_t.dtype
     for t in range(t_begin, t_end):
-        p = t * BLOCK_N + offs_n
-        # -- physical block of each position; the table is read only for p < L
-        if MASKED:
-            in_seq = p < L
-            physical = tl.load(bt_row + p // BLOCK_SIZE, mask=in_seq, other=0)
-        else:
-            in_seq = p >= 0
-            physical = tl.load(bt_row + p // BLOCK_SIZE)
-        physical = physical.to(tl.int64)  # 64-bit offsets: pools may exceed 2**31 elements
-        slot = (p % BLOCK_SIZE).to(tl.int64)
+        p, in_seq, physical, slot = _key_slots(bt_row, t, L, BLOCK_SIZE, BLOCK_N, MASKED)
         kv_ok = in_seq[:, None] & d_ok[None, :]
         # -- compute qk (transposed): K tile [BLOCK_N, HEAD_DIM_PAD] @ q^T
-        k_ptrs = k_base + physical[:, None] * stride_kb + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd
-        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
-            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
+        k = _load_kv_tile(k_base, physical, slot, stride_kb, stride_ks, stride_kd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
+                          MASKED)
         qk = _dot(_operand(k, q_dtype, INTERPRET), q_t, IEEE, INTERPRET)
         # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
         if HAS_SOFTCAP or HAS_ALIBI:
@@ -235,11 +248,8 @@ def _attend_tiles_keys_major(
         alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p_ij, 0)
         # -- update the output accumulator: V^T [HEAD_DIM_PAD, BLOCK_N] @ p^T
-        v_ptrs = v_base + physical[:, None] * stride_vb + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd
-        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
-            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
-        else:
-            v = tl.load(v_ptrs)
+        v = _load_kv_tile(v_base, physical, slot, stride_vb, stride_vs, stride_vd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
+                          MASKED)
         pv = _dot(tl.trans(_operand(v, q_dtype, INTERPRET)), _operand(p_ij, q_dtype, INTERPRET), IEEE, INTERPRET)
         acc_t = acc_t * alpha[None, :] + pv
         m_i = m_new
@@ -343,15 +353,7 @@ def paged_attention_kernel(
         acc_t = tl.zeros([HEAD_DIM_PAD, BLOCK_M], dtype=tl.float32)
         q_t = tl.trans(q)
         for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
-            if stage == 0:
-                begin = t_a
-                end = f_a
-            elif stage == 1:
-                begin = f_a
-                end = f_b
-            else:
-                begin = f_b
-                end = t_b
+            begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
             acc_t, l_i, m_i = _attend_tiles_keys_major(
                 acc_t, l_i, m_i, q_t,  #
                 k_base, v_base, bt_row,  #
@@ -365,15 +367,7 @@ def paged_attention_kernel(
         acc = tl.trans(acc_t)
     else:
         for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
-            if stage == 0:
-                begin = t_a
-                end = f_a
-            elif stage == 1:
-                begin = f_a
-                end = f_b
-            else:
-                begin = f_b
-                end = t_b
+            begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
             acc, l_i, m_i = _attend_tiles(
                 acc, l_i, m_i, q,  #
                 k_base, v_base, bt_row,  #

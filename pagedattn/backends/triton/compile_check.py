@@ -193,11 +193,13 @@ def ptxas_report(ptx: str, arch: int) -> tuple[int, int]:
     return registers, spills
 
 
+DEBUG_LINE = re.compile(r"^\s*(\.loc|\.file|\$L__tmp\d+:)")  # source lines and inlining-scope labels
+
+
 def strip_debug(ptx: str) -> str:
-    """PTX without ``.loc``/``.file`` lines and debug sections: equal for equal code."""
-    keep = [line for line in ptx.splitlines() if not line.lstrip().startswith((".loc", ".file"))]
-    text = "\n".join(keep)
-    return text.split(".section\t.debug", 1)[0]
+    """PTX without source lines, inlining-scope labels and debug sections: equal for equal code."""
+    keep = [line for line in ptx.splitlines() if not DEBUG_LINE.match(line)]
+    return "\n".join(keep).split(".section\t.debug", 1)[0]
 
 
 def _tiles(launch: Launch) -> str:
