@@ -1,13 +1,16 @@
 """``pagedattn conform``: run the conformance suite on backends and print the matrix.
 
     pagedattn conform --backend NAME|all [--backend NAME ...] [--profile quick|ci|thorough]
-                      [--out DIR] [-n WORKERS] [-k EXPR]
+                      [--out DIR] [-n WORKERS] [-k EXPR] [--resume LEDGER]
 
 Prints pytest's progress, then per backend a matrix (feature x dtype x block size: pass,
 FAIL, unsupported; examples tried and the worst error as a fraction of the tolerance), writes
 the same as ``DIR/report.json`` (default ``conformance-report``), saves every failure, shrunk,
 as ``DIR/cases/*.npz`` and prints the ``pagedattn replay`` command of each. Exits non-zero on
-any failure (and when a backend passes nothing).
+any failure (and when a backend passes nothing). ``--resume LEDGER`` records each settled
+cell in LEDGER as it finishes and skips the cells an earlier run on the same code, profile
+and backends already settled (:mod:`pagedattn.conformance.ledger`): a long profile can be
+run in pieces under a time limit; the matrix then shows only this piece's cells.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", default="conformance-report", type=Path, help="report directory")
     parser.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. auto)")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select cells")
+    parser.add_argument("--resume", type=Path, default=None, metavar="LEDGER",
+                        help="record settled cells in LEDGER and skip those it already holds (same code)")
     return parser.parse_args(list(argv))
 
 
@@ -48,9 +53,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         pytest_args += ["-n", str(args.workers)]
     if args.keyword:
         pytest_args += ["-k", args.keyword]
+    settled: list[str] = []
+    if args.resume is not None:
+        from pagedattn.conformance import ledger
+
+        settled, note = ledger.open_ledger(args.resume, ledger.header(args.profile, args.backend))
+        print(f"pagedattn conform: {note}", flush=True)
+        pytest_args += ["--conformance-ledger", str(args.resume)]
+        pytest_args += [f"--deselect={nodeid}" for nodeid in settled]
     pytest_args += ["--pyargs", *SUITE_MODULES]
     collector = RecordCollector()
     code = run_pytest_in_process(pytest_args, [collector])
+    if settled and code == 5 and not collector.records:  # pytest: no tests left to run
+        print(f"pagedattn conform: every selected cell is already settled in {args.resume}")
+        return 0
     matrix = build_matrix(collector.records)
     print()
     print_matrix(matrix)

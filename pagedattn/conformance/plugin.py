@@ -13,7 +13,9 @@ Loaded in every pytest run once pagedattn is installed, it does nothing unless
   pass nor skip), lists saved failing cases with their replay command, and fails the run
   of a backend that passed zero cases;
 - under pytest-xdist on a host with several GPUs, gives each worker one GPU through
-  ``CUDA_VISIBLE_DEVICES``, from its worker id.
+  ``CUDA_VISIBLE_DEVICES``, from its worker id;
+- with ``--conformance-ledger FILE``, appends each cell to FILE the moment it passes or is
+  unsupported (:mod:`pagedattn.conformance.ledger`), so a run cut short can be resumed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 import shutil
 import subprocess
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,6 +56,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="backend to test (repeatable): a registered name, 'all', module:Class or mutant:NAME")
     group.addoption("--conformance-cases", default=None, dest="pagedattn_cases", metavar="DIR",
                     help="directory for the .npz cases of failures (default conformance-report/cases)")
+    group.addoption("--conformance-ledger", default=None, dest="pagedattn_ledger", metavar="FILE",
+                    help="append each passed or unsupported cell to this ledger as it settles"
+                    " (pagedattn.conformance.ledger; `pagedattn conform --resume` reads it)")
 
 
 def selected_backend_names(config: pytest.Config) -> list[str]:
@@ -214,6 +220,11 @@ class _State:
             self.unsupported[reason] += 1
         elif report.passed:
             self.passes[backend] += 1
+        ledger_path = self.config.getoption("pagedattn_ledger", default=None)
+        if ledger_path and report.passed and not hasattr(self.config, "workerinput"):
+            from pagedattn.conformance import ledger
+
+            ledger.record(Path(ledger_path), report.nodeid, "passed" if reason is None else "unsupported")
         if record.get("replay"):
             self.cases.append(str(record["replay"]))
 
