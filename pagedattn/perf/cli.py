@@ -20,7 +20,7 @@ from typing import Any
 
 from pagedattn.errors import BackendNotFoundError, BackendUnavailableError, PagedAttentionError
 from pagedattn.perf import device, inputs, shapes, timing
-from pagedattn.perf.measure import DevicePool, Result, case_work, measure_backend, measure_peer
+from pagedattn.perf.measure import DevicePool, Result, case_work, measure_backend, measure_peer_group
 from pagedattn.perf.peers import PEERS, FlexPeer
 from pagedattn.perf.report import HEADERS, add_reference_ratios, document, format_seconds, table_rows, write_json
 from pagedattn.perf.targets import VERDICT_HEADERS, evaluate
@@ -170,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress(measure_backend(backend, case, device_pool, works[case], ceilings, policy))
             del device_pool
         for peer in peers:
-            for case in pool_cases:
-                progress(measure_peer(peer, case, rotations, works[case], ceilings, policy))
+            for result in measure_peer_group(peer, pool_cases, rotations, works, ceilings, policy):
+                progress(result)
         del pool
         save(partial=True)  # a run cut short still leaves its rows
 

@@ -9,6 +9,7 @@ ceilings of :mod:`pagedattn.perf.ceilings`.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -82,6 +83,29 @@ def figures(runner: str, case: Case, seconds: timing.Timing, w: Work, ceilings: 
     return _result(runner, case, "ok", seconds=t, bytes=w.bytes, flops=w.flops, gbps=w.bytes / t / 1e9,
                    tflops=w.flops / t / 1e12, pct_of_ceiling=100.0 * floor / t, rotations=rotations,
                    samples_s=seconds.samples_s, detail=detail)
+
+
+def measure_peer_group(peer: Any, cases: Sequence[Case], rotations: int, works: Mapping[Case, Work],
+                       ceilings: Ceilings, policy: timing.TimingPolicy) -> list[Result]:
+    """Time ``peer`` on cases that differ only in block size (one pool).
+
+    A peer whose ``uses_block_size`` is False (its inputs have no blocks: unpaged SDPA) is
+    timed once, on the first case, and that time stands for every block size, so the
+    reference of a shape does not carry the noise of three separate measurements.
+    """
+    if getattr(peer, "uses_block_size", True) or not cases:
+        return [measure_peer(peer, case, rotations, works[case], ceilings, policy) for case in cases]
+    first = measure_peer(peer, cases[0], rotations, works[cases[0]], ceilings, policy)
+    return [first] + [restate(first, case, works[case], ceilings) for case in cases[1:]]
+
+
+def restate(measured: Result, case: Case, w: Work, ceilings: Ceilings) -> Result:
+    """``measured`` (a peer's row of another block size of the same shape) as ``case``'s row."""
+    if measured.status != "ok" or measured.seconds is None:
+        return _result(measured.runner, case, measured.status, reason=measured.reason, detail=measured.detail)
+    detail = f"{measured.detail}; timed once per shape (bs{measured.block_size} row)".lstrip("; ")
+    return figures(measured.runner, case, timing.Timing(measured.seconds, measured.samples_s, 1), w, ceilings,
+                   measured.rotations, detail)
 
 
 class DevicePool:

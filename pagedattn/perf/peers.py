@@ -38,6 +38,7 @@ class SdpaPeer:
     """cuDNN/flash SDPA on contiguous K/V (the unpaged reference)."""
 
     name = "sdpa"
+    uses_block_size = False  # contiguous K/V: one time per shape serves every block size
     SDPA_ORDER = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 
     def __init__(self) -> None:
@@ -101,6 +102,7 @@ class FlexPeer:
     """FlexAttention's paged attention (decode), compiled per shape within ``budget_s``."""
 
     name = "flex"
+    uses_block_size = True  # pages of block_size tokens
 
     def __init__(self, budget_s: float = 30.0, device: str = "cuda") -> None:
         self.budget_s = budget_s
