@@ -61,3 +61,17 @@ def test_missing_or_failed_rows_are_not_measured_never_met() -> None:
 def test_evaluate_judges_backends_not_peers_on_the_targets_they_ran() -> None:
     verdicts = evaluate(decode_rows((1.0, 1.0, 1.0)))
     assert [(v.backend, v.target.name) for v in verdicts] == [("kern", DECODE.name)]
+
+
+def test_the_benchmarks_reference_is_restated_per_block_size_even_when_unsupported() -> None:
+    from pagedattn.perf import bench_targets
+    from pagedattn.perf.ceilings import Ceilings
+
+    if bench_targets.ON_GPU:
+        pytest.skip("on a GPU the reference runs: bench_targets.py itself covers it")
+    small = shapes.cases(["llama3-8b"], ["decode"], [2], [64], dtype="float32")
+    made_up = Ceilings(device="test", read_bytes_per_s=1e10, matmul_flops_per_s=1e11, how="made up")
+    rows = [bench_targets.reference_result(case, made_up) for case in small]
+    assert [r.case for r in rows] == [c.name for c in small] and [r.block_size for r in rows] == [16, 32, 64]
+    assert all(r.status == "unsupported" and "CUDA" in r.reason for r in rows), rows
+    assert len(bench_targets.REFERENCE) == 1, "one measurement per shape"
