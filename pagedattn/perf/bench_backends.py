@@ -26,8 +26,7 @@ def test_backend(benchmark: Any, backend_name: str, case: Any, ceilings: Ceiling
     backend = load_backend(backend_name)
     benchmark.group = f"{backend_name}/{case.dtype}/bs{case.block_size}"
     prepared = suite.prepare(backend, case, FLUSH)
-    for _ in range(max(2, prepared.rotations)):  # warm-up: compile and touch every rotation
-        prepared.call()
+    prepared.warm_up()
     if ON_GPU:
         benchmark.pedantic(prepared.call, rounds=max(20, 2 * prepared.rotations), iterations=1)
     else:

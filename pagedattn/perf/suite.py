@@ -54,6 +54,11 @@ class PreparedRun:
         self.step()
         self.synchronize()
 
+    def warm_up(self) -> None:
+        """Run every rotation at least once (twice at least): compiles and touches the inputs before timing."""
+        for _ in range(max(2, self.rotations)):
+            self.call()
+
     def batch(self, runs: int) -> Callable[[], None]:
         """A call queuing ``runs`` runs back to back and synchronizing once (amortizes the synchronization)."""
 

@@ -39,6 +39,11 @@ class Timing:
     runs_per_batch: int
 
 
+def runs_per_batch(single_s: float, policy: TimingPolicy = GPU_POLICY) -> int:
+    """Runs a timed batch holds so it lasts ``policy.target_batch_s`` (one run took ``single_s``)."""
+    return max(1, min(policy.max_per_batch, math.ceil(policy.target_batch_s / max(single_s, 1e-7))))
+
+
 def measure(run: Callable[[int], object], synchronize: Callable[[], None], *, rotations: int = 1,
             policy: TimingPolicy = GPU_POLICY) -> Timing:
     """Time ``run(i)`` (``i`` picks the input set, modulo ``rotations``) after a warm-up."""
@@ -49,7 +54,7 @@ def measure(run: Callable[[int], object], synchronize: Callable[[], None], *, ro
     run(0)
     synchronize()
     single = max(time.perf_counter() - start, 1e-7)
-    per_batch = max(1, min(policy.max_per_batch, math.ceil(policy.target_batch_s / single)))
+    per_batch = runs_per_batch(single, policy)
     repeats = max(policy.min_repeats, min(policy.max_repeats, int(policy.budget_s / (single * per_batch))))
     samples = []
     i = 1
