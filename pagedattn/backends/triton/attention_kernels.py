@@ -256,7 +256,11 @@ def _attend_tiles_keys_major(
     return acc_t, l_i, m_i
 
 
-@triton.jit
+# Per-call counts and flags are run-time values, never specialized: each distinct value class
+# (1, a multiple of 16) of a specialized integer would be one more compile, while only the
+# arrays' strides, the tiles and the features shape the code.
+@triton.jit(do_not_specialize=["num_tokens", "num_q_heads", "num_splits", "num_head_programs", "stride_bt",
+                               "window", "group_size", "num_group_tiles", "store_lse", "write_partials"])
 def paged_attention_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
     q_ptr, k_cache_ptr, v_cache_ptr,  #
@@ -268,16 +272,17 @@ def paged_attention_kernel(
     stride_bt,  #
     num_tokens, num_q_heads, num_splits, num_head_programs,  #
     qk_scale2, sm_scale, v_scale, softcap, window,  #
-    GROUP_SIZE: tl.constexpr, GROUP_TILE: tl.constexpr, NUM_GROUP_TILES: tl.constexpr,  #
+    group_size, num_group_tiles, store_lse, write_partials,  #
+    GROUP_TILE: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,  #
-    HAS_ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SPLIT: tl.constexpr,  #
+    HAS_ALIBI: tl.constexpr,  #
     HEADS_FASTEST: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Paged attention of one (work item, KV head and head tile, split): see the module doc.
 
-    Writes ``out``/``lse`` directly, or with ``SPLIT`` the float32 partials ``part_out``
+    Writes ``out`` (and ``lse`` if ``store_lse``) directly, or with ``write_partials`` the float32 partials ``part_out``
     ``[num_splits, T, Hq, D]`` and ``part_lse`` ``[num_splits, T, Hq]`` (natural log) that
     :func:`merge_splits_kernel` combines.
     """
@@ -290,8 +295,8 @@ def paged_attention_kernel(
         work = tl.program_id(0)
         head_program = tl.program_id(1)
         split = tl.program_id(2)
-    kv_head = head_program // NUM_GROUP_TILES
-    g0 = (head_program % NUM_GROUP_TILES) * GROUP_TILE
+    kv_head = head_program // num_group_tiles
+    g0 = (head_program % num_group_tiles) * GROUP_TILE
 
     # -- the work item: sequence s, its first query q_tile, L and q_len
     seq = tl.load(work_seq_ptr + work)
@@ -304,9 +309,9 @@ def paged_attention_kernel(
     rows = tl.arange(0, BLOCK_M)
     qi = rows // GROUP_TILE
     g = g0 + rows % GROUP_TILE
-    row_ok = (q_tile + qi < q_len) & (g < GROUP_SIZE)
+    row_ok = (q_tile + qi < q_len) & (g < group_size)
     token = (q_begin + q_tile + qi).to(tl.int64)
-    head = kv_head * GROUP_SIZE + g
+    head = kv_head * group_size + g
     p_q = L - q_len + q_tile + qi
     p_lo = L - q_len + q_tile  # first query's position
     p_hi = tl.minimum(p_lo + BLOCK_Q - 1, L - 1)  # last valid query's position
@@ -385,18 +390,18 @@ def paged_attention_kernel(
     o = acc * tl.where(empty, 0.0, v_scale / safe_l)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(safe_l)) * LN2)
     store_ok = row_ok[:, None] & d_ok[None, :]
-    if SPLIT:
+    if write_partials:
         row = (split.to(tl.int64) * num_tokens + token) * num_q_heads + head
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=store_ok)
         tl.store(part_lse_ptr + row, lse, mask=row_ok)
     else:
         o_ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, cast_for_store(o, out_ptr.dtype.element_ty, INTERPRET), mask=store_ok)
-        if STORE_LSE:
+        if store_lse:
             tl.store(lse_ptr + token * num_q_heads + head, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "num_q_heads", "num_splits"])
 def merge_splits_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
     num_tokens, num_q_heads, num_splits, stride_ot, stride_oh,  #
