@@ -234,7 +234,10 @@ def test_split_heuristic_from_batch_shape() -> None:
     assert choose_num_splits(16, 512, 132, resident=4) == 33  # more resident programs, more splits
     decode = choose_tiles(1, 4, 128, "bfloat16")
     prefill = choose_tiles(4096, 4, 128, "bfloat16")
-    assert (decode.block_m, decode.block_q) == (16, 4) and decode.heads_fastest
+    assert (decode.block_m, decode.block_q, decode.group_tile) == (16, 1, 16) and decode.heads_fastest
+    # decode tiles (so the compiled kernel) do not depend on the group size up to 16 heads
+    assert {choose_tiles(1, group, 128, "bfloat16") for group in (1, 2, 3, 7, 16)} == {decode}
+    assert choose_tiles(1, 32, 128, "bfloat16").block_m == 32
     assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8) and not prefill.heads_fastest
 
 

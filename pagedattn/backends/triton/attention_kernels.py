@@ -141,18 +141,18 @@ def _attend_tiles(
     acc, l_i, m_i, q,  #
     k_base, v_base, bt_row,  #
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-    L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+    L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
     t_begin, t_end,  #
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
-    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,  #
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
+    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
     IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Fold key tiles ``t_begin <= t < t_end`` (positions ``t * BLOCK_N + n``) into (m, l, O).
 
     ``MASKED=False`` only for tiles where every key is visible to every valid row: no
-    bounds, causal or window masks there. m_i is in base-2 units (scores times log2 e).
+    bounds, causal or window masks there. A row sees ``p_q - window < p <= p_last``, ``p < L``
+    (``p_last``: ``p_q`` if causal, else ``L - 1``). m_i is in base-2 units (scores times log2 e).
     """
     d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
     q_dtype = q.dtype
@@ -174,11 +174,7 @@ def _attend_tiles(
         else:
             s = qk * qk_scale2
         if MASKED:
-            visible = in_seq[None, :]  # broadcast against the rows below
-            if IS_CAUSAL:
-                visible = visible & (p[None, :] <= p_q[:, None])
-            if HAS_WINDOW:
-                visible = visible & (p[None, :] > p_q[:, None] - window)
+            visible = in_seq[None, :] & (p[None, :] <= p_last[:, None]) & (p[None, :] > p_q[:, None] - window)
             s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks
         # -- update m_i and l_i; a row with no finite score yet keeps m = -inf, l = 0
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -200,12 +196,11 @@ def _attend_tiles_keys_major(
     acc_t, l_i, m_i, q_t,  #
     k_base, v_base, bt_row,  #
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-    L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+    L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
     t_begin, t_end,  #
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
-    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,  #
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
+    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
     IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """:func:`_attend_tiles` with keys along the first axis: scores ``[BLOCK_N, BLOCK_M]``.
@@ -235,11 +230,7 @@ def _attend_tiles_keys_major(
         else:
             s = qk * qk_scale2
         if MASKED:
-            visible = in_seq[:, None]  # broadcast against the rows below
-            if IS_CAUSAL:
-                visible = visible & (p[:, None] <= p_q[None, :])
-            if HAS_WINDOW:
-                visible = visible & (p[:, None] > p_q[None, :] - window)
+            visible = in_seq[:, None] & (p[:, None] <= p_last[None, :]) & (p[:, None] > p_q[None, :] - window)
             s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks
         # -- update m_i and l_i; a row with no finite score yet keeps m = -inf, l = 0
         m_new = tl.maximum(m_i, tl.max(s, 0))
@@ -260,7 +251,7 @@ def _attend_tiles_keys_major(
 # (1, a multiple of 16) of a specialized integer would be one more compile, while only the
 # arrays' strides, the tiles and the features shape the code.
 @triton.jit(do_not_specialize=["num_tokens", "num_q_heads", "num_splits", "num_head_programs", "stride_bt",
-                               "window", "group_size", "num_group_tiles", "store_lse", "write_partials"])
+                               "causal", "window", "group_size", "num_group_tiles", "store_lse", "write_partials"])
 def paged_attention_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
     q_ptr, k_cache_ptr, v_cache_ptr,  #
@@ -271,13 +262,12 @@ def paged_attention_kernel(
     stride_vb, stride_vs, stride_vh, stride_vd,  #
     stride_bt,  #
     num_tokens, num_q_heads, num_splits, num_head_programs,  #
-    qk_scale2, sm_scale, v_scale, softcap, window,  #
+    qk_scale2, sm_scale, v_scale, softcap, causal, window,  #
     group_size, num_group_tiles, store_lse, write_partials,  #
     GROUP_TILE: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
-    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,  #
-    HAS_ALIBI: tl.constexpr,  #
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
     HEADS_FASTEST: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Paged attention of one (work item, KV head and head tile, split): see the module doc.
@@ -326,19 +316,14 @@ def paged_attention_kernel(
     else:
         slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    # -- key range [kv_start, kv_end) any row may see, and [full_lo, full_hi) all rows see
-    if IS_CAUSAL:
-        kv_end = p_hi + 1
-        full_hi = p_lo + 1
-    else:
-        kv_end = L
-        full_hi = L
-    if HAS_WINDOW:
-        kv_start = tl.maximum(p_lo - window + 1, 0)
-        full_lo = tl.maximum(p_hi - window + 1, 0)
-    else:
-        kv_start = 0
-        full_lo = 0
+    # -- key range [kv_start, kv_end) any row may see, and [full_lo, full_hi) all rows see;
+    #    row r sees p_q - window < p <= p_last (no window: window = 2**31 - 1, all of p >= 0)
+    is_causal = causal != 0
+    p_last = tl.where(is_causal, p_q, L - 1)
+    kv_end = tl.where(is_causal, p_hi + 1, L)
+    full_hi = tl.where(is_causal, p_lo + 1, L)
+    kv_start = tl.maximum(p_lo - window + 1, 0)
+    full_lo = tl.maximum(p_hi - window + 1, 0)
     # -- this split's tiles [t_a, t_b); inside it, unmasked tiles [f_a, f_b)
     t_lo = kv_start // BLOCK_N
     t_hi = tl.cdiv(kv_end, BLOCK_N)
@@ -363,10 +348,10 @@ def paged_attention_kernel(
                 acc_t, l_i, m_i, q_t,  #
                 k_base, v_base, bt_row,  #
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-                L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+                L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
                 begin, end,  #
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
-                stage != 1, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,  #
+                stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
                 IEEE, INTERPRET,  #
             )
         acc = tl.trans(acc_t)
@@ -377,10 +362,10 @@ def paged_attention_kernel(
                 acc, l_i, m_i, q,  #
                 k_base, v_base, bt_row,  #
                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-                L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+                L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
                 begin, end,  #
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
-                stage != 1, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,  #
+                stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
                 IEEE, INTERPRET,  #
             )
 

@@ -32,6 +32,7 @@ from pagedattn.spec.dtypes import FP8_DTYPES
 
 LOG2E = 1.4426950408889634
 INTERPRETER_SMS = 4  # multiprocessors assumed by the split heuristic in interpreter mode
+NO_WINDOW = 2**31 - 1  # the kernel's window when there is none: from any p_q (< 2**31) it reaches p = 0
 
 #: fp8 cache dtype -> (mantissa bits, exponent bias, largest finite value, bits stored on overflow)
 FP8_FORMATS: dict[str, tuple[int, int, float, int]] = {
@@ -236,14 +237,13 @@ class TritonBackend(Backend):
             T, Hq, num_splits, head_programs,
             scale_k * LOG2E, scale_k, v_scale,
             problem.softcap if problem.softcap is not None else 1.0,
-            problem.sliding_window if problem.sliding_window is not None else 0,
+            int(problem.causal), min(problem.sliding_window or NO_WINDOW, NO_WINDOW),
             problem.group_size, tiles.num_group_tiles, int(lse is not None), int(split),
         ]
         constexprs = dict(
             GROUP_TILE=tiles.group_tile,
             HEAD_DIM=D, HEAD_DIM_PAD=tiles.head_dim_pad, BLOCK_SIZE=problem.block_size,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-            IS_CAUSAL=problem.causal, HAS_WINDOW=problem.sliding_window is not None,
             HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
             HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
             IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
