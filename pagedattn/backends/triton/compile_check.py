@@ -161,11 +161,10 @@ def compiled_kernels() -> Any:
         return importlib.import_module(name)
 
 
-def compile_launch(module: Any, launch: Launch, arch: int) -> Any:
-    """``triton.compile`` of one captured launch for ``sm_<arch>a``, specialized as the JIT would."""
-    import triton
+def _specialize(module: Any, launch: Launch, arch: int) -> tuple[Any, ...]:
+    """The JIT's binding of ``launch`` for ``sm_<arch>a``: kernel, target, backend, kwargs and its specialization."""
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
     kernel = getattr(module, launch.kernel)
@@ -174,6 +173,21 @@ def compile_launch(module: Any, launch: Launch, arch: int) -> Any:
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     kwargs = {**launch.constexprs, **launch.options}
     bound_args, specialization, options = binder(*launch.args, **kwargs)
+    return kernel, target, backend, kwargs, bound_args, specialization, options
+
+
+def jit_key(module: Any, launch: Launch, arch: int = 90) -> str:
+    """What the JIT compiles ``launch`` under: two launches with equal keys share one binary."""
+    _, _, _, kwargs, _, specialization, _ = _specialize(module, launch, arch)
+    return repr((launch.kernel, specialization, sorted(kwargs.items())))
+
+
+def compile_launch(module: Any, launch: Launch, arch: int) -> Any:
+    """``triton.compile`` of one captured launch for ``sm_<arch>a``, specialized as the JIT would."""
+    import triton
+    from triton.compiler import ASTSource
+
+    kernel, target, backend, kwargs, bound_args, specialization, options = _specialize(module, launch, arch)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
