@@ -137,6 +137,24 @@ def _stage_tiles(stage: tl.constexpr, t_a, f_a, f_b, t_b):
 
 
 @triton.jit
+def _along_keys(x, KEYS_MAJOR: tl.constexpr):
+    """A per-key vector ``[BLOCK_N]`` shaped to broadcast against the scores."""
+    if KEYS_MAJOR:
+        return x[:, None]
+    else:
+        return x[None, :]
+
+
+@triton.jit
+def _along_rows(x, KEYS_MAJOR: tl.constexpr):
+    """A per-row vector ``[BLOCK_M]`` shaped to broadcast against the scores."""
+    if KEYS_MAJOR:
+        return x[None, :]
+    else:
+        return x[:, None]
+
+
+@triton.jit
 def _attend_tiles(
     acc, l_i, m_i, q,  #
     k_base, v_base, bt_row,  #
@@ -146,14 +164,19 @@ def _attend_tiles(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
     MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
-    IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+    KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Fold key tiles ``t_begin <= t < t_end`` (positions ``t * BLOCK_N + n``) into (m, l, O).
 
     ``MASKED=False`` only for tiles where every key is visible to every valid row: no
     bounds, causal or window masks there. A row sees ``p_q - window < p <= p_last``, ``p < L``
     (``p_last``: ``p_q`` if causal, else ``L - 1``). m_i is in base-2 units (scores times log2 e).
+    Scores are ``[BLOCK_M, BLOCK_N]``, or with ``KEYS_MAJOR`` ``[BLOCK_N, BLOCK_M]``: then
+    ``s^T = K q^T`` and ``O^T += V^T p^T``, so the key tile is the matrix unit's M side (at
+    least 64 rows: warpgroup MMA on sm_90, K and V read from shared memory) and the few query
+    rows of a decode tile its N side; ``acc`` and ``q`` come transposed, ``[HEAD_DIM_PAD, BLOCK_M]``.
     """
+    KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the scores' axis reduced per row
     d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
     q_dtype = q.dtype
     for t in range(t_begin, t_end):
@@ -162,89 +185,42 @@ def _attend_tiles(
         # -- compute qk: K tile [BLOCK_N, HEAD_DIM_PAD], zero outside the sequence
         k = _load_kv_tile(k_base, physical, slot, stride_kb, stride_ks, stride_kd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
                           MASKED)
-        qk = _dot(q, tl.trans(_operand(k, q_dtype, INTERPRET)), IEEE, INTERPRET)
+        if KEYS_MAJOR:
+            qk = _dot(_operand(k, q_dtype, INTERPRET), q, IEEE, INTERPRET)
+        else:
+            qk = _dot(q, tl.trans(_operand(k, q_dtype, INTERPRET)), IEEE, INTERPRET)
+        p_k = _along_keys(p, KEYS_MAJOR)
+        p_r = _along_rows(p_q, KEYS_MAJOR)
         # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
         if HAS_SOFTCAP or HAS_ALIBI:
             s = qk * sm_scale
             if HAS_SOFTCAP:
                 s = softcap * _tanh(s / softcap)
             if HAS_ALIBI:
-                s = s + slopes[:, None] * (p[None, :] - p_q[:, None]).to(tl.float32)
+                s = s + _along_rows(slopes, KEYS_MAJOR) * (p_k - p_r).to(tl.float32)
             s = s * LOG2E
         else:
             s = qk * qk_scale2
         if MASKED:
-            visible = in_seq[None, :] & (p[None, :] <= p_last[:, None]) & (p[None, :] > p_q[:, None] - window)
+            visible = _along_keys(in_seq, KEYS_MAJOR) & (p_k <= _along_rows(p_last, KEYS_MAJOR)) & (p_k > p_r - window)
             s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks
         # -- update m_i and l_i; a row with no finite score yet keeps m = -inf, l = 0
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, KEY_AXIS))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p_ij = tl.math.exp2(s - shift[:, None])
+        p_ij = tl.math.exp2(s - _along_rows(shift, KEYS_MAJOR))
         alpha = tl.math.exp2(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        l_i = l_i * alpha + tl.sum(p_ij, KEY_AXIS)
         # -- update the output accumulator: V tile [BLOCK_N, HEAD_DIM_PAD]
         v = _load_kv_tile(v_base, physical, slot, stride_vb, stride_vs, stride_vd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
                           MASKED)
-        pv = _dot(_operand(p_ij, q_dtype, INTERPRET), _operand(v, q_dtype, INTERPRET), IEEE, INTERPRET)
-        acc = acc * alpha[:, None] + pv
+        if KEYS_MAJOR:
+            pv = _dot(tl.trans(_operand(v, q_dtype, INTERPRET)), _operand(p_ij, q_dtype, INTERPRET), IEEE, INTERPRET)
+            acc = acc * alpha[None, :] + pv
+        else:
+            pv = _dot(_operand(p_ij, q_dtype, INTERPRET), _operand(v, q_dtype, INTERPRET), IEEE, INTERPRET)
+            acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, l_i, m_i
-
-
-@triton.jit
-def _attend_tiles_keys_major(
-    acc_t, l_i, m_i, q_t,  #
-    k_base, v_base, bt_row,  #
-    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-    L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
-    t_begin, t_end,  #
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
-    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
-    IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
-):
-    """:func:`_attend_tiles` with keys along the first axis: scores ``[BLOCK_N, BLOCK_M]``.
-
-    Same arithmetic, transposed: ``s^T = K q^T`` and ``O^T += V^T p^T``, so the key tile is
-    the matrix unit's M side (at least 64 rows: warpgroup MMA on sm_90, K and V read from
-    shared memory) and the few query rows of a decode tile its N side. ``acc_t`` is
-    ``[HEAD_DIM_PAD, BLOCK_M]``; ``q_t`` is ``[HEAD_DIM_PAD, BLOCK_M]``.
-    """
-    d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
-    q_dtype = q_t.dtype
-    for t in range(t_begin, t_end):
-        p, in_seq, physical, slot = _key_slots(bt_row, t, L, BLOCK_SIZE, BLOCK_N, MASKED)
-        kv_ok = in_seq[:, None] & d_ok[None, :]
-        # -- compute qk (transposed): K tile [BLOCK_N, HEAD_DIM_PAD] @ q^T
-        k = _load_kv_tile(k_base, physical, slot, stride_kb, stride_ks, stride_kd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
-                          MASKED)
-        qk = _dot(_operand(k, q_dtype, INTERPRET), q_t, IEEE, INTERPRET)
-        # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
-        if HAS_SOFTCAP or HAS_ALIBI:
-            s = qk * sm_scale
-            if HAS_SOFTCAP:
-                s = softcap * _tanh(s / softcap)
-            if HAS_ALIBI:
-                s = s + slopes[None, :] * (p[:, None] - p_q[None, :]).to(tl.float32)
-            s = s * LOG2E
-        else:
-            s = qk * qk_scale2
-        if MASKED:
-            visible = in_seq[:, None] & (p[:, None] <= p_last[None, :]) & (p[:, None] > p_q[None, :] - window)
-            s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks
-        # -- update m_i and l_i; a row with no finite score yet keeps m = -inf, l = 0
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p_ij = tl.math.exp2(s - shift[None, :])
-        alpha = tl.math.exp2(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p_ij, 0)
-        # -- update the output accumulator: V^T [HEAD_DIM_PAD, BLOCK_N] @ p^T
-        v = _load_kv_tile(v_base, physical, slot, stride_vb, stride_vs, stride_vd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
-                          MASKED)
-        pv = _dot(tl.trans(_operand(v, q_dtype, INTERPRET)), _operand(p_ij, q_dtype, INTERPRET), IEEE, INTERPRET)
-        acc_t = acc_t * alpha[None, :] + pv
-        m_i = m_new
-    return acc_t, l_i, m_i
 
 
 # Per-call counts and flags are run-time values, never specialized: each distinct value class
@@ -339,35 +315,23 @@ def paged_attention_kernel(
     k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    if KEYS_MAJOR:  # decode: scores [BLOCK_N, BLOCK_M], the accumulator transposed
-        acc_t = tl.zeros([HEAD_DIM_PAD, BLOCK_M], dtype=tl.float32)
-        q_t = tl.trans(q)
-        for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
-            begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
-            acc_t, l_i, m_i = _attend_tiles_keys_major(
-                acc_t, l_i, m_i, q_t,  #
-                k_base, v_base, bt_row,  #
-                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-                L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
-                begin, end,  #
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
-                stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
-                IEEE, INTERPRET,  #
-            )
-        acc = tl.trans(acc_t)
-    else:
-        for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
-            begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
-            acc, l_i, m_i = _attend_tiles(
-                acc, l_i, m_i, q,  #
-                k_base, v_base, bt_row,  #
-                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-                L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
-                begin, end,  #
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
-                stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
-                IEEE, INTERPRET,  #
-            )
+    if KEYS_MAJOR:  # decode: scores [BLOCK_N, BLOCK_M], the accumulator and q transposed
+        acc = tl.zeros([HEAD_DIM_PAD, BLOCK_M], dtype=tl.float32)
+        q = tl.trans(q)
+    for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
+        begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q,  #
+            k_base, v_base, bt_row,  #
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
+            L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
+            begin, end,  #
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
+            stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
+            KEYS_MAJOR, IEEE, INTERPRET,  #
+        )
+    if KEYS_MAJOR:
+        acc = tl.trans(acc)
 
     # -- epilogue: out = O / l * v_scale and lse = m + log l; (0, -inf) where nothing was visible
     empty = l_i == 0.0
