@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 from hypothesis import strategies as st
 
-from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.pools import PagedInputs, random_paged_inputs
 
-
-class PagedCase(NamedTuple):
-    """Inputs of one paged-attention call on NumPy arrays."""
-
-    query: np.ndarray
-    key_cache: np.ndarray
-    value_cache: np.ndarray
-    block_tables: np.ndarray
-    seq_lens: np.ndarray
-    query_start_loc: np.ndarray | None
-    kv_layout: str
-
-    def args(self) -> tuple[Any, ...]:
-        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
-                self.query_start_loc)
+PagedCase = PagedInputs
 
 
 def make_case(
@@ -42,47 +27,11 @@ def make_case(
     seed: int = 0,
     poison: bool = False,
 ) -> PagedCase:
-    """Build a case with shuffled physical blocks and -1 in unused block-table entries.
-
-    ``q_lens=None`` means decode (one query per sequence, ``query_start_loc=None``).
-    ``poison=True`` fills every slot at position ``>= L`` of a used block and every spare
-    block with NaN, which a conforming backend never reads.
-    """
-    rng = np.random.default_rng(seed)
-    needed = [-(-length // block_size) for length in seq_lens]
-    num_blocks = sum(needed) + spare_blocks
-    max_blocks = max([*needed, 1]) + 1
-    perm = rng.permutation(num_blocks)
-    tables = np.full((len(seq_lens), max_blocks), -1, dtype=np.int32)
-    used = 0
-    for s, n in enumerate(needed):
-        tables[s, :n] = perm[used : used + n]
-        used += n
-    shape = (
-        (num_blocks, block_size, num_kv_heads, head_dim)
-        if kv_layout == "NHD"
-        else (num_blocks, num_kv_heads, block_size, head_dim)
-    )
-    cdt = numpy_dtype(cache_dtype or dtype)
-    key_cache = rng.standard_normal(shape).astype(cdt)
-    value_cache = rng.standard_normal(shape).astype(cdt)
-    if poison:
-        slots_k = key_cache if kv_layout == "NHD" else key_cache.swapaxes(1, 2)  # views
-        slots_v = value_cache if kv_layout == "NHD" else value_cache.swapaxes(1, 2)
-        for s, (length, n) in enumerate(zip(seq_lens, needed, strict=True)):
-            for p in range(length, n * block_size):
-                slots_k[tables[s, p // block_size], p % block_size] = np.nan
-                slots_v[tables[s, p // block_size], p % block_size] = np.nan
-        slots_k[perm[used:]] = np.nan
-        slots_v[perm[used:]] = np.nan
-    if q_lens is None:
-        num_tokens, starts = len(seq_lens), None
-    else:
-        starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-        num_tokens = int(starts[-1])
-    query = rng.standard_normal((num_tokens, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
-    return PagedCase(query, key_cache, value_cache, tables, np.asarray(seq_lens, dtype=np.int32), starts,
-                     kv_layout)
+    """:func:`pagedattn.spec.pools.random_paged_inputs`; ``poison=True``: NaN in every slot never read."""
+    return random_paged_inputs(seq_lens, q_lens, block_size=block_size, num_q_heads=num_q_heads,
+                               num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, cache_dtype=cache_dtype,
+                               kv_layout=kv_layout, spare_blocks=spare_blocks, seed=seed,
+                               garbage="nan" if poison else "none")
 
 
 @st.composite

@@ -87,23 +87,11 @@ class Report:
 
 def case_arrays(config: Config) -> tuple[Any, ...]:
     """Host arrays of ``config``: query, caches, block tables, seq_lens, query_start_loc."""
-    from pagedattn.spec.dtypes import numpy_dtype
+    from pagedattn.spec.pools import random_paged_inputs
 
-    rng = np.random.default_rng(0)
-    needed = [-(-n // config.block_size) for n in config.seq_lens]
-    tables = np.full((len(needed), max(needed)), -1, dtype=np.int32)
-    start = 0
-    for s, n in enumerate(needed):
-        tables[s, :n] = np.arange(start, start + n)
-        start += n
-    shape = (start, config.block_size, config.num_kv_heads, config.head_dim)
-    cache_dtype = numpy_dtype(config.cache_dtype or config.dtype)
-    key_cache = rng.standard_normal(shape).astype(cache_dtype)
-    value_cache = rng.standard_normal(shape).astype(cache_dtype)
-    q_lens = config.q_lens or (1,) * len(config.seq_lens)
-    query = rng.standard_normal((sum(q_lens), config.num_q_heads, config.head_dim)).astype(numpy_dtype(config.dtype))
-    qsl = None if config.q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    return query, key_cache, value_cache, tables, np.array(config.seq_lens, dtype=np.int32), qsl
+    return random_paged_inputs(config.seq_lens, config.q_lens, block_size=config.block_size,
+                               num_q_heads=config.num_q_heads, num_kv_heads=config.num_kv_heads,
+                               head_dim=config.head_dim, dtype=config.dtype, cache_dtype=config.cache_dtype).args()
 
 
 def capture_launches(config: Config) -> list[Launch]:
