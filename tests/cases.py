@@ -1,4 +1,4 @@
-"""Small paged-attention inputs built from a seed, shared by the unit tests."""
+"""Drawn small paged-attention cases shared by the unit tests (fixed ones: :mod:`pagedattn.spec.pools`)."""
 
 from __future__ import annotations
 
@@ -7,31 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from pagedattn.spec.pools import PagedInputs, random_paged_inputs
-
-PagedCase = PagedInputs
-
-
-def make_case(
-    seq_lens: list[int],
-    q_lens: list[int] | None = None,
-    *,
-    block_size: int = 16,
-    num_q_heads: int = 4,
-    num_kv_heads: int = 2,
-    head_dim: int = 16,
-    dtype: str = "float32",
-    cache_dtype: str | None = None,
-    kv_layout: str = "NHD",
-    spare_blocks: int = 3,
-    seed: int = 0,
-    poison: bool = False,
-) -> PagedCase:
-    """:func:`pagedattn.spec.pools.random_paged_inputs`; ``poison=True``: NaN in every slot never read."""
-    return random_paged_inputs(seq_lens, q_lens, block_size=block_size, num_q_heads=num_q_heads,
-                               num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, cache_dtype=cache_dtype,
-                               kv_layout=kv_layout, spare_blocks=spare_blocks, seed=seed,
-                               garbage="nan" if poison else "none")
+from pagedattn.spec.pools import random_paged_inputs
 
 
 @st.composite
@@ -71,7 +47,7 @@ def paged_configs(
     if cache_dtype is None:
         options.pop("k_scale", None)
         options.pop("v_scale", None)
-    case = make_case(lens, q_lens, block_size=block_size, num_q_heads=kv_heads * group, num_kv_heads=kv_heads,
+    case = random_paged_inputs(lens, q_lens, block_size=block_size, num_q_heads=kv_heads * group, num_kv_heads=kv_heads,
                      head_dim=head_dim, dtype=dtype, cache_dtype=cache_dtype,
                      kv_layout=draw(st.sampled_from(["NHD", "HND"]), label="layout"),
                      seed=draw(st.integers(0, 2**16), label="seed"))
