@@ -278,6 +278,16 @@ def _poisoned(case: PagedInputs, seed: int) -> PagedInputs:
     return case._replace(key_cache=k, value_cache=v, block_tables=tables)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_window_wider_than_any_position_is_no_window(causal: bool) -> None:
+    # the kernel takes "no window" as 2**31 - 1; windows at and past that must change no bit
+    case = random_paged_inputs([37, 70, 1], [10, 3, 1], dtype="bfloat16", seed=13)
+    out, lse = run(BACKEND, case, causal=causal)
+    for window in (2**31 - 1, 2**31, 2**40):
+        out_w, lse_w = run(BACKEND, case, causal=causal, sliding_window=window)
+        assert np.array_equal(out_w.view(np.uint16), out.view(np.uint16)) and np.array_equal(lse_w, lse), window
+
+
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
 @pytest.mark.parametrize("num_splits", [None, 3])
 def test_garbage_in_unused_slots_is_never_read(kv_layout: str, num_splits: int | None) -> None:
