@@ -107,6 +107,52 @@ def test_fp8_caches_go_to_the_tensor_core_kernels(
     assert choose_rows(problem) == rows
 
 
+def _problem(case):  # type: ignore[no-untyped-def]
+    return check_paged_attention(
+        case.query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        **case.options,
+    )
+
+
+@pytest.mark.parametrize(
+    "seq_lens, q_lens, num_q_heads, rows",
+    [
+        ([300, 129, 7], [300, 50, 7], 4, 64),  # 357 tokens x G=2 over 3 sequences: 238 rows each
+        ([600, 300], [600, 200], 8, 128),  # 800 tokens x G=4 over 2: 1,600 rows each
+        ([4096], [4096], 32, 128),  # long prefill, G=16
+        ([6000, 50], [64, 50], 8, 64),  # chunked prefill: 114 tokens x G=4 over 2 sequences
+    ],
+)
+def test_prefill_tile_height_follows_the_rows_per_sequence(
+    seq_lens: list[int], q_lens: list[int], num_q_heads: int, rows: int
+) -> None:
+    case = make_case(
+        "rows", np.random.default_rng(0), seq_lens=seq_lens, q_lens=q_lens,
+        num_q_heads=num_q_heads, head_dim=64,
+    )
+    assert choose_rows(_problem(case)) == rows
+
+
+def test_wide_prefill_kernel_shape_and_shared_memory() -> None:
+    from pagedattn.backends.cupy import specializations as sp
+
+    warps, m_tiles, stages = sp.mma_shape(sp.MMA_WIDE_ROWS)
+    assert warps * 16 * m_tiles == sp.MMA_WIDE_ROWS
+    assert sp.threads(sp.MMA_WIDE_ROWS) == 32 * warps
+    assert sp.tile_n("bfloat16", sp.MMA_WIDE_ROWS) == 64
+    # Q (128 rows x 128 x 2 bytes) + stages x (K + V tiles of 64 x 128 x 2) + 3 words a row
+    expected = 128 * 128 * 2 + stages * 2 * 64 * 128 * 2 + 3 * 128 * 4
+    assert sp.smem_bytes("bfloat16", 128, sp.MMA_WIDE_ROWS) == expected
+    assert expected + 1024 <= 228 * 1024, "one CTA must fit an SM's shared memory"
+    name = sp.attention("bfloat16", 128, 16, sp.MMA_WIDE_ROWS).name_expression
+    assert name == f"paged_attention_mma<bfloat16_t, 128, 16, bfloat16_t, {warps}, {m_tiles}, {stages}>"
+
+
 def test_two_decode_ctas_fit_on_an_sm() -> None:
     from pagedattn.backends.cupy import specializations
 
@@ -225,6 +271,10 @@ WORK_CASES = {
         seq_lens=[0, 1, 17, 900, 3000], num_q_heads=8, num_kv_heads=2, dtype="float16"
     ),
     "tensor-core rows": dict(seq_lens=[300, 129, 7], q_lens=[300, 50, 7], dtype="float16"),
+    "wide tensor-core rows": dict(
+        seq_lens=[600, 300, 9], q_lens=[600, 200, 9], dtype="float16", num_q_heads=8,
+        sliding_window=150,
+    ),
     "fp8 mixed": dict(
         seq_lens=[1, 40, 129, 77], q_lens=[1, 40, 7, 0], dtype="bfloat16",
         cache_dtype="float8_e4m3fn",
@@ -261,6 +311,8 @@ def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) ->
             )
             == 64
         )
+    if name == "wide tensor-core rows":
+        assert choose_rows(_problem(case)) == 128
     options = case.options
     problem = check_paged_attention(
         case.query,

@@ -207,6 +207,91 @@ def fp8_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
     return cases
 
 
+def wide_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
+    """Cases aimed at the 128-row tensor-core prefill kernel (at least 512 rows per sequence
+    on average): whole, diagonal and edge tiles, every mask, GQA ratios that leave rows of a
+    tile empty, fp8, split-KV partials."""
+    if small:
+        return [
+            make_case(
+                "wide prefill window bs32 HND",
+                rng,
+                seq_lens=[300, 77],
+                q_lens=[300, 77],
+                block_size=32,
+                kv_layout="HND",
+                sliding_window=100,
+            )
+        ]
+    cases = [
+        make_case(
+            f"wide prefill {dtype} bs{bs} {layout}",
+            rng,
+            seq_lens=[700, 300, 64],
+            q_lens=[700, 130, 64],
+            block_size=bs,
+            dtype=dtype,
+            kv_layout=layout,
+        )
+        for dtype, bs, layout in (
+            ("bfloat16", 16, "NHD"),
+            ("float16", 32, "HND"),
+            ("bfloat16", 64, "HND"),
+            ("float16", 64, "NHD"),
+        )
+    ]
+    cases += [
+        make_case("wide non-causal", rng, seq_lens=[500, 200], q_lens=[400, 200], causal=False),
+        make_case(
+            "wide window d64 bs64", rng, seq_lens=[900, 260], q_lens=[700, 260], head_dim=64,
+            block_size=64, sliding_window=129,
+        ),
+        make_case(
+            "wide softcap alibi scale",
+            rng,
+            seq_lens=[400, 300],
+            q_lens=[400, 150],
+            scale=0.2,
+            softcap=30.0,
+            alibi_slopes=(2.0 ** -np.arange(1, 9)).astype(np.float32),
+        ),
+        make_case(
+            "wide G=12 (rows of a tile left empty)",
+            rng,
+            seq_lens=[333, 90],
+            q_lens=[333, 90],
+            num_q_heads=24,
+            num_kv_heads=2,
+        ),
+        make_case("wide G=7", rng, seq_lens=[301, 45], q_lens=[301, 45], num_q_heads=14),
+        make_case("wide MHA", rng, seq_lens=[1100, 1000], q_lens=[1100, 900], num_q_heads=2),
+        make_case(
+            "wide chunked prefill split-KV", rng, seq_lens=[9000, 4000], q_lens=[200, 300]
+        ),
+        make_case(
+            "wide negative scale", rng, seq_lens=[300, 260], q_lens=[300, 200], scale=-0.05
+        ),
+        *(
+            make_case(
+                f"wide fp8 {cache} bs{bs}",
+                rng,
+                seq_lens=[600, 129],
+                q_lens=[600, 129],
+                block_size=bs,
+                cache_dtype=cache,
+                k_scale=0.37,
+                v_scale=2.5,
+            )
+            for cache, bs in (("float8_e4m3fn", 16), ("float8_e5m2", 64))
+        ),
+        make_case(
+            "wide pool view HND", rng, seq_lens=[400, 300], q_lens=[400, 300], kv_layout="HND",
+            pool_view=True,
+        ),
+    ]
+    return cases
+
+
 def correctness_cases(
     rng: np.random.Generator, small: bool = False, only_decode: bool = False
 ) -> list[Case]:
@@ -225,6 +310,7 @@ def correctness_cases(
             ),
             *decode_cases(rng, small=True),
             *fp8_cases(rng, small=True),
+            *wide_cases(rng, small=True),
             *(
                 []
                 if only_decode
@@ -304,6 +390,7 @@ def correctness_cases(
                 kv_layout="HND",
             ),
             *fp8_cases(rng),
+            *wide_cases(rng),
         ]
     cases = []
     for dtype in ("bfloat16", "float16", "float32"):
@@ -391,6 +478,7 @@ def correctness_cases(
         make_case("long decode split-KV", rng, seq_lens=[20000, 5], num_q_heads=32, num_kv_heads=8),
         *decode_cases(rng),
         *fp8_cases(rng),
+        *wide_cases(rng),
         make_case(
             "pool view HND",
             rng,
