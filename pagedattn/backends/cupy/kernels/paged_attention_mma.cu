@@ -270,6 +270,7 @@ paged_attention_mma(
         }
       }
     }
+    unsigned p_t[M_TILES][S_TILES][2];  // P as T pairs
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
       // -- row max over the quad: of raw s on whole tiles (the scale applied in the exp2),
@@ -312,14 +313,18 @@ paged_attention_mma(
         m_i[mt][half] = m_new;
         l_i[mt][half] *= alpha[half];
       }
-      // -- P = exp2(s * to_log2 - m), update l_i; rescale O
+      // -- P = exp2(s * to_log2 - m), update l_i, P packed to T pairs (the A operand of P V,
+      // in the S fragments' layout); rescale O
 #pragma unroll
       for (int j = 0; j < S_TILES; ++j) {
+        float p[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], to_log2, -m_safe[e / 2]));
-          l_i[mt][e / 2] += s[mt][j][e];
+          p[e] = fast_exp2(fmaf(s[mt][j][e], to_log2, -m_safe[e / 2]));
+          l_i[mt][e / 2] += p[e];
         }
+        p_t[mt][j][0] = Mma::pack(p[0], p[1]);
+        p_t[mt][j][1] = Mma::pack(p[2], p[3]);
       }
 #pragma unroll
       for (int j = 0; j < O_TILES; ++j) {
@@ -334,10 +339,10 @@ paged_attention_mma(
       unsigned a[M_TILES][4];
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt) {
-        a[mt][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        a[mt][0] = p_t[mt][2 * kk][0];
+        a[mt][1] = p_t[mt][2 * kk][1];
+        a[mt][2] = p_t[mt][2 * kk + 1][0];
+        a[mt][3] = p_t[mt][2 * kk + 1][1];
       }
 #pragma unroll
       for (int dj = 0; dj < O_TILES / 2; ++dj) {
