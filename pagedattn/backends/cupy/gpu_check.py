@@ -969,6 +969,62 @@ def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
     return rows
 
 
+#: Shapes of the tensor-core prefill kernel that ``--measure shapes`` compares: "64" is the
+#: 64-row kernel (4 warps x 16 rows, 3 stages), "WxMxS" the 128-row one with W warps of M
+#: m-tiles (16 rows each) and S stages (specializations.mma_shape's measurement switch)
+PREFILL_SHAPES: tuple[str, ...] = ("64", "4x2x2", "4x2x3", "8x1x2", "8x1x3")
+
+
+def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPES) -> list[str]:
+    """Causal prefill 8 x 4,096 (bf16, GQA 32/8, d=128) per tensor-core kernel shape at block
+    sizes 16/32/64 beside cuDNN SDPA on contiguous K/V, with each 128-row shape's registers and
+    local memory (spills) and its answers on three wide cases: which shape planning should take."""
+    from pagedattn.backends.cupy import runtime, specializations
+
+    flops = 4 * 8 * 32 * 128 * (4096 * 4097 / 2)  # causal: QK^T and PV over the visible half
+    cudnn_ms, note = time_cudnn(8, 4096, 4096, 2, causal=True)
+    lines = [
+        f"cuDNN causal prefill 8x4096: {cudnn_ms:.3f} ms, {flops / cudnn_ms / 1e9:.0f} TFLOP/s"
+        if cudnn_ms
+        else note
+    ]
+    saved = {k: os.environ.get(k) for k in ("PAGEDATTN_CUPY_MMA_ROWS", "PAGEDATTN_CUPY_MMA_SHAPE")}
+    try:
+        for shape in shapes:
+            os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = "64" if shape == "64" else "128"
+            if shape != "64":
+                os.environ["PAGEDATTN_CUPY_MMA_SHAPE"] = shape
+            rows = 64 if shape == "64" else 128
+            for bs in (16, 32, 64):
+                try:
+                    compiled = runtime.kernel(specializations.attention("bfloat16", 128, bs, rows))
+                    ms = time_paged(backend, 8, 4096, bs, 4096, 2)
+                    vs = f", {cudnn_ms / ms:.2f}x cuDNN" if cudnn_ms else ""
+                    lines.append(
+                        f"shape {shape} bs{bs}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s{vs}"
+                        f" (regs {compiled.num_regs}, local {compiled.local_size_bytes} B)"
+                    )
+                except Exception as error:  # a measurement: report and go on
+                    lines.append(f"shape {shape} bs{bs}: {type(error).__name__}: {error}")
+                print(lines[-1], flush=True)
+            if shape != "64":
+                cases = wide_cases(np.random.default_rng(7))
+                for case in (cases[0], cases[6], cases[10]):
+                    try:
+                        ok, summary = check_case(backend, case)
+                    except Exception as error:
+                        ok, summary = False, f"{type(error).__name__}: {error}"
+                    lines.append(f"shape {shape} {'ok' if ok else 'FAIL'} {case.name}: {summary}")
+                    print(lines[-1], flush=True)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return lines
+
+
 def host_overhead(backend: CupyBackend, out_dir: str, calls: int = 300) -> str:
     """Host time per ``run`` of a tiny decode plan (no synchronisation inside the loop), and a
     cProfile of those calls in ``host_profile.txt``: what a small batch costs the CPU."""
@@ -1111,7 +1167,8 @@ def main(argv: list[str] | None = None) -> int:
         "--measure",
         default="",
         help="comma list of extra measurements: host (host time per run, cProfile),"
-        " kernels (device time per kernel, torch.profiler)",
+        " kernels (device time per kernel, torch.profiler), shapes (prefill 8 x 4,096 per"
+        " tensor-core kernel shape beside cuDNN)",
     )
     parser.add_argument(
         "--only-decode",
@@ -1171,6 +1228,13 @@ def main(argv: list[str] | None = None) -> int:
             log["kernel_times"] = [f"kernel times failed: {type(error).__name__}: {error}"]
         for line in log["kernel_times"]:
             print(f"kernel time: {line}", flush=True)
+    if "shapes" in measure:
+        log["prefill_shapes"] = prefill_shapes(backend)
+        checks += [
+            (line, False, "a shape's wide case failed")
+            for line in log["prefill_shapes"]
+            if " FAIL " in line
+        ]
     rows = benchmarks(backend, log) if "bench" not in skip else []
     if "sanitizer" not in skip:
         for name, ok, summary in run_sanitizer(

@@ -31,7 +31,7 @@ MMA_ROWS = 64
 MMA_WIDE_ROWS = 128
 MMA_TILE_N = 64
 #: rows -> (warps, m-tiles of 16 rows per warp, K/V stages) of the tensor-core prefill kernel
-MMA_SHAPES: dict[int, tuple[int, int, int]] = {MMA_ROWS: (4, 1, 3), MMA_WIDE_ROWS: (8, 1, 3)}
+MMA_SHAPES: dict[int, tuple[int, int, int]] = {MMA_ROWS: (4, 1, 3), MMA_WIDE_ROWS: (4, 2, 2)}
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 4 warps

@@ -83,7 +83,11 @@ paged_attention_mma(
   constexpr int Q_LOADS_PER_THREAD = ROWS * CHUNKS_PER_ROW / THREADS;
   static_assert(ROWS * CHUNKS_PER_ROW % THREADS == 0, "Q loads must divide among the threads");
   constexpr int K_STEPS = HEAD_DIM / 16;   // k-steps of S = Q K^T
-  constexpr int S_TILES = MMA_TILE_N / 8;  // n-tiles of S (8 keys each)
+  // keys per sub-tile of attend_tile: 32 where registers are short (two m-tiles of O per warp,
+  // or a launch bound capping them at 128 per thread), else the whole tile
+  constexpr int SUB_N =
+      M_TILES > 1 || THREADS * mma_ctas_per_sm<HEAD_DIM, (int)sizeof(C), ROWS, STAGES>() >= 512 ? 32 : MMA_TILE_N;
+  constexpr int S_TILES = SUB_N / 8;  // n-tiles of S (8 keys each)
   constexpr int O_TILES = HEAD_DIM / 8;    // n-tiles of O (8 dims each)
   static_assert(CHUNKS_PER_ROW >= 8 && CHUNKS_PER_ROW % 8 == 0, "the swizzle needs 8 chunks per row");
   using Mma = MmaType<T>;
@@ -240,12 +244,13 @@ paged_attention_mma(
   }
   const unsigned q_addr = smem_address(q_tile) + first_row * ROW_BYTES;
 
-  auto attend_tile = [&](unsigned k_addr, unsigned v_addr, int p0) {
-    // a tile none of this warp's rows sees leaves (m, l, O) as they are: skipped
+  // One sub-tile of SUB_N keys from p0 (K and V rows at k_addr, v_addr): S, softmax, P V.
+  auto attend_sub = [&](unsigned k_addr, unsigned v_addr, int p0) {
+    // a sub-tile none of this warp's rows sees leaves (m, l, O) as they are: skipped
     const bool none = !warp_has_rows || p0 >= L || (causal && p0 > warp_pq_max) ||
-                      (sliding_window > 0 && p0 + MMA_TILE_N - 1 <= warp_pq_min - sliding_window);
+                      (sliding_window > 0 && p0 + SUB_N - 1 <= warp_pq_min - sliding_window);
     if (none) return;
-    const bool whole = plain && p0 + MMA_TILE_N <= L && (!causal || p0 + MMA_TILE_N - 1 <= warp_pq_min) &&
+    const bool whole = plain && p0 + SUB_N <= L && (!causal || p0 + SUB_N - 1 <= warp_pq_min) &&
                        (sliding_window <= 0 || p0 > warp_pq_max - sliding_window);
     // -- compute qk on tensor cores: each K fragment serves the warp's M_TILES m-tiles
     float s[M_TILES][S_TILES][4];
@@ -335,7 +340,7 @@ paged_attention_mma(
     // -- update output accumulator: O += P V (P from the S fragments, V through ldmatrix.trans;
     // each V fragment serves the warp's M_TILES m-tiles)
 #pragma unroll
-    for (int kk = 0; kk < MMA_TILE_N / 16; ++kk) {
+    for (int kk = 0; kk < SUB_N / 16; ++kk) {
       unsigned a[M_TILES][4];
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt) {
@@ -355,6 +360,14 @@ paged_attention_mma(
         }
       }
     }
+  };
+
+  // A tile of MMA_TILE_N keys as MMA_TILE_N / SUB_N sub-tiles, one after the other (a
+  // 32-key sub-tile holds half the S registers, what lets 2 CTAs of 8 warps fit 128 registers).
+  auto attend_tile = [&](unsigned k_addr, unsigned v_addr, int p0) {
+#pragma unroll
+    for (int sub = 0; sub < MMA_TILE_N / SUB_N; ++sub)
+      attend_sub(k_addr + sub * SUB_N * ROW_BYTES, v_addr + sub * SUB_N * ROW_BYTES, p0 + sub * SUB_N);
   };
 
   // ---- inner loop over tiles, loading STAGES - 1 tiles ahead; `blocks` holds the physical
