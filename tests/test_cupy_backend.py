@@ -380,3 +380,82 @@ def test_gpu_cache_operations_match_the_spec() -> None:
 
     results = check_ops(CupyBackend(), np.random.default_rng(4))
     assert all(ok for _, ok, _ in results), [r for r in results if not r[1]]
+
+
+# -- the tensor-core prefill kernel's per-warp sub-tile predicates (kernels/paged_attention_mma.cu)
+def _warp_predicates(problem, item, warp_rows, warp, p0, sub_n):  # type: ignore[no-untyped-def]
+    """(none, whole) as attend_sub computes them for one warp and one sub-tile (plain scores)."""
+    seq, _, token_start, num_tokens, _, num_groups = (int(x) for x in item[:6])
+    L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
+    num_rows = num_tokens * num_groups
+    first_row = warp * warp_rows
+    last_row = max(first_row, min(first_row + warp_rows, num_rows) - 1)
+    pq_first = L - q_len + (token_start - int(problem.query_start_loc[seq]))
+    pq_min, pq_max = pq_first + first_row // num_groups, pq_first + last_row // num_groups
+    W = problem.sliding_window or 0
+    none = (
+        first_row >= num_rows
+        or p0 >= L
+        or (problem.causal and p0 > pq_max)
+        or (W > 0 and p0 + sub_n - 1 <= pq_min - W)
+    )
+    whole = (
+        p0 + sub_n <= L
+        and (not problem.causal or p0 + sub_n - 1 <= pq_min)
+        and (W <= 0 or p0 > pq_max - W)
+    )
+    return none, whole
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"causal": False}, {"sliding_window": 37}, {"sliding_window": 200, "causal": False}],
+    ids=["causal", "non-causal", "window", "window non-causal"],
+)
+@pytest.mark.parametrize("num_q_heads", [8, 14, 24], ids=["G=4", "G=7", "G=12"])
+def test_mma_warp_skips_only_unseen_sub_tiles_and_unmasks_only_whole_ones(
+    options: dict, num_q_heads: int
+) -> None:
+    """A sub-tile a warp skips holds no key any of its rows sees; one it leaves unmasked holds
+    only keys all its rows see (the kernel's predicates, checked against the contract's rule)."""
+    from pagedattn.backends.cupy import specializations as sp
+
+    case = make_case(
+        "predicates", np.random.default_rng(5), seq_lens=[700, 300, 64], q_lens=[650, 130, 64],
+        num_q_heads=num_q_heads, head_dim=64, **options,
+    )
+    problem = _problem(case)
+    for rows in (sp.MMA_ROWS, sp.MMA_WIDE_ROWS):
+        warps, m_tiles, _ = sp.mma_shape(rows)
+        sub_n = 32 if m_tiles > 1 else 64  # the 128-row default walks 32-key sub-tiles
+        os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = str(rows)
+        try:
+            work = build_work(problem, slots=64)
+        finally:
+            del os.environ["PAGEDATTN_CUPY_MMA_ROWS"]
+        assert work.rows == rows
+        skipped = unmasked = 0
+        for item in work.items:
+            seq, token_start, num_groups = int(item[0]), int(item[2]), int(item[5])
+            L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
+            num_rows = int(item[3]) * num_groups
+            for warp in range(warps):
+                rows_ = np.arange(warp * 16 * m_tiles, min((warp + 1) * 16 * m_tiles, num_rows))
+                p_q = L - q_len + (token_start - int(problem.query_start_loc[seq])) + rows_ // num_groups
+                for p0 in range(int(item[6]), int(item[7]), sub_n):
+                    p = np.arange(p0, p0 + sub_n)[None, :]
+                    visible = (p < L) & np.ones((rows_.size, 1), bool)
+                    if problem.causal:
+                        visible &= p <= p_q[:, None]
+                    if problem.sliding_window:
+                        visible &= p > p_q[:, None] - problem.sliding_window
+                    none, whole = _warp_predicates(problem, item, 16 * m_tiles, warp, p0, sub_n)
+                    if none:
+                        skipped += 1
+                        assert not visible.any(), (rows, tuple(item), warp, p0)
+                    elif whole:
+                        unmasked += 1
+                        assert visible.all(), (rows, tuple(item), warp, p0)
+        # (a window narrower than two sub-tiles leaves no sub-tile whole)
+        assert unmasked > 0 or (problem.sliding_window or 10**9) < 2 * sub_n
+        assert skipped > 0 or not problem.causal
