@@ -13,6 +13,8 @@
    measured in the same run and cuDNN SDPA on contiguous K/V, and of causal prefill 8 x 4096
    against cuDNN's FLOP rate. A short table is printed last; logs go to ``--out``.
 
+``--only-prefill`` keeps the tensor-core prefill cases (64 and 128 rows);
+``--measure shapes`` times prefill 8 x 4,096 per kernel shape (``--shapes``) beside cuDNN.
 ``--only-decode`` keeps the decode cases (16-bit and fp8), fp8 ops and one case per other
 kernel (about 40 s on an H200 with the compiles); ``--measure host,kernels`` adds the host
 time per run (with a cProfile) and the device time per kernel (torch.profiler).
@@ -764,6 +766,27 @@ def check_torch_inputs(backend: CupyBackend, rng: np.random.Generator) -> tuple[
     return ok, f"torch in/out, same bits as cupy inputs: {ok}"
 
 
+def prefill_cases(rng: np.random.Generator) -> list[Case]:
+    """The tensor-core prefill kernel's cases, both tile heights (``--only-prefill``): the wide
+    cases, 64-row prefill at three block sizes, chunked prefill with split-KV, fp8 prefill."""
+    keep = (
+        "prefill mma bfloat16 bs16 NHD",
+        "prefill mma float16 bs32 HND",
+        "prefill mma bfloat16 bs64 HND",
+        "chunked prefill mma split-KV",
+        "prefill G=12",
+        "non-causal",
+        "sliding window",
+        "alibi",
+    )
+    full = correctness_cases(rng)
+    return [
+        *wide_cases(rng),
+        *(c for c in full if c.name in keep),
+        *(c for c in full if c.name.startswith("fp8") and "prefill" in c.name),
+    ]
+
+
 def sanitize_main(only_decode: bool = False) -> int:
     """Small cases for compute-sanitizer: no memory pool, so out-of-bounds accesses are caught."""
     import cupy
@@ -1175,6 +1198,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="decode cases plus one case per other kernel; no kv ops (a short GPU call)",
     )
+    parser.add_argument(
+        "--only-prefill",
+        action="store_true",
+        help="the tensor-core prefill cases (both tile heights), determinism, torch inputs; no ops",
+    )
+    parser.add_argument(
+        "--shapes",
+        default=",".join(PREFILL_SHAPES),
+        help="comma list of kernel shapes for --measure shapes (64 or WxMxS)",
+    )
     parser.add_argument("--sanitizer-timeout", type=float, default=110.0)
     args = parser.parse_args(argv)
     if args.sanitize:
@@ -1186,7 +1219,12 @@ def main(argv: list[str] | None = None) -> int:
     backend = CupyBackend()
     rng = np.random.default_rng(2026)
     checks: list[tuple[str, bool, str]] = []
-    for case in correctness_cases(rng, only_decode=args.only_decode):
+    cases = (
+        prefill_cases(rng)
+        if args.only_prefill
+        else correctness_cases(rng, only_decode=args.only_decode)
+    )
+    for case in cases:
         try:
             ok, summary = check_case(backend, case)
         except Exception as error:
@@ -1194,7 +1232,7 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((f"attention {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention {case.name}: {summary}", flush=True)
     os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"  # the CUDA-core kernel on 16-bit decode too
-    for case in [] if args.only_decode else correctness_cases(rng)[:12:2]:
+    for case in [] if args.only_decode or args.only_prefill else correctness_cases(rng)[:12:2]:
         ok, summary = check_case(backend, case)
         checks.append((f"attention (CUDA-core decode) {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention (CUDA-core decode) {case.name}: {summary}")
@@ -1207,8 +1245,10 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((name, ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
     try:
-        op_results = ([] if args.only_decode else check_ops(backend, rng)) + check_fp8_ops(
-            backend, rng
+        op_results = (
+            []
+            if args.only_prefill
+            else ([] if args.only_decode else check_ops(backend, rng)) + check_fp8_ops(backend, rng)
         )
     except Exception as error:
         op_results = [("ops", False, f"{type(error).__name__}: {error}")]
@@ -1229,7 +1269,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in log["kernel_times"]:
             print(f"kernel time: {line}", flush=True)
     if "shapes" in measure:
-        log["prefill_shapes"] = prefill_shapes(backend)
+        log["prefill_shapes"] = prefill_shapes(backend, tuple(args.shapes.split(",")))
         checks += [
             (line, False, "a shape's wide case failed")
             for line in log["prefill_shapes"]
