@@ -129,8 +129,10 @@ def _problem(case):  # type: ignore[no-untyped-def]
     ],
 )
 def test_prefill_tile_height_follows_the_rows_per_sequence(
-    seq_lens: list[int], q_lens: list[int], num_q_heads: int, rows: int
+    seq_lens: list[int], q_lens: list[int], num_q_heads: int, rows: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "auto")
     case = make_case(
         "rows", np.random.default_rng(0), seq_lens=seq_lens, q_lens=q_lens,
         num_q_heads=num_q_heads, head_dim=64,
@@ -138,10 +140,26 @@ def test_prefill_tile_height_follows_the_rows_per_sequence(
     assert choose_rows(_problem(case)) == rows
 
 
+def test_the_unmeasured_wide_kernel_is_off_unless_switched_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    case = make_case(
+        "rows", np.random.default_rng(0), seq_lens=[4096], q_lens=[4096], num_q_heads=32,
+        head_dim=64,
+    )
+    monkeypatch.delenv("PAGEDATTN_CUPY_MMA_ROWS", raising=False)
+    assert choose_rows(_problem(case)) == 64
+    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "128")
+    assert choose_rows(_problem(case)) == 128
+    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "wide")
+    with pytest.raises(ValueError, match="64, 128 or auto"):
+        choose_rows(_problem(case))
+
+
 def test_wide_prefill_kernel_shape_and_shared_memory() -> None:
     from pagedattn.backends.cupy import specializations as sp
 
-    warps, m_tiles, stages = sp.mma_shape(sp.MMA_WIDE_ROWS)
+    warps, m_tiles, stages = sp.mma_wide_shape()
     assert warps * 16 * m_tiles == sp.MMA_WIDE_ROWS
     assert sp.threads(sp.MMA_WIDE_ROWS) == 32 * warps
     assert sp.tile_n("bfloat16", sp.MMA_WIDE_ROWS) == 64
@@ -150,7 +168,9 @@ def test_wide_prefill_kernel_shape_and_shared_memory() -> None:
     assert sp.smem_bytes("bfloat16", 128, sp.MMA_WIDE_ROWS) == expected
     assert expected + 1024 <= 228 * 1024, "one CTA must fit an SM's shared memory"
     name = sp.attention("bfloat16", 128, 16, sp.MMA_WIDE_ROWS).name_expression
-    assert name == f"paged_attention_mma<bfloat16_t, 128, 16, bfloat16_t, {warps}, {m_tiles}, {stages}>"
+    assert name == (
+        f"paged_attention_mma_wide<bfloat16_t, 128, 16, bfloat16_t, {warps}, {m_tiles}, {stages}>"
+    )
 
 
 def test_two_decode_ctas_fit_on_an_sm() -> None:
@@ -293,7 +313,10 @@ WORK_CASES = {
 
 
 @pytest.mark.parametrize("name", list(WORK_CASES))
-def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) -> None:
+def test_work_items_cover_every_row_once_and_give_the_exact_answer(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "auto")  # both heights (wide: behind a switch)
     case = make_case(
         name, np.random.default_rng(1), head_dim=64, **{"dtype": "float32", **WORK_CASES[name]}
     )
@@ -426,13 +449,15 @@ def test_mma_warp_skips_only_unseen_sub_tiles_and_unmasks_only_whole_ones(
     )
     problem = _problem(case)
     for rows in (sp.MMA_ROWS, sp.MMA_WIDE_ROWS):
-        warps, m_tiles, _ = sp.mma_shape(rows)
-        sub_n = 32 if m_tiles > 1 else 64  # the 128-row default walks 32-key sub-tiles
+        # the wide kernel walks 32-key sub-tiles with two m-tiles per warp (the 64-row kernel
+        # masks per CTA, a stricter rule than per warp: its tiles pass these checks too)
+        warps, m_tiles, _ = sp.mma_wide_shape() if rows == sp.MMA_WIDE_ROWS else (4, 1, 3)
+        sub_n = 32 if m_tiles > 1 else 64
         os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = str(rows)
         try:
             work = build_work(problem, slots=64)
         finally:
-            del os.environ["PAGEDATTN_CUPY_MMA_ROWS"]
+            os.environ.pop("PAGEDATTN_CUPY_MMA_ROWS")
         assert work.rows == rows
         skipped = unmasked = 0
         for item in work.items:

@@ -522,6 +522,10 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
     if "alibi_slopes" in options:
         options["alibi_slopes"] = to_dev(options["alibi_slopes"])
     choose_split = planning.choose_split
+    # the "wide" cases are for the 128-row kernel, which planning takes only behind its switch
+    wide = case.name.startswith("wide ") and "PAGEDATTN_CUPY_MMA_ROWS" not in os.environ
+    if wide:
+        os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = "auto"
     if not case.split_kv:  # one part per range, however long
         planning.choose_split = lambda base_tiles, slots, **_: max(1, int(base_tiles.max()))  # type: ignore[assignment]
     try:
@@ -537,6 +541,8 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
         )
     finally:
         planning.choose_split = choose_split
+        if wide:
+            del os.environ["PAGEDATTN_CUPY_MMA_ROWS"]
     return backend.to_numpy(out), backend.to_numpy(lse)
 
 
@@ -992,9 +998,10 @@ def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
     return rows
 
 
-#: Shapes of the tensor-core prefill kernel that ``--measure shapes`` compares: "64" is the
-#: 64-row kernel (4 warps x 16 rows, 3 stages), "WxMxS" the 128-row one with W warps of M
-#: m-tiles (16 rows each) and S stages (specializations.mma_shape's measurement switch)
+#: Shapes of the tensor-core prefill kernels that ``--measure shapes`` compares: "64" is the
+#: 64-row kernel (paged_attention_mma.cu), "WxMxS" the 128-row one (paged_attention_mma_wide.cu)
+#: with W warps of M m-tiles (16 rows each) and S stages (specializations.mma_wide_shape's
+#: measurement switch)
 PREFILL_SHAPES: tuple[str, ...] = ("64", "4x2x2", "4x2x3", "8x1x2", "8x1x3")
 
 

@@ -43,18 +43,24 @@ class WorkPlan:
 
 
 #: rows (query tokens x query heads of a KV head) per sequence, on average, from which the
-#: tensor-core prefill kernel takes MMA_WIDE_ROWS rows per CTA: 4 wide tiles, so at most a
-#: quarter of a sequence's rows sit in its last, partly empty tile
+#: tensor-core prefill kernel takes MMA_WIDE_ROWS rows per CTA when the wide kernel is on: 4
+#: wide tiles, so at most a quarter of a sequence's rows sit in its last, partly empty tile
 WIDE_MIN_ROWS_PER_SEQ = 4 * MMA_WIDE_ROWS
+#: PAGEDATTN_CUPY_MMA_ROWS when unset: "64" (the GPU-verified kernel only) until the wide kernel
+#: has passed gpu_check on an H200; then "auto"
+MMA_ROWS_DEFAULT = "64"
 
 
 def prefill_rows(problem: AttentionProblem) -> int:
-    """``MMA_WIDE_ROWS`` or ``MMA_ROWS`` for the tensor-core prefill kernel: wide when the
-    sequences hold at least ``WIDE_MIN_ROWS_PER_SEQ`` rows on average (or the environment
-    sets ``PAGEDATTN_CUPY_MMA_ROWS`` to 64 or 128, a measurement switch)."""
-    forced = os.environ.get("PAGEDATTN_CUPY_MMA_ROWS")
-    if forced in (str(MMA_ROWS), str(MMA_WIDE_ROWS)):
-        return int(forced)
+    """``MMA_WIDE_ROWS`` or ``MMA_ROWS`` rows for the tensor-core prefill kernels, as
+    ``PAGEDATTN_CUPY_MMA_ROWS`` says (default ``MMA_ROWS_DEFAULT``): "64" or "128" forces one
+    height; "auto" takes the wide kernel when the sequences hold at least
+    ``WIDE_MIN_ROWS_PER_SEQ`` rows on average."""
+    switch = os.environ.get("PAGEDATTN_CUPY_MMA_ROWS", MMA_ROWS_DEFAULT)
+    if switch in (str(MMA_ROWS), str(MMA_WIDE_ROWS)):
+        return int(switch)
+    if switch != "auto":
+        raise ValueError(f"PAGEDATTN_CUPY_MMA_ROWS={switch!r}: expected 64, 128 or auto")
     rows_per_seq = problem.num_tokens * min(problem.group_size, MMA_WIDE_ROWS)
     wide = rows_per_seq >= WIDE_MIN_ROWS_PER_SEQ * max(1, problem.num_seqs)
     return MMA_WIDE_ROWS if wide else MMA_ROWS
