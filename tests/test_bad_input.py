@@ -7,17 +7,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cases import make_case
 
 from pagedattn.backends import load_backend
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec import check_paged_attention, exact_attention
+from pagedattn.spec.pools import random_paged_inputs
 
 BACKEND = load_backend("numpy")
 
 
 def call(case_kwargs: dict[str, Any] | None = None, **overrides: Any) -> None:
-    case = make_case([20, 5, 33], [4, 5, 1], **(case_kwargs or {}))
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1], **(case_kwargs or {}))
     args = dict(zip(("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc"),
                     case.args(), strict=True))
     options = {k: overrides.pop(k) for k in list(overrides) if k not in args}
@@ -47,31 +47,31 @@ def test_valid_call_runs() -> None:
 
 
 def test_query_head_dim_disagrees_with_cache() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     with raises("query", "head_dim 8 differs"):
         call(query=case.query[..., :8].copy())
 
 
 def test_head_counts_disagree() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1], num_q_heads=3, num_kv_heads=2)
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1], num_q_heads=3, num_kv_heads=2)
     with raises("query", "not a positive multiple"):
         BACKEND.paged_attention(*case.args())
 
 
 def test_value_cache_shape_differs() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     with raises("value_cache", "differs from key_cache"):
         call(value_cache=case.value_cache[:-1])
 
 
 def test_unsupported_query_dtype() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     with raises("query", "dtype float64 is not one of"):
         call(query=case.query.astype(np.float64))
 
 
 def test_cache_dtype_must_match_query_or_be_fp8() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     with raises("key_cache", "must equal query's float32"):
         call(key_cache=case.key_cache.astype(np.float16), value_cache=case.value_cache.astype(np.float16))
 
@@ -82,14 +82,14 @@ def test_unknown_layout() -> None:
 
 
 def test_block_tables_must_be_int32() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     with raises("block_tables", "dtype int64"):
         call(block_tables=case.block_tables.astype(np.int64))
 
 
 @pytest.mark.parametrize("bad", [-1, 10_000])
 def test_needed_block_table_entry_out_of_range(bad: int) -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     tables = case.block_tables.copy()
     tables[0, 1] = bad  # column 1 is needed: ceil(20 / 16) = 2
     with raises("block_tables", rf"block_tables\[0, 1\]={bad} is outside"):
@@ -97,14 +97,14 @@ def test_needed_block_table_entry_out_of_range(bad: int) -> None:
 
 
 def test_unneeded_block_table_entry_may_hold_anything() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     tables = case.block_tables.copy()
     tables[1, 1:] = 2**31 - 1  # sequence 1 needs only column 0
     call(block_tables=tables)
 
 
 def test_seq_len_beyond_capacity() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     lens = case.seq_lens.copy()
     capacity = case.block_tables.shape[1] * 16
     lens[2] = capacity + 1
@@ -113,7 +113,7 @@ def test_seq_len_beyond_capacity() -> None:
 
 
 def test_negative_seq_len() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     with raises("seq_lens", "negative"):
         call(seq_lens=np.array([20, -1, 33], np.int32))
     assert case  # the case itself stays valid
@@ -139,7 +139,7 @@ def test_bad_query_start_loc(starts: list[int], match: str) -> None:
 
 
 def test_decode_needs_one_query_per_sequence() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     with raises("query", "decode"):
         call(query_start_loc=None, query=case.query)
 
@@ -162,7 +162,7 @@ def test_bad_alibi_slopes() -> None:
 
 
 def test_write_kv_duplicate_slots_write_nothing() -> None:
-    case = make_case([20], [1])
+    case = random_paged_inputs([20], [1])
     key = np.ones((3, 2, 16), np.float32)
     before = case.key_cache.copy(), case.value_cache.copy()
     with raises("slot_mapping", "appears more than once"):
@@ -171,7 +171,7 @@ def test_write_kv_duplicate_slots_write_nothing() -> None:
 
 
 def test_write_kv_slot_out_of_range_and_shape_mismatch() -> None:
-    case = make_case([20], [1])
+    case = random_paged_inputs([20], [1])
     key = np.ones((2, 2, 16), np.float32)
     num_slots = case.key_cache.shape[0] * 16
     with raises("slot_mapping", "is outside"):
@@ -181,7 +181,7 @@ def test_write_kv_slot_out_of_range_and_shape_mismatch() -> None:
 
 
 def test_copy_blocks_repeated_destination_and_range() -> None:
-    case = make_case([20], [1])
+    case = random_paged_inputs([20], [1])
     before = case.key_cache.copy()
     with raises("pairs", "destination block 3 appears more than once"):
         BACKEND.copy_blocks(case.key_cache, case.value_cache, np.array([[0, 3], [1, 3]]))
@@ -200,7 +200,7 @@ def test_merge_states_shapes() -> None:
 
 
 def test_spec_and_backend_raise_the_same_error() -> None:
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     lens = np.array([20, 5, 999], np.int32)
     with pytest.raises(PagedAttentionError) as spec_error:
         exact_attention(*case.args()[:4], lens, case.query_start_loc)
@@ -212,7 +212,7 @@ def test_spec_and_backend_raise_the_same_error() -> None:
 def test_unsupported_is_a_paged_attention_error_naming_the_capability() -> None:
     from pagedattn.backends.capabilities import Capabilities
 
-    case = make_case([20, 5, 33], [4, 5, 1])
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
     problem = check_paged_attention(*case.args(), sliding_window=4)
     with pytest.raises(UnsupportedError) as info:
         Capabilities(features=frozenset({"varlen"})).require(problem, backend="demo")

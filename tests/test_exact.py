@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
-from cases import make_case
 
 from pagedattn.spec import exact_attention
 from pagedattn.spec.error_model import float64_tolerance
+from pagedattn.spec.pools import random_paged_inputs
 
 
 def literal_attention(case, *, scale=None, causal=True, sliding_window=None, softcap=None,
@@ -66,7 +66,7 @@ OPTIONS = [
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "default")
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_exact_matches_literal_reading(options, layout) -> None:
-    case = make_case([5, 20, 0, 17], [2, 20, 0, 1], block_size=4, head_dim=8, kv_layout=layout)
+    case = random_paged_inputs([5, 20, 0, 17], [2, 20, 0, 1], block_size=4, head_dim=8, kv_layout=layout)
     result = exact_attention(*case.args(), kv_layout=layout, **options)
     out, lse = literal_attention(case, **options)
     tol = float64_tolerance(8)
@@ -78,7 +78,7 @@ def test_exact_matches_literal_reading(options, layout) -> None:
 
 
 def test_fp8_cache_uses_cache_times_scale() -> None:
-    case = make_case([9, 3], None, block_size=4, head_dim=8, cache_dtype="float8_e4m3fn", dtype="float16")
+    case = random_paged_inputs([9, 3], None, block_size=4, head_dim=8, cache_dtype="float8_e4m3fn", dtype="float16")
     result = exact_attention(*case.args(), k_scale=0.5, v_scale=3.0)
     out, _ = literal_attention(case, k_scale=0.5, v_scale=3.0)
     assert np.allclose(result.out, out, rtol=0, atol=1e-12)
@@ -86,7 +86,7 @@ def test_fp8_cache_uses_cache_times_scale() -> None:
 
 def test_decode_padding_entry_and_empty_rows() -> None:
     """Decode with L = 0 is batch padding: out = 0 and lse = -inf, never NaN."""
-    case = make_case([0, 7], None, block_size=4)
+    case = random_paged_inputs([0, 7], None, block_size=4)
     result = exact_attention(*case.args())
     assert np.array_equal(result.out[0], np.zeros_like(result.out[0]))
     assert np.isneginf(result.lse[0]).all() and np.isfinite(result.lse[1]).all()
@@ -94,7 +94,7 @@ def test_decode_padding_entry_and_empty_rows() -> None:
 
 def test_gqa_head_mapping_any_ratio() -> None:
     """Query head h reads KV head h // 7 with 14 query heads and 2 KV heads."""
-    case = make_case([6], None, num_q_heads=14, num_kv_heads=2, block_size=4)
+    case = random_paged_inputs([6], None, num_q_heads=14, num_kv_heads=2, block_size=4)
     q = case.query.copy()
     q[0, 7:] = q[0, :7]  # same queries for both groups: outputs differ only through the KV head
     result = exact_attention(q, *case.args()[1:])
@@ -104,7 +104,7 @@ def test_gqa_head_mapping_any_ratio() -> None:
 
 
 def test_unused_slots_and_entries_do_not_matter() -> None:
-    case = make_case([5, 20], [1, 3], block_size=8)
+    case = random_paged_inputs([5, 20], [1, 3], block_size=8)
     base = exact_attention(*case.args())
     kc, vc, tables = case.key_cache.copy(), case.value_cache.copy(), case.block_tables.copy()
     for s, length in enumerate(case.seq_lens):
@@ -117,7 +117,7 @@ def test_unused_slots_and_entries_do_not_matter() -> None:
 
 
 def test_scales_are_ignored_for_non_fp8_caches() -> None:
-    case = make_case([9, 3], None, block_size=4, head_dim=8)
+    case = random_paged_inputs([9, 3], None, block_size=4, head_dim=8)
     plain = exact_attention(*case.args())
     scaled = exact_attention(*case.args(), k_scale=0.5, v_scale=3.0)
     assert np.array_equal(plain.out, scaled.out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cases import make_case, paged_configs
+from cases import paged_configs
 from hypothesis import given, settings
 
 from pagedattn.backends import load_backend
@@ -12,6 +12,7 @@ from pagedattn.spec import exact_attention, kv_ops, tolerance
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.error_model import merge_tolerance
 from pagedattn.spec.online_softmax import merge_states as spec_merge
+from pagedattn.spec.pools import random_paged_inputs
 
 BACKEND = load_backend("numpy")
 
@@ -40,13 +41,13 @@ def test_reference_matches_spec(config) -> None:
 
 
 def test_reference_with_alibi_and_large_scores() -> None:
-    case = make_case([40, 7], [40, 2], dtype="bfloat16")
+    case = random_paged_inputs([40, 7], [40, 2], dtype="bfloat16")
     case = case._replace(query=(case.query.astype(np.float32) * 30).astype(case.query.dtype))
     assert_within_model(case, "bfloat16", alibi_slopes=np.array([0.5, 0.1, 1.0, 2.0], np.float32))
 
 
 def test_garbage_and_relocation_give_identical_bits() -> None:
-    case = make_case([5, 20, 33], [1, 4, 33], block_size=8)
+    case = random_paged_inputs([5, 20, 33], [1, 4, 33], block_size=8)
     base = BACKEND.paged_attention(*case.args(), return_lse=True)
     kc, vc, tables = case.key_cache.copy(), case.value_cache.copy(), case.block_tables.copy()
     used = set()
@@ -72,7 +73,7 @@ def test_garbage_and_relocation_give_identical_bits() -> None:
 
 def test_strided_view_of_a_multilayer_pool() -> None:
     """Caches that are one layer of ``[num_blocks, 2, num_layers, Hkv, block_size, D]`` (HND)."""
-    case = make_case([9, 30], [2, 30], block_size=8, kv_layout="HND")
+    case = random_paged_inputs([9, 30], [2, 30], block_size=8, kv_layout="HND")
     pool = np.random.default_rng(3).standard_normal((case.key_cache.shape[0], 2, 3, 2, 8, 16)).astype(np.float32)
     pool[:, 0, 1], pool[:, 1, 1] = case.key_cache, case.value_cache
     out = BACKEND.paged_attention(case.query, pool[:, 0, 1], pool[:, 1, 1], *case.args()[3:], kv_layout="HND")
@@ -82,7 +83,7 @@ def test_strided_view_of_a_multilayer_pool() -> None:
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("cache_dtype", ["float16", "float8_e4m3fn"])
 def test_write_kv_writes_only_its_slots(layout: str, cache_dtype: str) -> None:
-    case = make_case([30], [1], block_size=8, dtype="float16", cache_dtype=cache_dtype, kv_layout=layout)
+    case = random_paged_inputs([30], [1], block_size=8, dtype="float16", cache_dtype=cache_dtype, kv_layout=layout)
     rng = np.random.default_rng(5)
     key = rng.standard_normal((5, 2, 16)).astype(np.float16)
     value = rng.standard_normal((5, 2, 16)).astype(np.float16)
@@ -102,7 +103,7 @@ def test_write_kv_writes_only_its_slots(layout: str, cache_dtype: str) -> None:
 
 
 def test_copy_blocks_reads_every_source_before_writing() -> None:
-    case = make_case([30], [1], block_size=8)
+    case = random_paged_inputs([30], [1], block_size=8)
     kc, vc = case.key_cache.copy(), case.value_cache.copy()
     pairs = np.array([[0, 1], [1, 2], [2, 0]])  # a cycle: a sequential copy would smear block 0
     BACKEND.copy_blocks(kc, vc, pairs)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cases import make_case
 
 from pagedattn.backends import registry
 from pagedattn.backends.registry import BackendEntry
 from pagedattn.errors import BackendNotFoundError, BackendUnavailableError
 from pagedattn.spec import exact_attention, tolerance
+from pagedattn.spec.pools import random_paged_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def test_third_party_package_installs_lists_and_runs(tmp_path: Path) -> None:
                              capture_output=True, text=True)
     assert listing.returncode == 0, listing.stderr
     assert "dense" in listing.stdout and "pagedattn-dense" in listing.stdout
-    case = make_case([20, 3], [5, 3], block_size=4)
+    case = random_paged_inputs([20, 3], [5, 3], block_size=4)
     np.savez(tmp_path / "case.npz", *case.args()[:5], case.query_start_loc)
     code = (
         "import numpy as np; from pagedattn.backends import load_backend;"

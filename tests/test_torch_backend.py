@@ -14,8 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cases import make_case  # noqa: E402
-
 from pagedattn.backends.torch.backend import TorchBackend  # noqa: E402
 from pagedattn.errors import PagedAttentionError  # noqa: E402
 from pagedattn.spec import kv_ops  # noqa: E402
@@ -23,6 +21,7 @@ from pagedattn.spec.dtypes import numpy_dtype  # noqa: E402
 from pagedattn.spec.error_model import merge_tolerance, tolerance  # noqa: E402
 from pagedattn.spec.exact import exact_attention  # noqa: E402
 from pagedattn.spec.online_softmax import merge_states  # noqa: E402
+from pagedattn.spec.pools import random_paged_inputs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +33,10 @@ def make_batch(rng: np.random.Generator, *, seq_lens: list[int], q_lens: list[in
                num_kv_heads: int, head_dim: int, block_size: int, dtype: str, cache_dtype: str | None = None,
                kv_layout: str = "NHD", spare_blocks: int = 3) -> dict[str, Any]:
     """A random batch with shuffled physical blocks; unused slots are NaN, unused table entries -1."""
-    case = make_case(seq_lens, q_lens, block_size=block_size, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                     head_dim=head_dim, dtype=dtype, cache_dtype=cache_dtype, kv_layout=kv_layout,
-                     spare_blocks=spare_blocks, seed=int(rng.integers(2**31)), poison=True)
+    case = random_paged_inputs(seq_lens, q_lens, block_size=block_size, num_q_heads=num_q_heads,
+                               num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, cache_dtype=cache_dtype,
+                               kv_layout=kv_layout, spare_blocks=spare_blocks, seed=int(rng.integers(2**31)),
+                               garbage="nan")
     return {"query": case.query, "key_cache": case.key_cache, "value_cache": case.value_cache,
             "block_tables": case.block_tables, "seq_lens": case.seq_lens, "query_start_loc": case.query_start_loc}
 

@@ -20,7 +20,7 @@ if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
 import torch
-from cases import PagedCase, make_case, paged_configs
+from cases import paged_configs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,24 +31,25 @@ from pagedattn.spec import exact_attention, kv_ops, tolerance
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.error_model import merge_tolerance
 from pagedattn.spec.online_softmax import merge_states as spec_merge
+from pagedattn.spec.pools import PagedInputs, random_paged_inputs
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 BACKEND = TritonBackend()
 CALL = "backend=triton"
 
 
-def block_size_of(case: PagedCase) -> int:
+def block_size_of(case: PagedInputs) -> int:
     return int(case.key_cache.shape[1 if case.kv_layout == "NHD" else 2])
 
 
-def run(backend: TritonBackend, case: PagedCase, **options) -> tuple[np.ndarray, np.ndarray]:
+def run(backend: TritonBackend, case: PagedInputs, **options) -> tuple[np.ndarray, np.ndarray]:
     """Run the backend on device copies of ``case``; return host ``(out, lse)``."""
     args = [None if a is None else backend.to_device(a) for a in case.args()]
     out, lse = backend.paged_attention(*args, kv_layout=case.kv_layout, return_lse=True, **options)
     return backend.to_numpy(out), backend.to_numpy(lse)
 
 
-def assert_within_model(case: PagedCase, *, backend: TritonBackend = BACKEND, cache_dtype: str | None = None,
+def assert_within_model(case: PagedInputs, *, backend: TritonBackend = BACKEND, cache_dtype: str | None = None,
                         **options) -> tuple[np.ndarray, np.ndarray]:
     """Compare out and lse with the exact answer under the error model; report the worst element."""
     dtype = str(case.query.dtype) if case.query.dtype != numpy_dtype("bfloat16") else "bfloat16"
@@ -82,7 +83,7 @@ def assert_within_model(case: PagedCase, *, backend: TritonBackend = BACKEND, ca
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_decode_with_padding_entry(dtype: str, kv_layout: str) -> None:
-    case = make_case([5, 40, 0, 17], None, dtype=dtype, kv_layout=kv_layout, num_q_heads=4, num_kv_heads=2)
+    case = random_paged_inputs([5, 40, 0, 17], None, dtype=dtype, kv_layout=kv_layout, num_q_heads=4, num_kv_heads=2)
     out, lse = assert_within_model(case)
     assert np.isneginf(lse[2]).all() and (out[2] == 0).all(), "L = 0 padding entry: out 0, lse -inf"
 
@@ -91,27 +92,27 @@ def test_decode_with_padding_entry(dtype: str, kv_layout: str) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_chunked_prefill_mixed_batch(dtype: str, kv_layout: str) -> None:
     # full prefill (q_len = L), chunked prefill (q_len < L), decode (q_len 1) and q_len 0 together
-    case = make_case([37, 70, 9, 21], [37, 25, 1, 0], dtype=dtype, kv_layout=kv_layout,
-                     num_q_heads=6, num_kv_heads=2, seed=1)
+    case = random_paged_inputs([37, 70, 9, 21], [37, 25, 1, 0], dtype=dtype, kv_layout=kv_layout,
+                               num_q_heads=6, num_kv_heads=2, seed=1)
     assert_within_model(case)
 
 
 @pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(3, 3), (8, 2), (7, 1), (4, 1)])
 def test_gqa_mqa_group_sizes(num_q_heads: int, num_kv_heads: int) -> None:
-    case = make_case([33, 12], [5, 12], dtype="float16", num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                     seed=2)
+    case = random_paged_inputs([33, 12], [5, 12], dtype="float16", num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                               seed=2)
     assert_within_model(case)
 
 
 @pytest.mark.parametrize("block_size", [1, 12, 16, 32, 64, 128])
 def test_block_sizes(block_size: int) -> None:
-    case = make_case([70, 3, 130], [4, 3, 1], block_size=block_size, dtype="bfloat16", seed=3)
+    case = random_paged_inputs([70, 3, 130], [4, 3, 1], block_size=block_size, dtype="bfloat16", seed=3)
     assert_within_model(case)
 
 
 @pytest.mark.parametrize("head_dim", [8, 24, 64])
 def test_head_dims(head_dim: int) -> None:
-    case = make_case([20, 45], [20, 2], head_dim=head_dim, dtype="float16", seed=4)
+    case = random_paged_inputs([20, 45], [20, 2], head_dim=head_dim, dtype="float16", seed=4)
     assert_within_model(case)
 
 
@@ -125,13 +126,13 @@ def test_head_dims(head_dim: int) -> None:
     {"scale": 0.7},
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_masks_and_softcap(options: dict) -> None:
-    case = make_case([70, 31, 0], [30, 31, 0], dtype="bfloat16", kv_layout="HND", num_q_heads=4,
-                     num_kv_heads=2, seed=5)
+    case = random_paged_inputs([70, 31, 0], [30, 31, 0], dtype="bfloat16", kv_layout="HND", num_q_heads=4,
+                               num_kv_heads=2, seed=5)
     assert_within_model(case, **options)
 
 
 def test_alibi_with_window_and_softcap() -> None:
-    case = make_case([50, 19], [12, 1], dtype="float32", num_q_heads=8, num_kv_heads=2, seed=6)
+    case = random_paged_inputs([50, 19], [12, 1], dtype="float32", num_q_heads=8, num_kv_heads=2, seed=6)
     slopes = (2.0 ** -np.arange(1, 9)).astype(np.float32)
     assert_within_model(case, alibi_slopes=slopes)
     assert_within_model(case, alibi_slopes=slopes, sliding_window=7, softcap=8.0, causal=False)
@@ -140,7 +141,7 @@ def test_alibi_with_window_and_softcap() -> None:
 @pytest.mark.parametrize("cache_dtype", ["float8_e4m3fn", "float8_e5m2"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_fp8_caches_with_scales(dtype: str, cache_dtype: str) -> None:
-    case = make_case([40, 9], [6, 1], dtype=dtype, cache_dtype=cache_dtype, kv_layout="HND", seed=7)
+    case = random_paged_inputs([40, 9], [6, 1], dtype=dtype, cache_dtype=cache_dtype, kv_layout="HND", seed=7)
     assert_within_model(case, cache_dtype=cache_dtype, k_scale=0.37, v_scale=2.5)
 
 
@@ -160,7 +161,7 @@ def test_empty_batches() -> None:
 
 
 def test_lse_only_when_asked() -> None:
-    case = make_case([9, 4], None, dtype="float16", seed=8)
+    case = random_paged_inputs([9, 4], None, dtype="float16", seed=8)
     args = [None if a is None else BACKEND.to_device(a) for a in case.args()]
     out = BACKEND.paged_attention(*args)
     assert isinstance(out, torch.Tensor) and tuple(out.shape) == case.query.shape
@@ -170,17 +171,17 @@ def test_lse_only_when_asked() -> None:
 
 @pytest.mark.parametrize("num_splits", [2, 3, 7])
 def test_split_kv_matches_spec(num_splits: int) -> None:
-    case = make_case([300, 65, 0, 129], None, block_size=16, dtype="bfloat16", num_q_heads=4,
-                     num_kv_heads=1, seed=9)
+    case = random_paged_inputs([300, 65, 0, 129], None, block_size=16, dtype="bfloat16", num_q_heads=4,
+                               num_kv_heads=1, seed=9)
     assert_within_model(case, backend=TritonBackend(num_splits=num_splits))
     assert_within_model(case, backend=TritonBackend(num_splits=num_splits), sliding_window=100)
-    prefill = make_case([150, 40], [20, 3], dtype="float16", seed=10)
+    prefill = random_paged_inputs([150, 40], [20, 3], dtype="float16", seed=10)
     assert_within_model(prefill, backend=TritonBackend(num_splits=num_splits), softcap=5.0)
 
 
 @pytest.mark.parametrize("q_lens", [None, [9, 1, 30]], ids=["decode", "prefill"])
 def test_launch_orders_give_the_same_bits(q_lens: list[int] | None) -> None:
-    case = make_case([40, 75, 30], q_lens, dtype="bfloat16", num_q_heads=6, num_kv_heads=3, seed=18)
+    case = random_paged_inputs([40, 75, 30], q_lens, dtype="bfloat16", num_q_heads=6, num_kv_heads=3, seed=18)
     base = choose_tiles(1 if q_lens is None else 30, 2, 16, "bfloat16")
     results = []
     for heads_fastest in (True, False):
@@ -199,18 +200,18 @@ def test_launch_orders_give_the_same_bits(q_lens: list[int] | None) -> None:
 def test_keys_major_tiles_match_spec(num_splits: int, options: dict) -> None:
     # scores as [keys, rows]: the same contract, with padding entries, GQA 8/2, both layouts
     for kv_layout, dtype in (("NHD", "bfloat16"), ("HND", "float16")):
-        case = make_case([45, 0, 130, 1], None, dtype=dtype, kv_layout=kv_layout, num_q_heads=8, num_kv_heads=2,
-                         seed=21)
+        case = random_paged_inputs([45, 0, 130, 1], None, dtype=dtype, kv_layout=kv_layout, num_q_heads=8,
+                                   num_kv_heads=2, seed=21)
         tiles = replace(choose_tiles(1, 4, 16, dtype), block_n=32, keys_major=True)
         assert_within_model(case, backend=TritonBackend(num_splits=num_splits, tiles=tiles), **options)
-    chunked = make_case([70, 9], [5, 1], dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=22)
+    chunked = random_paged_inputs([70, 9], [5, 1], dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=22)
     tiles = replace(choose_tiles(5, 4, 16, "bfloat16"), block_n=16, keys_major=True)
     assert_within_model(chunked, backend=TritonBackend(num_splits=num_splits, tiles=tiles), **options)
 
 
 @pytest.mark.parametrize("cache_dtype", ["float8_e4m3fn", "float8_e5m2"])
 def test_keys_major_tiles_with_fp8_caches(cache_dtype: str) -> None:
-    case = make_case([40, 9], None, dtype="bfloat16", cache_dtype=cache_dtype, seed=23)
+    case = random_paged_inputs([40, 9], None, dtype="bfloat16", cache_dtype=cache_dtype, seed=23)
     tiles = replace(choose_tiles(1, 2, 16, "bfloat16"), block_n=16, keys_major=True)
     assert_within_model(case, backend=TritonBackend(tiles=tiles), cache_dtype=cache_dtype, k_scale=0.37,
                         v_scale=2.5)
@@ -218,7 +219,7 @@ def test_keys_major_tiles_with_fp8_caches(cache_dtype: str) -> None:
 
 def test_register_cap_and_short_tiles_match_spec() -> None:
     # prefill tiles of 64 rows x 32 keys under a register cap (a launch option only)
-    case = make_case([90, 40], [50, 40], dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=24)
+    case = random_paged_inputs([90, 40], [50, 40], dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=24)
     tiles = replace(choose_tiles(50, 4, 16, "bfloat16"), block_m=64, block_n=32, max_registers=128)
     assert_within_model(case, backend=TritonBackend(tiles=tiles), sliding_window=33)
 
@@ -234,7 +235,10 @@ def test_split_heuristic_from_batch_shape() -> None:
     assert choose_num_splits(16, 512, 132, resident=4) == 33  # more resident programs, more splits
     decode = choose_tiles(1, 4, 128, "bfloat16")
     prefill = choose_tiles(4096, 4, 128, "bfloat16")
-    assert (decode.block_m, decode.block_q) == (16, 4) and decode.heads_fastest
+    assert (decode.block_m, decode.block_q, decode.group_tile) == (16, 1, 16) and decode.heads_fastest
+    # decode tiles (so the compiled kernel) do not depend on the group size up to 16 heads
+    assert {choose_tiles(1, group, 128, "bfloat16") for group in (1, 2, 3, 7, 16)} == {decode}
+    assert choose_tiles(1, 32, 128, "bfloat16").block_m == 32
     assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8) and not prefill.heads_fastest
 
 
@@ -248,13 +252,14 @@ def test_decode_table_by_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (at_32.block_n, at_32.resident, at_32.keys_major) == (32, 4, False)
     assert (at_64.block_n, at_64.num_stages, at_64.keys_major) == (64, 5, True)
     assert not choose_tiles(1, 4, 128, "float32", block_size=32).keys_major  # float32: not from the table
-    case = make_case([70, 0, 33], None, block_size=32, dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=25)
+    case = random_paged_inputs([70, 0, 33], None, block_size=32, dtype="bfloat16", num_q_heads=8, num_kv_heads=2,
+                               seed=25)
     assert_within_model(case, backend=TritonBackend())
 
 
 # -- never: garbage in unused entries, placement, repeatability ---------------------------------
 
-def _poisoned(case: PagedCase, seed: int) -> PagedCase:
+def _poisoned(case: PagedInputs, seed: int) -> PagedInputs:
     """The same logical K/V with NaN/inf in every unread slot and wild unread table entries."""
     rng = np.random.default_rng(seed)
     bs = block_size_of(case)
@@ -277,7 +282,8 @@ def _poisoned(case: PagedCase, seed: int) -> PagedCase:
 @pytest.mark.parametrize("num_splits", [None, 3])
 def test_garbage_in_unused_slots_is_never_read(kv_layout: str, num_splits: int | None) -> None:
     backend = TritonBackend(num_splits=num_splits)
-    clean = make_case([37, 70, 0, 5], [10, 1, 0, 5], block_size=16, dtype="bfloat16", kv_layout=kv_layout, seed=11)
+    clean = random_paged_inputs([37, 70, 0, 5], [10, 1, 0, 5], block_size=16, dtype="bfloat16", kv_layout=kv_layout,
+                                seed=11)
     out_clean, lse_clean = run(backend, clean, sliding_window=30)
     out_dirty, lse_dirty = run(backend, _poisoned(clean, 12), sliding_window=30)
     assert np.array_equal(out_clean.view(np.uint16), out_dirty.view(np.uint16)), "out changed with garbage"
@@ -285,7 +291,7 @@ def test_garbage_in_unused_slots_is_never_read(kv_layout: str, num_splits: int |
 
 
 def test_same_bits_for_other_placement_and_repeated_runs() -> None:
-    case = make_case([45, 20], [3, 20], block_size=16, dtype="float16", seed=13)
+    case = random_paged_inputs([45, 20], [3, 20], block_size=16, dtype="float16", seed=13)
     out_a, lse_a = run(BACKEND, case)
     out_b, lse_b = run(BACKEND, case)
     assert np.array_equal(out_a.view(np.uint16), out_b.view(np.uint16)) and np.array_equal(lse_a, lse_b)
@@ -338,14 +344,14 @@ def test_capabilities_and_availability() -> None:
 
 
 def test_bad_input_raises_before_any_kernel() -> None:
-    case = make_case([20], None, dtype="float16")
+    case = random_paged_inputs([20], None, dtype="float16")
     tables = case.block_tables.copy()
     tables[0, 0] = 10_000
     with pytest.raises(PagedAttentionError, match="block_tables"):
         BACKEND.paged_attention(*[BACKEND.to_device(a) for a in (case.query, case.key_cache, case.value_cache,
                                                                   tables, case.seq_lens)])
     with pytest.raises(UnsupportedError, match="head_dim"):
-        big = make_case([3], None, head_dim=320, dtype="float16")
+        big = random_paged_inputs([3], None, head_dim=320, dtype="float16")
         BACKEND.paged_attention(*[BACKEND.to_device(a) for a in big.args()[:5]])
     with pytest.raises(PagedAttentionError, match="num_splits"):
         TritonBackend(num_splits=0)

@@ -51,3 +51,38 @@ def test_every_config_compiles_for_sm90a(reports: list[dict[str, object]]) -> No
 def test_decode_tiles_do_not_spill(reports: list[dict[str, object]]) -> None:
     decode = [r for r in reports if str(r["config"]).startswith("decode")]
     assert decode and all(r["spill_bytes"] == 0 for r in decode), decode
+
+
+# Batches that differ only in run-time values: sequence count and lengths, head counts (so
+# the group size), splits, causal, window, lse. Each family must map to one JIT key, so the
+# conformance profiles' draws do not each pay for a compile.
+SAME_BINARY = """
+import json, sys
+from pagedattn.backends.triton import compile_check as cc
+module = cc.compiled_kernels()
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+C = cc.Config
+families = {
+    "decode": [C("a", (300, 40), None, block_size=32), C("b", (4000,), None, block_size=32),
+               C("c", (17, 1, 300), None, block_size=32, num_q_heads=2),
+               C("d", (300, 40), None, block_size=32, num_q_heads=6, options=(("sliding_window", 100),)),
+               C("e", (300,), None, block_size=32, num_q_heads=16, num_kv_heads=4, options=(("return_lse", True),))],
+    "prefill": [C("a", (256,), (256,)), C("b", (200, 90), (200, 90), options=(("causal", False),)),
+                C("c", (300,), (150,), options=(("sliding_window", 7), ("return_lse", True)))],
+}
+keys = {name: sorted({cc.jit_key(module, launch) for config in configs for launch in cc.capture_launches(config)
+                      if launch.kernel == "paged_attention_kernel"}) for name, configs in families.items()}
+json.dump({name: len(k) for name, k in keys.items()}, sys.stdout)
+"""
+
+
+def test_run_time_values_share_one_binary() -> None:
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", SAME_BINARY], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout) == {"decode": 1, "prefill": 1}

@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.backend:
         pytest_args += ["--backend", name]
     if args.workers:
-        pytest_args += ["-n", str(args.workers)]
+        # work stealing: cells differ a lot in time (a GPU backend's compiles), so idle workers take queued ones
+        pytest_args += ["-n", str(args.workers), "--dist", "worksteal"]
     if args.keyword:
         pytest_args += ["-k", args.keyword]
     settled: list[str] = []

@@ -137,23 +137,46 @@ def _stage_tiles(stage: tl.constexpr, t_a, f_a, f_b, t_b):
 
 
 @triton.jit
+def _along_keys(x, KEYS_MAJOR: tl.constexpr):
+    """A per-key vector ``[BLOCK_N]`` shaped to broadcast against the scores."""
+    if KEYS_MAJOR:
+        return x[:, None]
+    else:
+        return x[None, :]
+
+
+@triton.jit
+def _along_rows(x, KEYS_MAJOR: tl.constexpr):
+    """A per-row vector ``[BLOCK_M]`` shaped to broadcast against the scores."""
+    if KEYS_MAJOR:
+        return x[None, :]
+    else:
+        return x[:, None]
+
+
+@triton.jit
 def _attend_tiles(
     acc, l_i, m_i, q,  #
     k_base, v_base, bt_row,  #
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-    L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
+    L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
     t_begin, t_end,  #
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
-    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,  #
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
-    IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
+    KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Fold key tiles ``t_begin <= t < t_end`` (positions ``t * BLOCK_N + n``) into (m, l, O).
 
     ``MASKED=False`` only for tiles where every key is visible to every valid row: no
-    bounds, causal or window masks there. m_i is in base-2 units (scores times log2 e).
+    bounds, causal or window masks there. A row sees ``p_q - window < p <= p_last``, ``p < L``
+    (``p_last``: ``p_q`` if causal, else ``L - 1``). m_i is in base-2 units (scores times log2 e).
+    Scores are ``[BLOCK_M, BLOCK_N]``, or with ``KEYS_MAJOR`` ``[BLOCK_N, BLOCK_M]``: then
+    ``s^T = K q^T`` and ``O^T += V^T p^T``, so the key tile is the matrix unit's M side (at
+    least 64 rows: warpgroup MMA on sm_90, K and V read from shared memory) and the few query
+    rows of a decode tile its N side; ``acc`` and ``q`` come transposed, ``[HEAD_DIM_PAD, BLOCK_M]``.
     """
+    KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the scores' axis reduced per row
     d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
     q_dtype = q.dtype
     for t in range(t_begin, t_end):
@@ -162,101 +185,49 @@ def _attend_tiles(
         # -- compute qk: K tile [BLOCK_N, HEAD_DIM_PAD], zero outside the sequence
         k = _load_kv_tile(k_base, physical, slot, stride_kb, stride_ks, stride_kd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
                           MASKED)
-        qk = _dot(q, tl.trans(_operand(k, q_dtype, INTERPRET)), IEEE, INTERPRET)
+        if KEYS_MAJOR:
+            qk = _dot(_operand(k, q_dtype, INTERPRET), q, IEEE, INTERPRET)
+        else:
+            qk = _dot(q, tl.trans(_operand(k, q_dtype, INTERPRET)), IEEE, INTERPRET)
+        p_k = _along_keys(p, KEYS_MAJOR)
+        p_r = _along_rows(p_q, KEYS_MAJOR)
         # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
         if HAS_SOFTCAP or HAS_ALIBI:
             s = qk * sm_scale
             if HAS_SOFTCAP:
                 s = softcap * _tanh(s / softcap)
             if HAS_ALIBI:
-                s = s + slopes[:, None] * (p[None, :] - p_q[:, None]).to(tl.float32)
+                s = s + _along_rows(slopes, KEYS_MAJOR) * (p_k - p_r).to(tl.float32)
             s = s * LOG2E
         else:
             s = qk * qk_scale2
         if MASKED:
-            visible = in_seq[None, :]  # broadcast against the rows below
-            if IS_CAUSAL:
-                visible = visible & (p[None, :] <= p_q[:, None])
-            if HAS_WINDOW:
-                visible = visible & (p[None, :] > p_q[:, None] - window)
+            visible = _along_keys(in_seq, KEYS_MAJOR) & (p_k <= _along_rows(p_last, KEYS_MAJOR)) & (p_k > p_r - window)
             s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks
         # -- update m_i and l_i; a row with no finite score yet keeps m = -inf, l = 0
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, KEY_AXIS))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p_ij = tl.math.exp2(s - shift[:, None])
+        p_ij = tl.math.exp2(s - _along_rows(shift, KEYS_MAJOR))
         alpha = tl.math.exp2(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        l_i = l_i * alpha + tl.sum(p_ij, KEY_AXIS)
         # -- update the output accumulator: V tile [BLOCK_N, HEAD_DIM_PAD]
         v = _load_kv_tile(v_base, physical, slot, stride_vb, stride_vs, stride_vd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
                           MASKED)
-        pv = _dot(_operand(p_ij, q_dtype, INTERPRET), _operand(v, q_dtype, INTERPRET), IEEE, INTERPRET)
-        acc = acc * alpha[:, None] + pv
+        if KEYS_MAJOR:
+            pv = _dot(tl.trans(_operand(v, q_dtype, INTERPRET)), _operand(p_ij, q_dtype, INTERPRET), IEEE, INTERPRET)
+            acc = acc * alpha[None, :] + pv
+        else:
+            pv = _dot(_operand(p_ij, q_dtype, INTERPRET), _operand(v, q_dtype, INTERPRET), IEEE, INTERPRET)
+            acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, l_i, m_i
 
 
-@triton.jit
-def _attend_tiles_keys_major(
-    acc_t, l_i, m_i, q_t,  #
-    k_base, v_base, bt_row,  #
-    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-    L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
-    t_begin, t_end,  #
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
-    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,  #
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
-    IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
-):
-    """:func:`_attend_tiles` with keys along the first axis: scores ``[BLOCK_N, BLOCK_M]``.
-
-    Same arithmetic, transposed: ``s^T = K q^T`` and ``O^T += V^T p^T``, so the key tile is
-    the matrix unit's M side (at least 64 rows: warpgroup MMA on sm_90, K and V read from
-    shared memory) and the few query rows of a decode tile its N side. ``acc_t`` is
-    ``[HEAD_DIM_PAD, BLOCK_M]``; ``q_t`` is ``[HEAD_DIM_PAD, BLOCK_M]``.
-    """
-    d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
-    q_dtype = q_t.dtype
-    for t in range(t_begin, t_end):
-        p, in_seq, physical, slot = _key_slots(bt_row, t, L, BLOCK_SIZE, BLOCK_N, MASKED)
-        kv_ok = in_seq[:, None] & d_ok[None, :]
-        # -- compute qk (transposed): K tile [BLOCK_N, HEAD_DIM_PAD] @ q^T
-        k = _load_kv_tile(k_base, physical, slot, stride_kb, stride_ks, stride_kd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
-                          MASKED)
-        qk = _dot(_operand(k, q_dtype, INTERPRET), q_t, IEEE, INTERPRET)
-        # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
-        if HAS_SOFTCAP or HAS_ALIBI:
-            s = qk * sm_scale
-            if HAS_SOFTCAP:
-                s = softcap * _tanh(s / softcap)
-            if HAS_ALIBI:
-                s = s + slopes[None, :] * (p[:, None] - p_q[None, :]).to(tl.float32)
-            s = s * LOG2E
-        else:
-            s = qk * qk_scale2
-        if MASKED:
-            visible = in_seq[:, None]  # broadcast against the rows below
-            if IS_CAUSAL:
-                visible = visible & (p[:, None] <= p_q[None, :])
-            if HAS_WINDOW:
-                visible = visible & (p[:, None] > p_q[None, :] - window)
-            s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks
-        # -- update m_i and l_i; a row with no finite score yet keeps m = -inf, l = 0
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p_ij = tl.math.exp2(s - shift[None, :])
-        alpha = tl.math.exp2(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p_ij, 0)
-        # -- update the output accumulator: V^T [HEAD_DIM_PAD, BLOCK_N] @ p^T
-        v = _load_kv_tile(v_base, physical, slot, stride_vb, stride_vs, stride_vd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
-                          MASKED)
-        pv = _dot(tl.trans(_operand(v, q_dtype, INTERPRET)), _operand(p_ij, q_dtype, INTERPRET), IEEE, INTERPRET)
-        acc_t = acc_t * alpha[None, :] + pv
-        m_i = m_new
-    return acc_t, l_i, m_i
-
-
-@triton.jit
+# Per-call counts and flags are run-time values, never specialized: each distinct value class
+# (1, a multiple of 16) of a specialized integer would be one more compile, while only the
+# arrays' strides, the tiles and the features shape the code.
+@triton.jit(do_not_specialize=["num_tokens", "num_q_heads", "num_splits", "num_head_programs", "stride_bt",
+                               "causal", "window", "group_size", "num_group_tiles", "store_lse", "write_partials"])
 def paged_attention_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
     q_ptr, k_cache_ptr, v_cache_ptr,  #
@@ -267,17 +238,17 @@ def paged_attention_kernel(
     stride_vb, stride_vs, stride_vh, stride_vd,  #
     stride_bt,  #
     num_tokens, num_q_heads, num_splits, num_head_programs,  #
-    qk_scale2, sm_scale, v_scale, softcap, window,  #
-    GROUP_SIZE: tl.constexpr, GROUP_TILE: tl.constexpr, NUM_GROUP_TILES: tl.constexpr,  #
+    qk_scale2, sm_scale, v_scale, softcap, causal, window,  #
+    group_size, num_group_tiles, store_lse, write_partials,  #
+    GROUP_TILE: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
-    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,  #
-    HAS_ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, SPLIT: tl.constexpr,  #
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
     HEADS_FASTEST: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Paged attention of one (work item, KV head and head tile, split): see the module doc.
 
-    Writes ``out``/``lse`` directly, or with ``SPLIT`` the float32 partials ``part_out``
+    Writes ``out`` (and ``lse`` if ``store_lse``) directly, or with ``write_partials`` the float32 partials ``part_out``
     ``[num_splits, T, Hq, D]`` and ``part_lse`` ``[num_splits, T, Hq]`` (natural log) that
     :func:`merge_splits_kernel` combines.
     """
@@ -290,8 +261,8 @@ def paged_attention_kernel(
         work = tl.program_id(0)
         head_program = tl.program_id(1)
         split = tl.program_id(2)
-    kv_head = head_program // NUM_GROUP_TILES
-    g0 = (head_program % NUM_GROUP_TILES) * GROUP_TILE
+    kv_head = head_program // num_group_tiles
+    g0 = (head_program % num_group_tiles) * GROUP_TILE
 
     # -- the work item: sequence s, its first query q_tile, L and q_len
     seq = tl.load(work_seq_ptr + work)
@@ -304,9 +275,9 @@ def paged_attention_kernel(
     rows = tl.arange(0, BLOCK_M)
     qi = rows // GROUP_TILE
     g = g0 + rows % GROUP_TILE
-    row_ok = (q_tile + qi < q_len) & (g < GROUP_SIZE)
+    row_ok = (q_tile + qi < q_len) & (g < group_size)
     token = (q_begin + q_tile + qi).to(tl.int64)
-    head = kv_head * GROUP_SIZE + g
+    head = kv_head * group_size + g
     p_q = L - q_len + q_tile + qi
     p_lo = L - q_len + q_tile  # first query's position
     p_hi = tl.minimum(p_lo + BLOCK_Q - 1, L - 1)  # last valid query's position
@@ -321,19 +292,14 @@ def paged_attention_kernel(
     else:
         slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    # -- key range [kv_start, kv_end) any row may see, and [full_lo, full_hi) all rows see
-    if IS_CAUSAL:
-        kv_end = p_hi + 1
-        full_hi = p_lo + 1
-    else:
-        kv_end = L
-        full_hi = L
-    if HAS_WINDOW:
-        kv_start = tl.maximum(p_lo - window + 1, 0)
-        full_lo = tl.maximum(p_hi - window + 1, 0)
-    else:
-        kv_start = 0
-        full_lo = 0
+    # -- key range [kv_start, kv_end) any row may see, and [full_lo, full_hi) all rows see;
+    #    row r sees p_q - window < p <= p_last (no window: window = 2**31 - 1, all of p >= 0)
+    is_causal = causal != 0
+    p_last = tl.where(is_causal, p_q, L - 1)
+    kv_end = tl.where(is_causal, p_hi + 1, L)
+    full_hi = tl.where(is_causal, p_lo + 1, L)
+    kv_start = tl.maximum(p_lo - window + 1, 0)
+    full_lo = tl.maximum(p_hi - window + 1, 0)
     # -- this split's tiles [t_a, t_b); inside it, unmasked tiles [f_a, f_b)
     t_lo = kv_start // BLOCK_N
     t_hi = tl.cdiv(kv_end, BLOCK_N)
@@ -349,35 +315,23 @@ def paged_attention_kernel(
     k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    if KEYS_MAJOR:  # decode: scores [BLOCK_N, BLOCK_M], the accumulator transposed
-        acc_t = tl.zeros([HEAD_DIM_PAD, BLOCK_M], dtype=tl.float32)
-        q_t = tl.trans(q)
-        for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
-            begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
-            acc_t, l_i, m_i = _attend_tiles_keys_major(
-                acc_t, l_i, m_i, q_t,  #
-                k_base, v_base, bt_row,  #
-                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-                L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
-                begin, end,  #
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
-                stage != 1, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,  #
-                IEEE, INTERPRET,  #
-            )
-        acc = tl.trans(acc_t)
-    else:
-        for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
-            begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
-            acc, l_i, m_i = _attend_tiles(
-                acc, l_i, m_i, q,  #
-                k_base, v_base, bt_row,  #
-                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-                L, p_q, slopes, qk_scale2, sm_scale, softcap, window,  #
-                begin, end,  #
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
-                stage != 1, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,  #
-                IEEE, INTERPRET,  #
-            )
+    if KEYS_MAJOR:  # decode: scores [BLOCK_N, BLOCK_M], the accumulator and q transposed
+        acc = tl.zeros([HEAD_DIM_PAD, BLOCK_M], dtype=tl.float32)
+        q = tl.trans(q)
+    for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
+        begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q,  #
+            k_base, v_base, bt_row,  #
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
+            L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
+            begin, end,  #
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
+            stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
+            KEYS_MAJOR, IEEE, INTERPRET,  #
+        )
+    if KEYS_MAJOR:
+        acc = tl.trans(acc)
 
     # -- epilogue: out = O / l * v_scale and lse = m + log l; (0, -inf) where nothing was visible
     empty = l_i == 0.0
@@ -385,18 +339,18 @@ def paged_attention_kernel(
     o = acc * tl.where(empty, 0.0, v_scale / safe_l)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(safe_l)) * LN2)
     store_ok = row_ok[:, None] & d_ok[None, :]
-    if SPLIT:
+    if write_partials:
         row = (split.to(tl.int64) * num_tokens + token) * num_q_heads + head
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=store_ok)
         tl.store(part_lse_ptr + row, lse, mask=row_ok)
     else:
         o_ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, cast_for_store(o, out_ptr.dtype.element_ty, INTERPRET), mask=store_ok)
-        if STORE_LSE:
+        if store_lse:
             tl.store(lse_ptr + token * num_q_heads + head, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "num_q_heads", "num_splits"])
 def merge_splits_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
     num_tokens, num_q_heads, num_splits, stride_ot, stride_oh,  #

@@ -32,6 +32,7 @@ from pagedattn.spec.dtypes import FP8_DTYPES
 
 LOG2E = 1.4426950408889634
 INTERPRETER_SMS = 4  # multiprocessors assumed by the split heuristic in interpreter mode
+NO_WINDOW = 2**31 - 1  # the kernel's window when there is none: from any p_q (< 2**31) it reaches p = 0
 
 #: fp8 cache dtype -> (mantissa bits, exponent bias, largest finite value, bits stored on overflow)
 FP8_FORMATS: dict[str, tuple[int, int, float, int]] = {
@@ -63,6 +64,7 @@ class TritonPlanState:
     work_q: Any
     alibi_slopes: Any
     device: Any
+    unused_output: Any  # float32 [1]: passed for an output the launch does not write (lse, partials)
     relauncher: Relauncher = field(default_factory=Relauncher)  # compiled kernels of this plan, reused by run
 
 
@@ -185,6 +187,7 @@ class TritonBackend(Backend):
             work_q=upload(work_q),
             alibi_slopes=None if slopes is None else upload(slopes, np.float32),
             device=device,
+            unused_output=upload(np.zeros(1), np.float32),
         )
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
@@ -207,8 +210,8 @@ class TritonBackend(Backend):
         if split:
             part_out = torch.empty((num_splits, T, Hq, D), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((num_splits, T, Hq), dtype=torch.float32, device=q.device)
-        else:
-            part_out = part_lse = out
+        else:  # float32 like real partials, so a batch that splits and one that does not share a binary
+            part_out = part_lse = state.unused_output
         kb, k1, k2, kd = k_cache.stride()
         vb, v1, v2, vd = v_cache.stride()
         # NHD [blocks, slot, head, d]; HND [blocks, head, slot, d]
@@ -220,7 +223,7 @@ class TritonBackend(Backend):
             grid: tuple[int, int, int] = (state.num_work * head_programs, num_splits, 1)
         else:
             grid = (state.num_work, head_programs, num_splits)
-        lse_arg = lse if lse is not None else out
+        lse_arg = lse if lse is not None else state.unused_output
         args = [
             out, lse_arg, part_out, part_lse,
             q, k_cache, v_cache,
@@ -234,15 +237,14 @@ class TritonBackend(Backend):
             T, Hq, num_splits, head_programs,
             scale_k * LOG2E, scale_k, v_scale,
             problem.softcap if problem.softcap is not None else 1.0,
-            problem.sliding_window if problem.sliding_window is not None else 0,
+            int(problem.causal), min(problem.sliding_window or NO_WINDOW, NO_WINDOW),
+            problem.group_size, tiles.num_group_tiles, int(lse is not None), int(split),
         ]
         constexprs = dict(
-            GROUP_SIZE=problem.group_size, GROUP_TILE=tiles.group_tile, NUM_GROUP_TILES=tiles.num_group_tiles,
+            GROUP_TILE=tiles.group_tile,
             HEAD_DIM=D, HEAD_DIM_PAD=tiles.head_dim_pad, BLOCK_SIZE=problem.block_size,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-            IS_CAUSAL=problem.causal, HAS_WINDOW=problem.sliding_window is not None,
             HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
-            STORE_LSE=lse is not None, SPLIT=split,
             HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
             IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
         )

@@ -87,23 +87,11 @@ class Report:
 
 def case_arrays(config: Config) -> tuple[Any, ...]:
     """Host arrays of ``config``: query, caches, block tables, seq_lens, query_start_loc."""
-    from pagedattn.spec.dtypes import numpy_dtype
+    from pagedattn.spec.pools import random_paged_inputs
 
-    rng = np.random.default_rng(0)
-    needed = [-(-n // config.block_size) for n in config.seq_lens]
-    tables = np.full((len(needed), max(needed)), -1, dtype=np.int32)
-    start = 0
-    for s, n in enumerate(needed):
-        tables[s, :n] = np.arange(start, start + n)
-        start += n
-    shape = (start, config.block_size, config.num_kv_heads, config.head_dim)
-    cache_dtype = numpy_dtype(config.cache_dtype or config.dtype)
-    key_cache = rng.standard_normal(shape).astype(cache_dtype)
-    value_cache = rng.standard_normal(shape).astype(cache_dtype)
-    q_lens = config.q_lens or (1,) * len(config.seq_lens)
-    query = rng.standard_normal((sum(q_lens), config.num_q_heads, config.head_dim)).astype(numpy_dtype(config.dtype))
-    qsl = None if config.q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    return query, key_cache, value_cache, tables, np.array(config.seq_lens, dtype=np.int32), qsl
+    return random_paged_inputs(config.seq_lens, config.q_lens, block_size=config.block_size,
+                               num_q_heads=config.num_q_heads, num_kv_heads=config.num_kv_heads,
+                               head_dim=config.head_dim, dtype=config.dtype, cache_dtype=config.cache_dtype).args()
 
 
 def capture_launches(config: Config) -> list[Launch]:
@@ -161,11 +149,10 @@ def compiled_kernels() -> Any:
         return importlib.import_module(name)
 
 
-def compile_launch(module: Any, launch: Launch, arch: int) -> Any:
-    """``triton.compile`` of one captured launch for ``sm_<arch>a``, specialized as the JIT would."""
-    import triton
+def _specialize(module: Any, launch: Launch, arch: int) -> tuple[Any, ...]:
+    """The JIT's binding of ``launch`` for ``sm_<arch>a``: kernel, target, backend, kwargs and its specialization."""
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
     kernel = getattr(module, launch.kernel)
@@ -174,6 +161,21 @@ def compile_launch(module: Any, launch: Launch, arch: int) -> Any:
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     kwargs = {**launch.constexprs, **launch.options}
     bound_args, specialization, options = binder(*launch.args, **kwargs)
+    return kernel, target, backend, kwargs, bound_args, specialization, options
+
+
+def jit_key(module: Any, launch: Launch, arch: int = 90) -> str:
+    """What the JIT compiles ``launch`` under: two launches with equal keys share one binary."""
+    _, _, _, kwargs, _, specialization, _ = _specialize(module, launch, arch)
+    return repr((launch.kernel, specialization, sorted(kwargs.items())))
+
+
+def compile_launch(module: Any, launch: Launch, arch: int) -> Any:
+    """``triton.compile`` of one captured launch for ``sm_<arch>a``, specialized as the JIT would."""
+    import triton
+    from triton.compiler import ASTSource
+
+    kernel, target, backend, kwargs, bound_args, specialization, options = _specialize(module, launch, arch)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 

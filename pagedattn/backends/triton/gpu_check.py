@@ -43,6 +43,7 @@ from pagedattn.spec import exact_attention, kv_ops, tolerance
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.error_model import merge_tolerance
 from pagedattn.spec.online_softmax import merge_states as spec_merge
+from pagedattn.spec.pools import random_paged_inputs
 
 LOG: list[str] = []
 BANDWIDTH: list[float] = [float("nan")]  # the read bandwidth measured in this run, GB/s
@@ -64,40 +65,11 @@ def make_case(seq_lens: list[int], q_lens: list[int] | None, *, block_size: int 
               kv_layout: str = "NHD", seed: int = 0, poison: bool = False) -> dict[str, Any]:
     """Host arrays of one call: shuffled blocks; with ``poison`` NaN/inf in every unread slot and
     wild values (-1, 2**31-1, -2**31) in unread block-table entries."""
-    rng = np.random.default_rng(seed)
-    needed = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(needed) + 3
-    max_blocks = max([*needed, 1]) + 2
-    perm = rng.permutation(num_blocks)
-    tables = np.full((len(seq_lens), max_blocks), -1, dtype=np.int32)
-    used = 0
-    for s, n in enumerate(needed):
-        tables[s, :n] = perm[used:used + n]
-        used += n
-    shape = ((num_blocks, block_size, num_kv_heads, head_dim) if kv_layout == "NHD"
-             else (num_blocks, num_kv_heads, block_size, head_dim))
-    cdt = numpy_dtype(cache_dtype or dtype)
-    k = rng.standard_normal(shape).astype(cdt)
-    v = rng.standard_normal(shape).astype(cdt)
-    if q_lens is None:
-        starts, num_tokens = None, len(seq_lens)
-    else:
-        starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-        num_tokens = int(starts[-1])
-    query = rng.standard_normal((num_tokens, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
-    if poison:  # after every other draw: the poisoned case holds the same data
-        slots_k, slots_v = kv_ops.slot_view(k, kv_layout), kv_ops.slot_view(v, kv_layout)
-        read = np.zeros((num_blocks, block_size), dtype=bool)
-        for s, length in enumerate(seq_lens):
-            for p in range(length):
-                read[tables[s, p // block_size], p % block_size] = True
-            n = needed[s]
-            tables[s, n:] = rng.choice([-1, 2**31 - 1, -(2**31)], size=max_blocks - n)
-        junk = rng.choice(np.array([np.nan, np.inf, -np.inf]), size=(int((~read).sum()), *slots_k.shape[2:]))
-        slots_k[~read] = junk.astype(cdt)
-        slots_v[~read] = junk.astype(cdt)
-    return {"query": query, "key_cache": k, "value_cache": v, "block_tables": tables,
-            "seq_lens": np.asarray(seq_lens, dtype=np.int32), "query_start_loc": starts, "kv_layout": kv_layout}
+    inputs = random_paged_inputs(seq_lens, q_lens, block_size=block_size, num_q_heads=num_q_heads,
+                                 num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, cache_dtype=cache_dtype,
+                                 kv_layout=kv_layout, spare_columns=2, seed=seed,
+                                 garbage="wild" if poison else "none")
+    return inputs._asdict()
 
 
 def args_of(case: dict[str, Any]) -> list[Any]:

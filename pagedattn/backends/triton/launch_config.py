@@ -88,21 +88,24 @@ class Tiles:
 def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, block_size: int | None = None) -> Tiles:
     """Pick tiles from the fixed tables.
 
-    Decode-like batches (``max_q_len <= 1``): 16 rows (the tl.dot minimum) or the group; for
+    Decode-like batches (``max_q_len <= 1``): one query, its group's heads padded to 16 rows (the
+    tl.dot minimum, whatever the group size) or to the group's power of two above 16; for
     16-bit queries with head_dim <= 128 and 16 rows, keys per tile, warps, stages and the
     scores' orientation come from ``DECODE_TABLE`` by ``block_size``; otherwise 128 keys, 4
     warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
     128), 64 keys per tile, 8 warps at 128 rows, and the ``PREFILL_*`` entries (register cap)
     at the full height. float32 or head_dim > 128: 32 keys per tile.
     """
-    group_tile = min(next_power_of_2(group_size), MAX_GROUP_TILE)
+    decode = max_q_len <= 1
+    # decode: one query per sequence, so the rows are heads; a group tile of at least 16 (the
+    # tl.dot minimum) makes the tiles, and so the compiled kernel, the same for every group size
+    group_tile = min(next_power_of_2(max(group_size, 16) if decode else group_size), MAX_GROUP_TILE)
     num_group_tiles = -(-group_size // group_tile)
     head_dim_pad = max(16, next_power_of_2(head_dim))
     wide = dtype == "float32" or head_dim_pad > 128
     max_rows = 64 if wide else max(PREFILL_ROWS, group_tile)
     block_q = max(1, min(next_power_of_2(max_q_len), max_rows // group_tile))
     block_m = max(16, block_q * group_tile)
-    decode = max_q_len <= 1
     block_n = 32 if wide else (128 if decode else 64)
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2

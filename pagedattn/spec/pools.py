@@ -1,0 +1,105 @@
+"""Paged inputs built from a seed: the block-table layout in constructive form, for checks.
+
+:func:`random_paged_inputs` lays random K/V out in a pool whose physical blocks are in
+random order, one block table row per sequence (-1 past its blocks), and random queries.
+With ``garbage`` it fills every slot a conforming backend never reads (positions ``>= L`` of
+a used block, and spare blocks), and with ``"wild"`` also the unused block-table entries,
+so reading any of them shows in the output. The hypothesis strategies of the conformance
+suite draw the same things one by one; this is the fixed-shape form for unit tests and
+device checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.kv_ops import slot_view
+
+#: What fills unread memory: nothing, NaN, or NaN/+-inf with wild block-table entries.
+GARBAGE_KINDS = ("none", "nan", "wild")
+#: Unused block-table entries under ``"wild"``: unused, past int32, and negative.
+WILD_BLOCK_IDS = (-1, 2**31 - 1, -(2**31))
+
+
+class PagedInputs(NamedTuple):
+    """The arrays of one paged-attention call on the host (see :mod:`pagedattn.spec.arrays`)."""
+
+    query: np.ndarray
+    key_cache: np.ndarray
+    value_cache: np.ndarray
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray | None
+    kv_layout: str
+
+    def args(self) -> tuple[Any, ...]:
+        """The positional arguments of ``paged_attention`` / ``plan``."""
+        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
+                self.query_start_loc)
+
+
+def random_paged_inputs(
+    seq_lens: list[int] | tuple[int, ...],
+    q_lens: list[int] | tuple[int, ...] | None = None,
+    *,
+    block_size: int = 16,
+    num_q_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    dtype: str = "float32",
+    cache_dtype: str | None = None,
+    kv_layout: str = "NHD",
+    spare_blocks: int = 3,
+    spare_columns: int = 1,
+    seed: int = 0,
+    garbage: str = "none",
+) -> PagedInputs:
+    """Standard-normal K/V and queries in shuffled blocks; ``q_lens=None`` is decode.
+
+    The pool has ``spare_blocks`` blocks no sequence uses, and the block table
+    ``spare_columns`` columns past the longest sequence's blocks. ``garbage`` (one of
+    :data:`GARBAGE_KINDS`) fills what must never be read, after every other draw, so the
+    read data do not depend on it.
+    """
+    if garbage not in GARBAGE_KINDS:
+        raise ValueError(f"garbage: expected one of {GARBAGE_KINDS}, received {garbage!r}")
+    rng = np.random.default_rng(seed)
+    needed = [-(-int(length) // block_size) for length in seq_lens]
+    num_blocks = sum(needed) + spare_blocks
+    max_blocks = max([*needed, 1]) + spare_columns
+    perm = rng.permutation(num_blocks)
+    tables = np.full((len(seq_lens), max_blocks), -1, dtype=np.int32)
+    used = 0
+    for s, n in enumerate(needed):
+        tables[s, :n] = perm[used:used + n]
+        used += n
+    shape = ((num_blocks, block_size, num_kv_heads, head_dim) if kv_layout == "NHD"
+             else (num_blocks, num_kv_heads, block_size, head_dim))
+    cdt = numpy_dtype(cache_dtype or dtype)
+    key_cache = rng.standard_normal(shape).astype(cdt)
+    value_cache = rng.standard_normal(shape).astype(cdt)
+    if q_lens is None:
+        starts, num_tokens = None, len(seq_lens)
+    else:
+        starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        num_tokens = int(starts[-1])
+    query = rng.standard_normal((num_tokens, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
+    if garbage != "none":
+        read = np.zeros((num_blocks, block_size), dtype=bool)
+        for s, length in enumerate(seq_lens):
+            positions = np.arange(int(length))
+            read[tables[s, positions // block_size], positions % block_size] = True
+        slots_k, slots_v = slot_view(key_cache, kv_layout), slot_view(value_cache, kv_layout)
+        if garbage == "nan":
+            slots_k[~read] = np.nan
+            slots_v[~read] = np.nan
+        else:
+            for s, n in enumerate(needed):
+                tables[s, n:] = rng.choice(WILD_BLOCK_IDS, size=max_blocks - n)
+            junk = rng.choice(np.array([np.nan, np.inf, -np.inf]), size=(int((~read).sum()), *slots_k.shape[2:]))
+            slots_k[~read] = junk.astype(cdt)
+            slots_v[~read] = junk.astype(cdt)
+    return PagedInputs(query, key_cache, value_cache, tables, np.asarray(seq_lens, dtype=np.int32), starts, kv_layout)
