@@ -107,6 +107,72 @@ def test_fp8_caches_go_to_the_tensor_core_kernels(
     assert choose_rows(problem) == rows
 
 
+def _problem(case):  # type: ignore[no-untyped-def]
+    return check_paged_attention(
+        case.query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        **case.options,
+    )
+
+
+@pytest.mark.parametrize(
+    "seq_lens, q_lens, num_q_heads, rows",
+    [
+        ([300, 129, 7], [300, 50, 7], 4, 64),  # 357 tokens x G=2 over 3 sequences: 238 rows each
+        ([600, 300], [600, 200], 8, 128),  # 800 tokens x G=4 over 2: 1,600 rows each
+        ([4096], [4096], 32, 128),  # long prefill, G=16
+        ([6000, 50], [64, 50], 8, 64),  # chunked prefill: 114 tokens x G=4 over 2 sequences
+    ],
+)
+def test_prefill_tile_height_follows_the_rows_per_sequence(
+    seq_lens: list[int], q_lens: list[int], num_q_heads: int, rows: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "auto")
+    case = make_case(
+        "rows", np.random.default_rng(0), seq_lens=seq_lens, q_lens=q_lens,
+        num_q_heads=num_q_heads, head_dim=64,
+    )
+    assert choose_rows(_problem(case)) == rows
+
+
+def test_the_unmeasured_wide_kernel_is_off_unless_switched_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    case = make_case(
+        "rows", np.random.default_rng(0), seq_lens=[4096], q_lens=[4096], num_q_heads=32,
+        head_dim=64,
+    )
+    monkeypatch.delenv("PAGEDATTN_CUPY_MMA_ROWS", raising=False)
+    assert choose_rows(_problem(case)) == 64
+    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "128")
+    assert choose_rows(_problem(case)) == 128
+    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "wide")
+    with pytest.raises(ValueError, match="64, 128 or auto"):
+        choose_rows(_problem(case))
+
+
+def test_wide_prefill_kernel_shape_and_shared_memory() -> None:
+    from pagedattn.backends.cupy import specializations as sp
+
+    warps, m_tiles, stages = sp.mma_wide_shape()
+    assert warps * 16 * m_tiles == sp.MMA_WIDE_ROWS
+    assert sp.threads(sp.MMA_WIDE_ROWS) == 32 * warps
+    assert sp.tile_n("bfloat16", sp.MMA_WIDE_ROWS) == 64
+    # Q (128 rows x 128 x 2 bytes) + stages x (K + V tiles of 64 x 128 x 2) + 3 words a row
+    expected = 128 * 128 * 2 + stages * 2 * 64 * 128 * 2 + 3 * 128 * 4
+    assert sp.smem_bytes("bfloat16", 128, sp.MMA_WIDE_ROWS) == expected
+    assert expected + 1024 <= 228 * 1024, "one CTA must fit an SM's shared memory"
+    name = sp.attention("bfloat16", 128, 16, sp.MMA_WIDE_ROWS).name_expression
+    assert name == (
+        f"paged_attention_mma_wide<bfloat16_t, 128, 16, bfloat16_t, {warps}, {m_tiles}, {stages}>"
+    )
+
+
 def test_two_decode_ctas_fit_on_an_sm() -> None:
     from pagedattn.backends.cupy import specializations
 
@@ -225,6 +291,10 @@ WORK_CASES = {
         seq_lens=[0, 1, 17, 900, 3000], num_q_heads=8, num_kv_heads=2, dtype="float16"
     ),
     "tensor-core rows": dict(seq_lens=[300, 129, 7], q_lens=[300, 50, 7], dtype="float16"),
+    "wide tensor-core rows": dict(
+        seq_lens=[600, 300, 9], q_lens=[600, 200, 9], dtype="float16", num_q_heads=8,
+        sliding_window=150,
+    ),
     "fp8 mixed": dict(
         seq_lens=[1, 40, 129, 77], q_lens=[1, 40, 7, 0], dtype="bfloat16",
         cache_dtype="float8_e4m3fn",
@@ -243,7 +313,10 @@ WORK_CASES = {
 
 
 @pytest.mark.parametrize("name", list(WORK_CASES))
-def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) -> None:
+def test_work_items_cover_every_row_once_and_give_the_exact_answer(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "auto")  # both heights (wide: behind a switch)
     case = make_case(
         name, np.random.default_rng(1), head_dim=64, **{"dtype": "float32", **WORK_CASES[name]}
     )
@@ -261,6 +334,8 @@ def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) ->
             )
             == 64
         )
+    if name == "wide tensor-core rows":
+        assert choose_rows(_problem(case)) == 128
     options = case.options
     problem = check_paged_attention(
         case.query,
@@ -328,3 +403,84 @@ def test_gpu_cache_operations_match_the_spec() -> None:
 
     results = check_ops(CupyBackend(), np.random.default_rng(4))
     assert all(ok for _, ok, _ in results), [r for r in results if not r[1]]
+
+
+# -- the tensor-core prefill kernel's per-warp sub-tile predicates (kernels/paged_attention_mma.cu)
+def _warp_predicates(problem, item, warp_rows, warp, p0, sub_n):  # type: ignore[no-untyped-def]
+    """(none, whole) as attend_sub computes them for one warp and one sub-tile (plain scores)."""
+    seq, _, token_start, num_tokens, _, num_groups = (int(x) for x in item[:6])
+    L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
+    num_rows = num_tokens * num_groups
+    first_row = warp * warp_rows
+    last_row = max(first_row, min(first_row + warp_rows, num_rows) - 1)
+    pq_first = L - q_len + (token_start - int(problem.query_start_loc[seq]))
+    pq_min, pq_max = pq_first + first_row // num_groups, pq_first + last_row // num_groups
+    W = problem.sliding_window or 0
+    none = (
+        first_row >= num_rows
+        or p0 >= L
+        or (problem.causal and p0 > pq_max)
+        or (W > 0 and p0 + sub_n - 1 <= pq_min - W)
+    )
+    whole = (
+        p0 + sub_n <= L
+        and (not problem.causal or p0 + sub_n - 1 <= pq_min)
+        and (W <= 0 or p0 > pq_max - W)
+    )
+    return none, whole
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"causal": False}, {"sliding_window": 37}, {"sliding_window": 200, "causal": False}],
+    ids=["causal", "non-causal", "window", "window non-causal"],
+)
+@pytest.mark.parametrize("num_q_heads", [8, 14, 24], ids=["G=4", "G=7", "G=12"])
+def test_mma_warp_skips_only_unseen_sub_tiles_and_unmasks_only_whole_ones(
+    options: dict, num_q_heads: int
+) -> None:
+    """A sub-tile a warp skips holds no key any of its rows sees; one it leaves unmasked holds
+    only keys all its rows see (the kernel's predicates, checked against the contract's rule)."""
+    from pagedattn.backends.cupy import specializations as sp
+
+    case = make_case(
+        "predicates", np.random.default_rng(5), seq_lens=[700, 300, 64], q_lens=[650, 130, 64],
+        num_q_heads=num_q_heads, head_dim=64, **options,
+    )
+    problem = _problem(case)
+    for rows in (sp.MMA_ROWS, sp.MMA_WIDE_ROWS):
+        # the wide kernel walks 32-key sub-tiles with two m-tiles per warp (the 64-row kernel
+        # masks per CTA, a stricter rule than per warp: its tiles pass these checks too)
+        warps, m_tiles, _ = sp.mma_wide_shape() if rows == sp.MMA_WIDE_ROWS else (4, 1, 3)
+        sub_n = 32 if m_tiles > 1 else 64
+        os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = str(rows)
+        try:
+            work = build_work(problem, slots=64)
+        finally:
+            os.environ.pop("PAGEDATTN_CUPY_MMA_ROWS")
+        assert work.rows == rows
+        skipped = unmasked = 0
+        for item in work.items:
+            seq, token_start, num_groups = int(item[0]), int(item[2]), int(item[5])
+            L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
+            num_rows = int(item[3]) * num_groups
+            for warp in range(warps):
+                rows_ = np.arange(warp * 16 * m_tiles, min((warp + 1) * 16 * m_tiles, num_rows))
+                p_q = L - q_len + (token_start - int(problem.query_start_loc[seq])) + rows_ // num_groups
+                for p0 in range(int(item[6]), int(item[7]), sub_n):
+                    p = np.arange(p0, p0 + sub_n)[None, :]
+                    visible = (p < L) & np.ones((rows_.size, 1), bool)
+                    if problem.causal:
+                        visible &= p <= p_q[:, None]
+                    if problem.sliding_window:
+                        visible &= p > p_q[:, None] - problem.sliding_window
+                    none, whole = _warp_predicates(problem, item, 16 * m_tiles, warp, p0, sub_n)
+                    if none:
+                        skipped += 1
+                        assert not visible.any(), (rows, tuple(item), warp, p0)
+                    elif whole:
+                        unmasked += 1
+                        assert visible.all(), (rows, tuple(item), warp, p0)
+        # (a window narrower than two sub-tiles leaves no sub-tile whole)
+        assert unmasked > 0 or (problem.sliding_window or 10**9) < 2 * sub_n
+        assert skipped > 0 or not problem.causal

@@ -13,6 +13,8 @@
    measured in the same run and cuDNN SDPA on contiguous K/V, and of causal prefill 8 x 4096
    against cuDNN's FLOP rate. A short table is printed last; logs go to ``--out``.
 
+``--only-prefill`` keeps the tensor-core prefill cases (64 and 128 rows);
+``--measure shapes`` times prefill 8 x 4,096 per kernel shape (``--shapes``) beside cuDNN.
 ``--only-decode`` keeps the decode cases (16-bit and fp8), fp8 ops and one case per other
 kernel (about 40 s on an H200 with the compiles); ``--measure host,kernels`` adds the host
 time per run (with a cProfile) and the device time per kernel (torch.profiler).
@@ -207,6 +209,91 @@ def fp8_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
     return cases
 
 
+def wide_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
+    """Cases aimed at the 128-row tensor-core prefill kernel (at least 512 rows per sequence
+    on average): whole, diagonal and edge tiles, every mask, GQA ratios that leave rows of a
+    tile empty, fp8, split-KV partials."""
+    if small:
+        return [
+            make_case(
+                "wide prefill window bs32 HND",
+                rng,
+                seq_lens=[300, 77],
+                q_lens=[300, 77],
+                block_size=32,
+                kv_layout="HND",
+                sliding_window=100,
+            )
+        ]
+    cases = [
+        make_case(
+            f"wide prefill {dtype} bs{bs} {layout}",
+            rng,
+            seq_lens=[700, 300, 64],
+            q_lens=[700, 130, 64],
+            block_size=bs,
+            dtype=dtype,
+            kv_layout=layout,
+        )
+        for dtype, bs, layout in (
+            ("bfloat16", 16, "NHD"),
+            ("float16", 32, "HND"),
+            ("bfloat16", 64, "HND"),
+            ("float16", 64, "NHD"),
+        )
+    ]
+    cases += [
+        make_case("wide non-causal", rng, seq_lens=[500, 200], q_lens=[400, 200], causal=False),
+        make_case(
+            "wide window d64 bs64", rng, seq_lens=[900, 260], q_lens=[700, 260], head_dim=64,
+            block_size=64, sliding_window=129,
+        ),
+        make_case(
+            "wide softcap alibi scale",
+            rng,
+            seq_lens=[400, 300],
+            q_lens=[400, 150],
+            scale=0.2,
+            softcap=30.0,
+            alibi_slopes=(2.0 ** -np.arange(1, 9)).astype(np.float32),
+        ),
+        make_case(
+            "wide G=12 (rows of a tile left empty)",
+            rng,
+            seq_lens=[333, 90],
+            q_lens=[333, 90],
+            num_q_heads=24,
+            num_kv_heads=2,
+        ),
+        make_case("wide G=7", rng, seq_lens=[301, 45], q_lens=[301, 45], num_q_heads=14),
+        make_case("wide MHA", rng, seq_lens=[1100, 1000], q_lens=[1100, 900], num_q_heads=2),
+        make_case(
+            "wide chunked prefill split-KV", rng, seq_lens=[9000, 4000], q_lens=[200, 300]
+        ),
+        make_case(
+            "wide negative scale", rng, seq_lens=[300, 260], q_lens=[300, 200], scale=-0.05
+        ),
+        *(
+            make_case(
+                f"wide fp8 {cache} bs{bs}",
+                rng,
+                seq_lens=[600, 129],
+                q_lens=[600, 129],
+                block_size=bs,
+                cache_dtype=cache,
+                k_scale=0.37,
+                v_scale=2.5,
+            )
+            for cache, bs in (("float8_e4m3fn", 16), ("float8_e5m2", 64))
+        ),
+        make_case(
+            "wide pool view HND", rng, seq_lens=[400, 300], q_lens=[400, 300], kv_layout="HND",
+            pool_view=True,
+        ),
+    ]
+    return cases
+
+
 def correctness_cases(
     rng: np.random.Generator, small: bool = False, only_decode: bool = False
 ) -> list[Case]:
@@ -225,6 +312,7 @@ def correctness_cases(
             ),
             *decode_cases(rng, small=True),
             *fp8_cases(rng, small=True),
+            *wide_cases(rng, small=True),
             *(
                 []
                 if only_decode
@@ -304,6 +392,7 @@ def correctness_cases(
                 kv_layout="HND",
             ),
             *fp8_cases(rng),
+            *wide_cases(rng),
         ]
     cases = []
     for dtype in ("bfloat16", "float16", "float32"):
@@ -391,6 +480,7 @@ def correctness_cases(
         make_case("long decode split-KV", rng, seq_lens=[20000, 5], num_q_heads=32, num_kv_heads=8),
         *decode_cases(rng),
         *fp8_cases(rng),
+        *wide_cases(rng),
         make_case(
             "pool view HND",
             rng,
@@ -432,6 +522,10 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
     if "alibi_slopes" in options:
         options["alibi_slopes"] = to_dev(options["alibi_slopes"])
     choose_split = planning.choose_split
+    # the "wide" cases are for the 128-row kernel, which planning takes only behind its switch
+    wide = case.name.startswith("wide ") and "PAGEDATTN_CUPY_MMA_ROWS" not in os.environ
+    if wide:
+        os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = "auto"
     if not case.split_kv:  # one part per range, however long
         planning.choose_split = lambda base_tiles, slots, **_: max(1, int(base_tiles.max()))  # type: ignore[assignment]
     try:
@@ -447,6 +541,8 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
         )
     finally:
         planning.choose_split = choose_split
+        if wide:
+            del os.environ["PAGEDATTN_CUPY_MMA_ROWS"]
     return backend.to_numpy(out), backend.to_numpy(lse)
 
 
@@ -676,6 +772,27 @@ def check_torch_inputs(backend: CupyBackend, rng: np.random.Generator) -> tuple[
     return ok, f"torch in/out, same bits as cupy inputs: {ok}"
 
 
+def prefill_cases(rng: np.random.Generator) -> list[Case]:
+    """The tensor-core prefill kernel's cases, both tile heights (``--only-prefill``): the wide
+    cases, 64-row prefill at three block sizes, chunked prefill with split-KV, fp8 prefill."""
+    keep = (
+        "prefill mma bfloat16 bs16 NHD",
+        "prefill mma float16 bs32 HND",
+        "prefill mma bfloat16 bs64 HND",
+        "chunked prefill mma split-KV",
+        "prefill G=12",
+        "non-causal",
+        "sliding window",
+        "alibi",
+    )
+    full = correctness_cases(rng)
+    return [
+        *wide_cases(rng),
+        *(c for c in full if c.name in keep),
+        *(c for c in full if c.name.startswith("fp8") and "prefill" in c.name),
+    ]
+
+
 def sanitize_main(only_decode: bool = False) -> int:
     """Small cases for compute-sanitizer: no memory pool, so out-of-bounds accesses are caught."""
     import cupy
@@ -881,6 +998,63 @@ def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
     return rows
 
 
+#: Shapes of the tensor-core prefill kernels that ``--measure shapes`` compares: "64" is the
+#: 64-row kernel (paged_attention_mma.cu), "WxMxS" the 128-row one (paged_attention_mma_wide.cu)
+#: with W warps of M m-tiles (16 rows each) and S stages (specializations.mma_wide_shape's
+#: measurement switch)
+PREFILL_SHAPES: tuple[str, ...] = ("64", "4x2x2", "4x2x3", "8x1x2", "8x1x3")
+
+
+def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPES) -> list[str]:
+    """Causal prefill 8 x 4,096 (bf16, GQA 32/8, d=128) per tensor-core kernel shape at block
+    sizes 16/32/64 beside cuDNN SDPA on contiguous K/V, with each 128-row shape's registers and
+    local memory (spills) and its answers on three wide cases: which shape planning should take."""
+    from pagedattn.backends.cupy import runtime, specializations
+
+    flops = 4 * 8 * 32 * 128 * (4096 * 4097 / 2)  # causal: QK^T and PV over the visible half
+    cudnn_ms, note = time_cudnn(8, 4096, 4096, 2, causal=True)
+    lines = [
+        f"cuDNN causal prefill 8x4096: {cudnn_ms:.3f} ms, {flops / cudnn_ms / 1e9:.0f} TFLOP/s"
+        if cudnn_ms
+        else note
+    ]
+    saved = {k: os.environ.get(k) for k in ("PAGEDATTN_CUPY_MMA_ROWS", "PAGEDATTN_CUPY_MMA_SHAPE")}
+    try:
+        for shape in shapes:
+            os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = "64" if shape == "64" else "128"
+            if shape != "64":
+                os.environ["PAGEDATTN_CUPY_MMA_SHAPE"] = shape
+            rows = 64 if shape == "64" else 128
+            for bs in (16, 32, 64):
+                try:
+                    compiled = runtime.kernel(specializations.attention("bfloat16", 128, bs, rows))
+                    ms = time_paged(backend, 8, 4096, bs, 4096, 2)
+                    vs = f", {cudnn_ms / ms:.2f}x cuDNN" if cudnn_ms else ""
+                    lines.append(
+                        f"shape {shape} bs{bs}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s{vs}"
+                        f" (regs {compiled.num_regs}, local {compiled.local_size_bytes} B)"
+                    )
+                except Exception as error:  # a measurement: report and go on
+                    lines.append(f"shape {shape} bs{bs}: {type(error).__name__}: {error}")
+                print(lines[-1], flush=True)
+            if shape != "64":
+                cases = wide_cases(np.random.default_rng(7))
+                for case in (cases[0], cases[6], cases[10]):
+                    try:
+                        ok, summary = check_case(backend, case)
+                    except Exception as error:
+                        ok, summary = False, f"{type(error).__name__}: {error}"
+                    lines.append(f"shape {shape} {'ok' if ok else 'FAIL'} {case.name}: {summary}")
+                    print(lines[-1], flush=True)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return lines
+
+
 def host_overhead(backend: CupyBackend, out_dir: str, calls: int = 300) -> str:
     """Host time per ``run`` of a tiny decode plan (no synchronisation inside the loop), and a
     cProfile of those calls in ``host_profile.txt``: what a small batch costs the CPU."""
@@ -1023,12 +1197,23 @@ def main(argv: list[str] | None = None) -> int:
         "--measure",
         default="",
         help="comma list of extra measurements: host (host time per run, cProfile),"
-        " kernels (device time per kernel, torch.profiler)",
+        " kernels (device time per kernel, torch.profiler), shapes (prefill 8 x 4,096 per"
+        " tensor-core kernel shape beside cuDNN)",
     )
     parser.add_argument(
         "--only-decode",
         action="store_true",
         help="decode cases plus one case per other kernel; no kv ops (a short GPU call)",
+    )
+    parser.add_argument(
+        "--only-prefill",
+        action="store_true",
+        help="the tensor-core prefill cases (both tile heights), determinism, torch inputs; no ops",
+    )
+    parser.add_argument(
+        "--shapes",
+        default=",".join(PREFILL_SHAPES),
+        help="comma list of kernel shapes for --measure shapes (64 or WxMxS)",
     )
     parser.add_argument("--sanitizer-timeout", type=float, default=110.0)
     args = parser.parse_args(argv)
@@ -1041,7 +1226,12 @@ def main(argv: list[str] | None = None) -> int:
     backend = CupyBackend()
     rng = np.random.default_rng(2026)
     checks: list[tuple[str, bool, str]] = []
-    for case in correctness_cases(rng, only_decode=args.only_decode):
+    cases = (
+        prefill_cases(rng)
+        if args.only_prefill
+        else correctness_cases(rng, only_decode=args.only_decode)
+    )
+    for case in cases:
         try:
             ok, summary = check_case(backend, case)
         except Exception as error:
@@ -1049,7 +1239,7 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((f"attention {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention {case.name}: {summary}", flush=True)
     os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"  # the CUDA-core kernel on 16-bit decode too
-    for case in [] if args.only_decode else correctness_cases(rng)[:12:2]:
+    for case in [] if args.only_decode or args.only_prefill else correctness_cases(rng)[:12:2]:
         ok, summary = check_case(backend, case)
         checks.append((f"attention (CUDA-core decode) {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention (CUDA-core decode) {case.name}: {summary}")
@@ -1062,8 +1252,10 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((name, ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
     try:
-        op_results = ([] if args.only_decode else check_ops(backend, rng)) + check_fp8_ops(
-            backend, rng
+        op_results = (
+            []
+            if args.only_prefill
+            else ([] if args.only_decode else check_ops(backend, rng)) + check_fp8_ops(backend, rng)
         )
     except Exception as error:
         op_results = [("ops", False, f"{type(error).__name__}: {error}")]
@@ -1083,6 +1275,13 @@ def main(argv: list[str] | None = None) -> int:
             log["kernel_times"] = [f"kernel times failed: {type(error).__name__}: {error}"]
         for line in log["kernel_times"]:
             print(f"kernel time: {line}", flush=True)
+    if "shapes" in measure:
+        log["prefill_shapes"] = prefill_shapes(backend, tuple(args.shapes.split(",")))
+        checks += [
+            (line, False, "a shape's wide case failed")
+            for line in log["prefill_shapes"]
+            if " FAIL " in line
+        ]
     rows = benchmarks(backend, log) if "bench" not in skip else []
     if "sanitizer" not in skip:
         for name, ok, summary in run_sanitizer(

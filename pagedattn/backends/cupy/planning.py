@@ -24,6 +24,7 @@ from pagedattn.backends.cupy.specializations import (
     MMA_DTYPES,
     MMA_HEAD_DIMS,
     MMA_ROWS,
+    MMA_WIDE_ROWS,
     ROWS,
     tile_n,
 )
@@ -41,21 +42,46 @@ class WorkPlan:
     num_partials: int
 
 
+#: rows (query tokens x query heads of a KV head) per sequence, on average, from which the
+#: tensor-core prefill kernel takes MMA_WIDE_ROWS rows per CTA when the wide kernel is on: 4
+#: wide tiles, so at most a quarter of a sequence's rows sit in its last, partly empty tile
+WIDE_MIN_ROWS_PER_SEQ = 4 * MMA_WIDE_ROWS
+#: PAGEDATTN_CUPY_MMA_ROWS when unset: "64" (the GPU-verified kernel only) until the wide kernel
+#: has passed gpu_check on an H200; then "auto"
+MMA_ROWS_DEFAULT = "64"
+
+
+def prefill_rows(problem: AttentionProblem) -> int:
+    """``MMA_WIDE_ROWS`` or ``MMA_ROWS`` rows for the tensor-core prefill kernels, as
+    ``PAGEDATTN_CUPY_MMA_ROWS`` says (default ``MMA_ROWS_DEFAULT``): "64" or "128" forces one
+    height; "auto" takes the wide kernel when the sequences hold at least
+    ``WIDE_MIN_ROWS_PER_SEQ`` rows on average."""
+    switch = os.environ.get("PAGEDATTN_CUPY_MMA_ROWS", MMA_ROWS_DEFAULT)
+    if switch in (str(MMA_ROWS), str(MMA_WIDE_ROWS)):
+        return int(switch)
+    if switch != "auto":
+        raise ValueError(f"PAGEDATTN_CUPY_MMA_ROWS={switch!r}: expected 64, 128 or auto")
+    rows_per_seq = problem.num_tokens * min(problem.group_size, MMA_WIDE_ROWS)
+    wide = rows_per_seq >= WIDE_MIN_ROWS_PER_SEQ * max(1, problem.num_seqs)
+    return MMA_WIDE_ROWS if wide else MMA_ROWS
+
+
 def choose_rows(problem: AttentionProblem) -> int:
     """Rows per CTA, which also picks the kernel.
 
     ``DECODE_ROWS`` (tensor-core decode, keys split among warps) for float16/bfloat16 decode
     at head_dim 64 or 128 with up to 16 query heads per KV head, unless the environment sets
-    ``PAGEDATTN_CUPY_DECODE=simt``; ``MMA_ROWS`` (tensor cores) for float16/bfloat16 batches
-    of at least 8 queries per sequence on average at head_dim 64 or 128; else the CUDA-core
-    kernel with 4 rows (decode with up to 4 query heads per KV head) or 8. fp8 caches go to
-    the tensor-core kernels only (decode, else ``MMA_ROWS`` whatever the batch); the backend
-    refuses fp8 where neither applies (float32 queries, head_dim 256).
+    ``PAGEDATTN_CUPY_DECODE=simt``; the tensor-core prefill kernel (:func:`prefill_rows`:
+    ``MMA_WIDE_ROWS`` or ``MMA_ROWS``) for float16/bfloat16 batches of at least 8 queries per
+    sequence on average at head_dim 64 or 128; else the CUDA-core kernel with 4 rows (decode
+    with up to 4 query heads per KV head) or 8. fp8 caches go to the tensor-core kernels only
+    (decode, else the prefill kernel whatever the batch); the backend refuses fp8 where
+    neither applies (float32 queries, head_dim 256).
     """
     tensor_cores = problem.dtype in MMA_DTYPES and problem.head_dim in MMA_HEAD_DIMS
     if problem.cache_dtype in FP8_TYPES:
         decode = problem.is_decode and problem.group_size <= DECODE_ROWS
-        return DECODE_ROWS if decode else MMA_ROWS
+        return DECODE_ROWS if decode else prefill_rows(problem)
     if (
         problem.is_decode
         and tensor_cores
@@ -69,7 +95,7 @@ def choose_rows(problem: AttentionProblem) -> int:
         and problem.head_dim in MMA_HEAD_DIMS
         and problem.num_tokens >= 8 * problem.num_seqs
     ):
-        return MMA_ROWS
+        return prefill_rows(problem)
     return ROWS[0] if problem.is_decode and problem.group_size <= ROWS[0] else ROWS[-1]
 
 

@@ -8,6 +8,7 @@ can launch has been compiled without a GPU first.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,10 +24,16 @@ HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
 #: Query rows (tokens x query heads of one KV head) per CTA of the CUDA-core attention kernel.
 ROWS: tuple[int, ...] = (4, 8)
-#: The tensor-core kernel (kernels/paged_attention_mma.cu): 64 rows, 64-key tiles in 3 stages,
-#: 16-bit dtypes.
+#: The tensor-core prefill kernel (kernels/paged_attention_mma.cu): 64 rows, 64-key tiles in
+#: 3 stages, 16-bit dtypes.
 MMA_ROWS = 64
 MMA_STAGES = 3
+MMA_TILE_N = 64
+#: The taller tensor-core prefill kernel (kernels/paged_attention_mma_wide.cu, not yet
+#: measured on a GPU: planning.prefill_rows takes it only behind a measurement switch):
+#: MMA_WIDE_ROWS rows as (warps, m-tiles of 16 rows per warp, K/V stages)
+MMA_WIDE_ROWS = 128
+MMA_WIDE_SHAPE: tuple[int, int, int] = (4, 2, 2)
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 4 warps
@@ -53,13 +60,32 @@ class Specialization:
     name_expression: str
 
 
+def mma_wide_shape() -> tuple[int, int, int]:
+    """(warps, m-tiles per warp, stages) of the ``MMA_WIDE_ROWS`` kernel.
+
+    ``PAGEDATTN_CUPY_MMA_SHAPE=WxMxS`` (a measurement switch) replaces ``MMA_WIDE_SHAPE`` by W
+    warps of M m-tiles with S stages (W * 16 * M must be 128).
+    """
+    override = os.environ.get("PAGEDATTN_CUPY_MMA_SHAPE")
+    if not override:
+        return MMA_WIDE_SHAPE
+    warps, m_tiles, stages = (int(x) for x in override.split("x"))
+    if warps * 16 * m_tiles != MMA_WIDE_ROWS or stages < 2:
+        raise ValueError(f"PAGEDATTN_CUPY_MMA_SHAPE={override}: W * 16 * M must be 128, S >= 2")
+    return warps, m_tiles, stages
+
+
 def tile_n(dtype: str, rows: int = ROWS[0]) -> int:
     """Keys per K/V tile: ``Tile<T>::TILE_N`` (CUDA cores) or ``MMA_TILE_N`` (tensor cores)."""
-    return {MMA_ROWS: 64, DECODE_ROWS: DECODE_WARPS * DECODE_SUB_N}.get(rows, 32)
+    if rows in (MMA_ROWS, MMA_WIDE_ROWS):
+        return MMA_TILE_N
+    return {DECODE_ROWS: DECODE_WARPS * DECODE_SUB_N}.get(rows, 32)
 
 
 def threads(rows: int) -> int:
     """Threads per CTA of the attention kernel used for ``rows``."""
+    if rows == MMA_WIDE_ROWS:
+        return 32 * mma_wide_shape()[0]
     return DECODE_THREADS if rows == DECODE_ROWS else NUM_THREADS
 
 
@@ -91,9 +117,21 @@ def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
     fp8 = cache_dtype in FP8_TYPES
     return (
         MMA_ROWS * head_dim * 2
-        + MMA_STAGES * 2 * 64 * head_dim * cache_bytes(cache_dtype)
-        + (2 * 64 * head_dim * 2 if fp8 else 0)
+        + MMA_STAGES * 2 * MMA_TILE_N * head_dim * cache_bytes(cache_dtype)
+        + (2 * MMA_TILE_N * head_dim * 2 if fp8 else 0)
         + 3 * MMA_ROWS * 4
+    )
+
+
+def wide_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
+    """Dynamic shared memory of ``paged_attention_mma_wide`` (``wide_smem_bytes`` in the .cu)."""
+    fp8 = cache_dtype in FP8_TYPES
+    stages = mma_wide_shape()[2]
+    return (
+        MMA_WIDE_ROWS * head_dim * 2
+        + stages * 2 * MMA_TILE_N * head_dim * cache_bytes(cache_dtype)
+        + (2 * MMA_TILE_N * head_dim * 2 if fp8 else 0)
+        + 3 * MMA_WIDE_ROWS * 4
     )
 
 
@@ -118,13 +156,16 @@ def smem_bytes(dtype: str, head_dim: int, rows: int, cache_dtype: str | None = N
         return decode_smem_bytes(head_dim, cache_dtype)
     if rows == MMA_ROWS:
         return mma_smem_bytes(head_dim, cache_dtype)
+    if rows == MMA_WIDE_ROWS:
+        return wide_smem_bytes(head_dim, cache_dtype)
     return attention_smem_bytes(dtype, head_dim, rows)
 
 
 def attention(
     dtype: str, head_dim: int, block_size: int, rows: int, cache_dtype: str | None = None
 ) -> Specialization:
-    """The attention kernel for ``rows`` rows per CTA (``MMA_ROWS``: the tensor-core kernel).
+    """The attention kernel for ``rows`` rows per CTA (``MMA_ROWS``, ``MMA_WIDE_ROWS``: the
+    tensor-core prefill kernels).
 
     The tensor-core kernels take the cache's storage type too (``cache_dtype``, default the
     query's ``dtype``; fp8 only there); the CUDA-core kernel reads caches of ``dtype`` only.
@@ -139,6 +180,13 @@ def attention(
         return Specialization(
             "paged_attention_mma",
             f"paged_attention_mma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {cache}>",
+        )
+    if rows == MMA_WIDE_ROWS:
+        warps, m_tiles, stages = mma_wide_shape()
+        return Specialization(
+            "paged_attention_mma_wide",
+            f"paged_attention_mma_wide<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {cache},"
+            f" {warps}, {m_tiles}, {stages}>",
         )
     if cache_dtype not in (None, dtype):
         raise ValueError(f"the CUDA-core kernel has no {cache_dtype} caches")
@@ -185,7 +233,7 @@ def all_specializations() -> list[Specialization]:
                 specs.extend(attention(dtype, head_dim, bs, rows) for bs in BLOCK_SIZES)
                 specs.append(merge_partials(dtype, head_dim, rows))
             if dtype in MMA_DTYPES and head_dim in MMA_HEAD_DIMS:
-                for rows in (MMA_ROWS, DECODE_ROWS):
+                for rows in (MMA_ROWS, MMA_WIDE_ROWS, DECODE_ROWS):
                     for cache in (dtype, *FP8_TYPES):
                         specs.extend(
                             attention(dtype, head_dim, bs, rows, cache) for bs in BLOCK_SIZES
