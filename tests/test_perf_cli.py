@@ -62,3 +62,13 @@ def test_ratio_is_time_over_the_unpaged_reference() -> None:
     assert rows[2].ratio_to_reference is None
     table = report.table_rows(rows)
     assert table[0][3] == "30.0 us" and table[0][-1] == "3.00" and table[2][3].startswith("unsupported")
+
+
+def test_bench_in_order_blocks_are_their_own_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["--backend", "numpy", "--shapes", CASE, "--blocks", "in-order", "--out", str(tmp_path),
+                   "--budget", "0.05", "--no-plot"])
+    assert rc == 0
+    out, _ = capsys.readouterr()
+    assert "llama3-70b-tp8/decode/b8/ctx1024/in-order" in out
+    (row,) = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert row["case"] == CASE + "/in-order" and row["status"] == "ok"

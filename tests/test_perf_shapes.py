@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,24 @@ def test_rotations_fill_the_flush_size() -> None:
     assert inputs.rotations_for(case, 8 * per) == 8
     assert inputs.rotations_for(case, 1000 * per) == 32
     assert inputs.rotations_for(case, 1) == 1
+
+
+def test_in_order_blocks_are_consecutive_and_named() -> None:
+    base = shapes.Case(shapes.MODELS["llama3-8b"], "decode", batch=3, context=100, block_size=16, dtype="float32")
+    in_order = replace(base, blocks="in-order")
+    assert in_order.name == base.name + "/in-order" and inputs.pool_key(in_order) == inputs.pool_key(base)
+    pool = inputs.make_pool(base, rotations=2)
+    per_region = base.batch * pool.slots_per_seq // base.block_size
+    for r in range(2):
+        scattered = inputs.make_tables(base, pool, r).block_tables
+        ordered = inputs.make_tables(in_order, pool, r).block_tables
+        assert (np.diff(ordered, axis=1) == 1).all(), "each sequence's blocks follow one another"
+        assert set(ordered.ravel().tolist()) <= set(range(r * per_region, (r + 1) * per_region))
+        assert (np.diff(scattered, axis=1) != 1).any(), "the default stays shuffled"
+
+
+def test_resolve_sets_the_block_order() -> None:
+    (case,) = shapes.resolve(["llama3-8b/decode/b64/ctx4096/bs16"], blocks="in-order")
+    assert case.blocks == "in-order" and case.name.endswith("/bs16/in-order")
+    with pytest.raises(PagedAttentionError, match="blocks: expected one of shuffled, in-order"):
+        shapes.resolve(["quick"], blocks="sorted")

@@ -39,6 +39,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--peers", nargs="*", metavar="PEER", choices=sorted(PEERS),
                         help="peers to time on a GPU (default: sdpa flex); --peers alone for none")
     parser.add_argument("--dtype", help="override the cases' dtype (bfloat16 on a GPU, float32 on the CPU)")
+    parser.add_argument("--blocks", choices=shapes.BLOCK_ORDERS, default=None,
+                        help="order of each sequence's blocks in the pool (default shuffled); in-order, beside a "
+                             "shuffled run, shows what scattered blocks cost a kernel")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="folder for bench.json and bench.png (default: ./bench-results)")
     parser.add_argument("--budget", type=float, default=None,
@@ -101,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        cases = shapes.resolve(names, dtype=args.dtype)
+        cases = shapes.resolve(names, dtype=args.dtype, blocks=args.blocks)
     except PagedAttentionError as error:
         print(f"pagedattn bench: {error}", file=sys.stderr)
         return 2

@@ -89,11 +89,14 @@ class Tables:
 
 
 def make_tables(case: Case, pool: Pool, rotation: int, seed: int = 0) -> Tables:
-    """Shuffled block tables of ``rotation``'s region at ``case.block_size``."""
+    """Block tables of ``rotation``'s region at ``case.block_size``: its blocks shuffled, or in order."""
     bs = case.block_size
     per_region = case.batch * pool.slots_per_seq // bs
     first = rotation * per_region
-    order = first + np.random.default_rng((seed, rotation, bs)).permutation(per_region)
+    if case.blocks == "in-order":
+        order = first + np.arange(per_region)
+    else:
+        order = first + np.random.default_rng((seed, rotation, bs)).permutation(per_region)
     width = -(-case.context // bs)
     stride = pool.slots_per_seq // bs
     tables = np.stack([order[s * stride : s * stride + width] for s in range(case.batch)]).astype(np.int32)

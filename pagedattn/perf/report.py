@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from pagedattn.perf.ceilings import Ceilings
 from pagedattn.perf.measure import Result
 
 REFERENCE_PEER = "sdpa"  # the unpaged reference: ratio = time / this peer's time
+BLOCK_PART = re.compile(r"bs\d+")  # the block-size part of a case name
 HEADERS = ("backend", "shape", "block", "time", "GB/s", "TFLOP/s", "% ceiling", "x unpaged")
 
 
@@ -36,7 +38,7 @@ def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
     """One row per result; unsupported and failed rows carry their reason in the time column."""
     rows: list[tuple[str, ...]] = []
     for r in results:
-        shape = r.case.rsplit("/", 1)[0]
+        shape = "/".join(part for part in r.case.split("/") if not BLOCK_PART.fullmatch(part))  # block: own column
         if r.status != "ok" or r.seconds is None:
             rows.append((r.runner, shape, str(r.block_size), f"{r.status}: {r.reason[:70]}", "", "", "", ""))
             continue

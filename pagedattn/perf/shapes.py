@@ -3,8 +3,11 @@
 A :class:`Case` is one batch: a model's heads, a kind (``decode``: one query per
 sequence; ``prefill``: every position of each sequence queries, causal; ``mixed``: one
 chunked-prefill sequence of ``PREFILL_CHUNK`` queries among decodes), a batch size, a
-context length (every sequence's ``L``), a block size and a dtype. Named sets group
-cases; ``pagedattn bench --shapes`` takes set names or case names.
+context length (every sequence's ``L``), a block size, a dtype, and the order of each
+sequence's blocks in the pool (``shuffled``, as an engine's allocator leaves them after a
+while, or ``in-order``: the same kernel on consecutive blocks, which shows what the
+scattering itself costs). Named sets group cases; ``pagedattn bench --shapes`` takes set
+names or case names.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ MODELS: dict[str, Model] = {
 
 KINDS: tuple[str, ...] = ("decode", "prefill", "mixed")
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64)
+BLOCK_ORDERS: tuple[str, ...] = ("shuffled", "in-order")  # the first is every named set's
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Case:
     block_size: int
     dtype: str = "bfloat16"
     chunk: int = PREFILL_CHUNK  # queries of the prefill sequence of a mixed batch
+    blocks: str = BLOCK_ORDERS[0]  # order of a sequence's blocks in the pool (BLOCK_ORDERS)
 
     @property
     def kind_label(self) -> str:
@@ -65,7 +70,8 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.model.name}/{self.kind_label}/b{self.batch}/ctx{self.context}/bs{self.block_size}"
+        order = "" if self.blocks == BLOCK_ORDERS[0] else f"/{self.blocks}"
+        return f"{self.model.name}/{self.kind_label}/b{self.batch}/ctx{self.context}/bs{self.block_size}{order}"
 
     @property
     def q_lens(self) -> list[int]:
@@ -89,7 +95,8 @@ class Case:
     @property
     def group(self) -> str:
         """Curve of the plot: model, kind, batch and block size (context varies along it)."""
-        return f"{self.model.name}/{self.kind_label}/b{self.batch}/bs{self.block_size}"
+        order = "" if self.blocks == BLOCK_ORDERS[0] else f"/{self.blocks}"
+        return f"{self.model.name}/{self.kind_label}/b{self.batch}/bs{self.block_size}{order}"
 
 
 def cases(models: Iterable[str], kinds: Iterable[str], batches: Iterable[int], contexts: Iterable[int],
@@ -141,12 +148,15 @@ SETS["full"] = SETS["decode"] + SETS["prefill"] + SETS["mixed"]
 SETS["full"] += [c for c in SETS["targets"] if c not in SETS["full"]]
 
 
-def resolve(names: Sequence[str], *, dtype: str | None = None) -> list[Case]:
+def resolve(names: Sequence[str], *, dtype: str | None = None, blocks: str | None = None) -> list[Case]:
     """Cases of the given set names or case names, in order, without repeats.
 
-    ``dtype`` overrides the cases' dtype. Raises :class:`PagedAttentionError` naming
-    ``shapes`` and listing the sets for an unknown name.
+    ``dtype`` overrides the cases' dtype, ``blocks`` their block order (one of
+    :data:`BLOCK_ORDERS`). Raises :class:`PagedAttentionError` naming ``shapes`` (or
+    ``blocks``) and listing the choices for an unknown name.
     """
+    if blocks is not None and blocks not in BLOCK_ORDERS:
+        raise PagedAttentionError("blocks", f"expected one of {', '.join(BLOCK_ORDERS)}, received {blocks!r}")
     by_name: dict[str, Case] = {}
     for group in SETS.values():
         for case in group:
@@ -164,6 +174,7 @@ def resolve(names: Sequence[str], *, dtype: str | None = None) -> list[Case]:
             )
         for case in chosen:
             case = case if dtype is None else replace(case, dtype=dtype)
+            case = case if blocks is None else replace(case, blocks=blocks)
             if case not in found:
                 found.append(case)
     return found
