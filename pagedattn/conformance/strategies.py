@@ -97,13 +97,18 @@ ARRANGEMENTS: tuple[str, ...] = ("contiguous", "shuffled", "reversed", "interlea
 #: What unused block-table entries (column >= ceil(L / block_size)) hold.
 FILLERS: tuple[str, ...] = ("minus_one", "int32_max", "other_valid", "random")
 #: Value patterns of query, keys and values.
-VALUE_KINDS: tuple[str, ...] = ("normal", "large", "dominant", "max_in_last_block", "equal")
+VALUE_KINDS: tuple[str, ...] = ("normal", "large", "dominant", "max_in_last_block", "equal", "very_negative")
 #: What unused slots and unused blocks hold.
 GARBAGE_KINDS: tuple[str, ...] = ("random", "nan", "inf", "zero")
 
 INT32_MAX = 2**31 - 1
 #: Standard deviation of q and k (and v) for "large" values: scale * q . k reaches about 1e4.
 LARGE_MAGNITUDE = 60.0
+#: "very_negative" values: every key of a KV head is -c times its first query head's last
+#: query, so that head's visible scores all equal about -VERY_NEGATIVE_SCORE, below any
+#: finite mask value a kernel might use instead of -inf (-1e4 is common). Bounded so that
+#: |k| <= 8192 and, for float16, the unscaled q . k fits float16.
+VERY_NEGATIVE_SCORE = 2e4
 _SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -297,6 +302,14 @@ def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens
         v = rng.standard_normal((length, num_kv_heads, head_dim)) * magnitude
         if length and kind == "equal":
             k[:] = k[0]
+        if length and kind == "very_negative" and q_starts[s + 1] > q_starts[s]:
+            q0 = query[int(q_starts[s + 1]) - 1].astype(np.float64).reshape(num_kv_heads, group, head_dim)[:, 0]
+            norm2 = np.maximum((q0 * q0).sum(axis=1), 1e-6)  # [Hkv]
+            c = VERY_NEGATIVE_SCORE / (max(abs(scale), 1e-6) * norm2)
+            c = np.minimum(c, 8192.0 / np.maximum(np.abs(q0).max(axis=1), 1e-6))
+            if query.dtype == np.float16:
+                c = np.minimum(c, 6e4 / norm2)
+            k[:] = (-np.sign(scale or 1.0) * c)[:, None] * q0  # every position: [Hkv, D]
         if length and kind in ("dominant", "max_in_last_block"):
             lo = ((length - 1) // block_size) * block_size if kind == "max_in_last_block" else 0
             p = int(rng.integers(lo, length))
@@ -433,7 +446,9 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
         options["v_scale"] = draw(st.sampled_from((1.0, 0.25, 4.0)), label="v_scale")
     strided = wanted("strided_caches")
 
-    value_kind = draw(st.sampled_from(VALUE_KINDS), label="values")
+    # fp8 caches cannot hold very_negative keys (|k| up to 8192): they get the other kinds
+    kinds = tuple(k for k in VALUE_KINDS if not (k == "very_negative" and cache_dtype in FP8_DTYPES))
+    value_kind = draw(st.sampled_from(kinds), label="values")
     if feature == "softcap" and value_kind == "normal":
         value_kind = draw(st.sampled_from(("normal", "large")), label="softcap_values")
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
