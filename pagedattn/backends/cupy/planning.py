@@ -46,8 +46,8 @@ class WorkPlan:
 #: tensor-core prefill kernel takes MMA_WIDE_ROWS rows per CTA when the wide kernel is on: 4
 #: wide tiles, so at most a quarter of a sequence's rows sit in its last, partly empty tile
 WIDE_MIN_ROWS_PER_SEQ = 4 * MMA_WIDE_ROWS
-#: PAGEDATTN_CUPY_MMA_ROWS when unset: "64" (the GPU-verified kernel only) until the wide kernel
-#: has passed gpu_check on an H200; then "auto"
+#: PAGEDATTN_CUPY_MMA_ROWS when unset: "64". The wide kernel passed gpu_check on an H200
+#: (2026-11-30) but was not faster at block sizes 16 and 32 (PERF_NOTES.md, version 6)
 MMA_ROWS_DEFAULT = "64"
 
 

@@ -29,8 +29,8 @@ ROWS: tuple[int, ...] = (4, 8)
 MMA_ROWS = 64
 MMA_STAGES = 3
 MMA_TILE_N = 64
-#: The taller tensor-core prefill kernel (kernels/paged_attention_mma_wide.cu, not yet
-#: measured on a GPU: planning.prefill_rows takes it only behind a measurement switch):
+#: The taller tensor-core prefill kernel (kernels/paged_attention_mma_wide.cu; correct on an
+#: H200 but not faster, so planning.prefill_rows takes it only behind a switch):
 #: MMA_WIDE_ROWS rows as (warps, m-tiles of 16 rows per warp, K/V stages)
 MMA_WIDE_ROWS = 128
 MMA_WIDE_SHAPE: tuple[int, int, int] = (4, 2, 2)
@@ -112,27 +112,22 @@ def cache_bytes(cache_dtype: str) -> int:
     return 1 if cache_dtype in FP8_TYPES else itemsize(cache_dtype)
 
 
-def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
-    """Dynamic shared memory of ``paged_attention_mma`` (as ``mma_smem_bytes`` in the .cu)."""
+def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16", rows: int = MMA_ROWS,
+                   stages: int = MMA_STAGES) -> int:
+    """Dynamic shared memory of ``paged_attention_mma`` (as ``mma_smem_bytes`` in the .cu), or
+    with other ``rows`` and ``stages`` of ``paged_attention_mma_wide`` (``wide_smem_bytes``)."""
     fp8 = cache_dtype in FP8_TYPES
     return (
-        MMA_ROWS * head_dim * 2
-        + MMA_STAGES * 2 * MMA_TILE_N * head_dim * cache_bytes(cache_dtype)
+        rows * head_dim * 2
+        + stages * 2 * MMA_TILE_N * head_dim * cache_bytes(cache_dtype)
         + (2 * MMA_TILE_N * head_dim * 2 if fp8 else 0)
-        + 3 * MMA_ROWS * 4
+        + 3 * rows * 4
     )
 
 
 def wide_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
-    """Dynamic shared memory of ``paged_attention_mma_wide`` (``wide_smem_bytes`` in the .cu)."""
-    fp8 = cache_dtype in FP8_TYPES
-    stages = mma_wide_shape()[2]
-    return (
-        MMA_WIDE_ROWS * head_dim * 2
-        + stages * 2 * MMA_TILE_N * head_dim * cache_bytes(cache_dtype)
-        + (2 * MMA_TILE_N * head_dim * 2 if fp8 else 0)
-        + 3 * MMA_WIDE_ROWS * 4
-    )
+    """Dynamic shared memory of ``paged_attention_mma_wide`` at the chosen :func:`mma_wide_shape`."""
+    return mma_smem_bytes(head_dim, cache_dtype, MMA_WIDE_ROWS, mma_wide_shape()[2])
 
 
 def decode_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:

@@ -1,8 +1,8 @@
 // Paged attention on tensor cores (mma.sync m16n8k16, float32 accumulation) for float16 and
 // bfloat16 queries with taller query tiles than paged_attention_mma.cu: long prefill.
-// Written for issue #5 and compile-checked; not yet run on a GPU, so planning takes it only
-// behind the measurement switch PAGEDATTN_CUPY_MMA_ROWS (planning.prefill_rows) until
-// gpu_check has passed it. One CTA takes ROWS = WARPS * 16 * M_TILES
+// Written for issue #5. gpu_check passed it on an H200, but it was not faster than the 64-row
+// kernel at block sizes 16 and 32 (PERF_NOTES.md, version 6), so planning takes it only behind
+// the switch PAGEDATTN_CUPY_MMA_ROWS (planning.prefill_rows). One CTA takes ROWS = WARPS * 16 * M_TILES
 // query rows (query tokens x the query heads of one KV head); each warp owns 16 * M_TILES of
 // them, so every K and V fragment a warp loads from shared memory serves M_TILES m-tiles, and
 // every K/V tile staged in shared memory serves all ROWS rows.
