@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pagedattn.errors import PagedAttentionError
 from pagedattn.spec import exact_attention
 from pagedattn.spec.pools import WILD_BLOCK_IDS, random_paged_inputs
 
@@ -43,5 +44,5 @@ def test_garbage_only_where_nothing_is_read(kw: dict, garbage: str) -> None:
 
 
 def test_unknown_garbage_is_refused() -> None:
-    with pytest.raises(ValueError, match="garbage"):
+    with pytest.raises(PagedAttentionError, match="garbage: expected one of"):
         random_paged_inputs([3], garbage="zeros")

@@ -69,9 +69,14 @@ class Case:
         return f"mixed{self.chunk}" if self.kind == "mixed" and self.chunk != PREFILL_CHUNK else self.kind
 
     @property
+    def order_suffix(self) -> str:
+        """``""`` for shuffled blocks (every named set's), else ``/in-order``: names keep the two apart."""
+        return "" if self.blocks == BLOCK_ORDERS[0] else f"/{self.blocks}"
+
+    @property
     def name(self) -> str:
-        order = "" if self.blocks == BLOCK_ORDERS[0] else f"/{self.blocks}"
-        return f"{self.model.name}/{self.kind_label}/b{self.batch}/ctx{self.context}/bs{self.block_size}{order}"
+        return (f"{self.model.name}/{self.kind_label}/b{self.batch}/ctx{self.context}/bs{self.block_size}"
+                f"{self.order_suffix}")
 
     @property
     def q_lens(self) -> list[int]:
@@ -95,8 +100,7 @@ class Case:
     @property
     def group(self) -> str:
         """Curve of the plot: model, kind, batch and block size (context varies along it)."""
-        order = "" if self.blocks == BLOCK_ORDERS[0] else f"/{self.blocks}"
-        return f"{self.model.name}/{self.kind_label}/b{self.batch}/bs{self.block_size}{order}"
+        return f"{self.model.name}/{self.kind_label}/b{self.batch}/bs{self.block_size}{self.order_suffix}"
 
 
 def cases(models: Iterable[str], kinds: Iterable[str], batches: Iterable[int], contexts: Iterable[int],

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pagedattn.errors import PagedAttentionError
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.kv_ops import slot_view
 
@@ -65,7 +66,7 @@ def random_paged_inputs(
     read data do not depend on it.
     """
     if garbage not in GARBAGE_KINDS:
-        raise ValueError(f"garbage: expected one of {GARBAGE_KINDS}, received {garbage!r}")
+        raise PagedAttentionError("garbage", f"expected one of {GARBAGE_KINDS}, received {garbage!r}")
     rng = np.random.default_rng(seed)
     needed = [-(-int(length) // block_size) for length in seq_lens]
     num_blocks = sum(needed) + spare_blocks
