@@ -96,15 +96,7 @@ def test_fp8_caches_go_to_the_tensor_core_kernels(
         head_dim=64,
         cache_dtype="float8_e5m2",
     )
-    problem = check_paged_attention(
-        case.query,
-        case.key_cache,
-        case.value_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.query_start_loc,
-    )
-    assert choose_rows(problem) == rows
+    assert choose_rows(_problem(case)) == rows
 
 
 def _problem(case):  # type: ignore[no-untyped-def]
@@ -321,31 +313,10 @@ def test_work_items_cover_every_row_once_and_give_the_exact_answer(
         name, np.random.default_rng(1), head_dim=64, **{"dtype": "float32", **WORK_CASES[name]}
     )
     if name == "tensor-core rows":
-        assert (
-            choose_rows(
-                check_paged_attention(
-                    case.query,
-                    case.key_cache,
-                    case.value_cache,
-                    case.block_tables,
-                    case.seq_lens,
-                    case.query_start_loc,
-                )
-            )
-            == 64
-        )
+        assert choose_rows(_problem(case)) == 64
     if name == "wide tensor-core rows":
         assert choose_rows(_problem(case)) == 128
-    options = case.options
-    problem = check_paged_attention(
-        case.query,
-        case.key_cache,
-        case.value_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.query_start_loc,
-        **options,
-    )
+    problem = _problem(case)
     work = build_work(problem, slots=64, min_tiles_per_split=1)  # force split-KV
     out, lse = _model(problem, work, case.query, case.key_cache, case.value_cache)
     exact = exact_attention(
@@ -355,7 +326,7 @@ def test_work_items_cover_every_row_once_and_give_the_exact_answer(
         case.block_tables,
         case.seq_lens,
         case.query_start_loc,
-        **options,
+        **case.options,
     )
     assert not np.isnan(lse).any(), "some output row is written by no work item"
     np.testing.assert_allclose(out, exact.out, rtol=1e-9, atol=1e-9)
@@ -372,9 +343,7 @@ def test_long_decode_is_split_and_merged() -> None:
         head_dim=64,
         dtype="float16",
     )
-    problem = check_paged_attention(
-        case.query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens
-    )
+    problem = _problem(case)
     work = build_work(problem, slots=396)
     assert len(work.merges) == 16 and len(work.items) >= 4 * 16
 
