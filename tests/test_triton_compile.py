@@ -7,10 +7,12 @@ the launch tables choose, and reads ptxas' report.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,16 +30,19 @@ json.dump([{k: v for k, v in asdict(r).items() if k != "ptx"} for r in reports],
 """
 
 
+def run_fresh(script: str) -> Any:
+    """Run ``script`` in a fresh Python (the kernels imported for compiling first); its stdout as JSON."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=600)
+    assert done.returncode == 0, f"the compile check failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout)
+
+
 @pytest.fixture(scope="module")
 def reports() -> list[dict[str, object]]:
-    import json
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)  # the check imports the kernels for compiling first
-    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=600)
-    assert done.returncode == 0, f"compile_check failed:\n{done.stderr[-4000:]}"
-    return list(json.loads(done.stdout))
+    return list(run_fresh(CHECK))
 
 
 def test_every_config_compiles_for_sm90a(reports: list[dict[str, object]]) -> None:
@@ -78,11 +83,4 @@ json.dump({name: len(k) for name, k in keys.items()}, sys.stdout)
 
 
 def test_run_time_values_share_one_binary() -> None:
-    import json
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-c", SAME_BINARY], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert json.loads(done.stdout) == {"decode": 1, "prefill": 1}
+    assert run_fresh(SAME_BINARY) == {"decode": 1, "prefill": 1}
