@@ -110,6 +110,23 @@ def test_block_sizes(block_size: int) -> None:
     assert_within_model(case)
 
 
+@pytest.mark.parametrize(("block_size", "block_n", "mode"), [(4, 16, 0), (16, 16, 1), (64, 16, 1), (48, 16, 1),
+                                                           (12, 16, 0)])
+@pytest.mark.parametrize("garbage", ["nan", "wild"])
+def test_table_reads_by_block_match_per_key(block_size: int, block_n: int, mode: int, garbage: str) -> None:
+    """One block-table read per tile gives the same bits as one per key, garbage beyond L unread."""
+    case = random_paged_inputs([70, 3, 33, 0], [4, 3, 33, 0], block_size=block_size, dtype="bfloat16",
+                               num_q_heads=4, num_kv_heads=2, seed=8, garbage=garbage)
+    by_block = replace(choose_tiles(4, 2, 16, "bfloat16", block_size), block_n=block_n)
+    assert by_block.table_mode(block_size) == mode
+    per_key = replace(by_block, table_by_block=False)
+    assert per_key.table_mode(block_size) == 0
+    out_block, lse_block = assert_within_model(case, backend=TritonBackend(tiles=by_block))
+    out_key, lse_key = run(TritonBackend(tiles=per_key), case)
+    assert np.array_equal(out_block.view(np.uint16), out_key.view(np.uint16))
+    assert np.array_equal(lse_block, lse_key)
+
+
 @pytest.mark.parametrize("head_dim", [8, 24, 64])
 def test_head_dims(head_dim: int) -> None:
     case = random_paged_inputs([20, 45], [20, 2], head_dim=head_dim, dtype="float16", seed=4)

@@ -46,6 +46,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="folder for bench.json and bench.png (default: ./bench-results)")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds of timing per measurement (default 0.25 on a GPU, 0.5 on the CPU)")
+    parser.add_argument("--batch-ms", type=float, default=None,
+                        help="milliseconds of runs queued between two synchronizations (default "
+                             f"{timing.GPU_POLICY.target_batch_s * 1e3:g} on a GPU)")
     parser.add_argument("--flex-budget", type=float, default=30.0,
                         help="seconds FlexAttention may spend compiling before its remaining cases are skipped")
     parser.add_argument("--list", action="store_true", help="list the named sets and their cases, then exit")
@@ -114,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy = timing.GPU_POLICY if on_gpu else timing.CPU_POLICY
     if args.budget is not None:
         policy = timing.TimingPolicy(**{**policy.__dict__, "budget_s": args.budget})
+    if args.batch_ms is not None:
+        policy = timing.TimingPolicy(**{**policy.__dict__, "target_batch_s": args.batch_ms / 1e3})
     flush = GPU_FLUSH_BYTES if on_gpu else CPU_FLUSH_BYTES
 
     started = time.perf_counter()

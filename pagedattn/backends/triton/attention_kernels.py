@@ -93,19 +93,26 @@ def cast_for_store(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _key_slots(bt_row, t, L, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Key tile ``t``: positions ``p``, ``p < L`` (all true unmasked), 64-bit physical block and slot.
+def _key_slots(bt_row, t, L, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_MODE: tl.constexpr,
+               MASKED: tl.constexpr):
+    """Key tile ``t``: positions ``p``, ``p < L`` (all true unmasked), and its 64-bit physical blocks and slots.
 
-    The block table is read only for ``p < L``; 64-bit, so pools may exceed 2**31 elements.
+    ``TABLE_MODE`` 0: one block-table read per key, ``physical`` ``[BLOCK_N]``, only for
+    ``p < L``. 1 (``BLOCK_N`` divides ``BLOCK_SIZE``): the tile lies in one block, read once,
+    ``physical`` a scalar; a visited tile's first key is always ``< L``.
     """
     p = t * BLOCK_N + tl.arange(0, BLOCK_N)
-    if MASKED:
-        in_seq = p < L
-        physical = tl.load(bt_row + p // BLOCK_SIZE, mask=in_seq, other=0)
+    in_seq = p < L if MASKED else p >= 0
+    if TABLE_MODE == 1:
+        physical = tl.load(bt_row + (t * BLOCK_N) // BLOCK_SIZE).to(tl.int64)
+        slot = ((t * BLOCK_N) % BLOCK_SIZE + tl.arange(0, BLOCK_N)).to(tl.int64)
     else:
-        in_seq = p >= 0
-        physical = tl.load(bt_row + p // BLOCK_SIZE)
-    return p, in_seq, physical.to(tl.int64), (p % BLOCK_SIZE).to(tl.int64)
+        if MASKED:
+            physical = tl.load(bt_row + p // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
+        else:
+            physical = tl.load(bt_row + p // BLOCK_SIZE).to(tl.int64)
+        slot = (p % BLOCK_SIZE).to(tl.int64)
+    return p, in_seq, physical, slot
 
 
 @triton.jit
@@ -113,7 +120,8 @@ def _load_kv_tile(base, physical, slot, stride_b, stride_s, stride_d, kv_ok,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr):
     """A K or V tile ``[BLOCK_N, HEAD_DIM_PAD]`` at (physical, slot): zero where ``kv_ok`` is false."""
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    ptrs = base + physical[:, None] * stride_b + slot[:, None] * stride_s + offs_d[None, :] * stride_d
+    rows = physical * stride_b + slot * stride_s  # [BLOCK_N] (physical: [BLOCK_N] or one block)
+    ptrs = base + rows[:, None] + offs_d[None, :] * stride_d
     if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # noqa: SIM108 (constexpr branches)
         tile = tl.load(ptrs, mask=kv_ok, other=0.0)
     else:
@@ -161,7 +169,7 @@ def _attend_tiles(
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
     L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
     t_begin, t_end,  #
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,  #
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_MODE: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
     MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
     KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
@@ -180,7 +188,7 @@ def _attend_tiles(
     d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
     q_dtype = q.dtype
     for t in range(t_begin, t_end):
-        p, in_seq, physical, slot = _key_slots(bt_row, t, L, BLOCK_SIZE, BLOCK_N, MASKED)
+        p, in_seq, physical, slot = _key_slots(bt_row, t, L, BLOCK_SIZE, BLOCK_N, TABLE_MODE, MASKED)
         kv_ok = in_seq[:, None] & d_ok[None, :]
         # -- compute qk: K tile [BLOCK_N, HEAD_DIM_PAD], zero outside the sequence
         k = _load_kv_tile(k_base, physical, slot, stride_kb, stride_ks, stride_kd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
@@ -242,7 +250,7 @@ def paged_attention_kernel(
     group_size, num_group_tiles, store_lse, write_partials,  #
     GROUP_TILE: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,  #
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_MODE: tl.constexpr,  #
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
     HEADS_FASTEST: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
@@ -326,7 +334,7 @@ def paged_attention_kernel(
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
             L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
             begin, end,  #
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,  #
+            BLOCK_SIZE, BLOCK_N, TABLE_MODE, HEAD_DIM, HEAD_DIM_PAD,  #
             stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
             KEYS_MAJOR, IEEE, INTERPRET,  #
         )

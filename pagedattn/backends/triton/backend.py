@@ -243,7 +243,7 @@ class TritonBackend(Backend):
         constexprs = dict(
             GROUP_TILE=tiles.group_tile,
             HEAD_DIM=D, HEAD_DIM_PAD=tiles.head_dim_pad, BLOCK_SIZE=problem.block_size,
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, TABLE_MODE=tiles.table_mode(problem.block_size),
             HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
             HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
             IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),

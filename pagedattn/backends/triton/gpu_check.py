@@ -25,6 +25,7 @@ Logs and a JSON of all numbers go to ``--out``; a short table is printed last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -508,18 +509,21 @@ def sweep(torch: Any, backend_cls: Any) -> list[dict[str, Any]]:
     return rows
 
 
-DECODE_CONFIGS = (  # (keys per tile, warps, stages, resident programs per SM, keys major): launch_config.DecodeTiles
-    (64, 4, 5, 2, True), (64, 4, 5, 3, True), (32, 4, 5, 4, False), (128, 4, 3, 2, False),
+DECODE_CONFIGS = (  # launch_config.DecodeTiles: (keys per tile, warps, stages, resident, keys major, table by block)
+    (128, 4, 3, 2, False, True), (64, 4, 5, 2, True, False), (64, 4, 5, 2, True, True),
+    (32, 4, 5, 4, False, False), (32, 4, 5, 4, False, True), (32, 4, 7, 4, False, True), (32, 2, 5, 4, False, True),
+    (16, 4, 7, 4, False, True), (16, 4, 9, 4, False, True), (16, 2, 7, 4, False, True),
 )
 DECODE_SHAPES = ("llama3-8b/decode/b64/ctx4096", "llama3-8b/decode/b2/ctx65536")
 
 
-def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]], dict[int, Any]]:
+def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.2, batch_s: float = 0.02) -> tuple[
+        list[dict[str, Any]], dict[int, Any]]:
     """Decode tile choices timed the perf suite's way (its pools, tables, timer) at block sizes 16, 32, 64.
 
     Per block size the choice with the least ``t(64 x 4096) + 2 t(2 x 65536)`` wins (the
-    second shape reads half the bytes). Also, at block size 16 on 64 x 4096: the median of
-    CUDA-event timing (triton.testing.do_bench) of the same plan and the host time of one
+    second shape reads half the bytes). Also, on 64 x 4096: the median of CUDA-graph replays
+    of the same plan (device time, no host gaps), and at block size 16 the host time of one
     ``run`` call. Returns the rows and the winners by block size.
     """
     import triton.testing
@@ -531,7 +535,7 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
     from pagedattn.perf.peers import SdpaPeer
 
     ceilings = measure_gpu()
-    policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget})
+    policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget, "target_batch_s": batch_s})
     say(f"bench-sweep ceiling: read {ceilings.read_bytes_per_s / 1e9:.0f} GB/s")
     rows: list[dict[str, Any]] = []
     score: dict[tuple[int, tuple[Any, ...]], float] = {}
@@ -539,14 +543,16 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
         cases = shapes.resolve([f"{shape}/bs{bs}" for bs in (16, 32, 64)])
         pool = inputs.make_pool(cases[0], inputs.rotations_for(cases[0], 256 << 20))
         sdpa = measure_peer(SdpaPeer(), cases[0], pool.rotations, case_work(cases[0], pool), ceilings, policy)
+        attend = SdpaPeer().prepare(cases[0], 1)
         rows.append({"case": f"sweep sdpa {shape}", "us": (sdpa.seconds or float("nan")) * 1e6, "gbs": sdpa.gbps,
-                     "pct_ceiling": sdpa.pct_of_ceiling})
+                     "pct_ceiling": sdpa.pct_of_ceiling, "us_graph": graph_us(functools.partial(attend, 0))})
+        del attend
         say(str(rows[-1]))
         device_pool = DevicePool(backend_cls(), pool)
         for config in DECODE_CONFIGS:
-            block_n, warps, stages, resident, keys_major = config
+            block_n, warps, stages, resident, keys_major, by_block = config
             tiles = replace(lc.choose_tiles(1, 4, 128, "bfloat16"), block_n=block_n, num_warps=warps,
-                            num_stages=stages, resident=resident, keys_major=keys_major)
+                            num_stages=stages, resident=resident, keys_major=keys_major, table_by_block=by_block)
             backend = backend_cls(tiles=tiles)
             for case in cases:
                 result = measure_backend(backend, case, device_pool, case_work(case, pool), ceilings, policy)
@@ -557,10 +563,11 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
                 key = (case.block_size, config)
                 score[key] = score.get(key, 0.0) + weight * result.seconds
                 row = {"case": f"sweep {shape} N={block_n} w={warps} s={stages} r={resident}"
-                       + (" keys-major" if keys_major else ""), "block_size": case.block_size,
+                       + (" keys-major" if keys_major else "") + (" table-by-block" if by_block else ""),
+                       "block_size": case.block_size, "table_mode": tiles.table_mode(case.block_size),
                        "us": result.seconds * 1e6, "gbs": result.gbps, "pct_ceiling": result.pct_of_ceiling,
                        "ratio_to_cudnn": (sdpa.seconds or float("nan")) / result.seconds}
-                if weight == 1.0 and case.block_size == 16:
+                if weight == 1.0:
                     kc, vc = device_pool.caches(case)
                     t = inputs.make_tables(case, pool, 0)
                     q = device_pool.queries[0]
@@ -570,6 +577,8 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
                              vc: Any = vc) -> Any:
                         return backend.run(plan, q, kc, vc)
 
+                    row["us_graph"] = graph_us(once)
+                if weight == 1.0 and case.block_size == 16:
                     row["us_events"] = float(triton.testing.do_bench(once, warmup=20, rep=100,
                                                                      return_mode="median")) * 1e3
                     torch.cuda.synchronize()
@@ -591,12 +600,14 @@ def bench_sweep(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list
 
 
 def decode_table_from_json(text: str) -> dict[int | None, Any]:
-    """``{"16": [N, warps, stages, resident, keys_major], ..., "any": [...]}`` -> launch_config.DECODE_TABLE."""
+    """``{"16": [N, warps, stages, resident, keys_major(, table_by_block)], ..., "any": [...]}`` ->
+    launch_config.DECODE_TABLE."""
     from pagedattn.backends.triton import launch_config as lc
 
     table: dict[int | None, Any] = {}
-    for key, (n, w, st, r, km) in json.loads(text).items():
-        table[None if key == "any" else int(key)] = lc.DecodeTiles(int(n), int(w), int(st), int(r), bool(km))
+    for key, (n, w, st, r, km, *by_block) in json.loads(text).items():
+        table[None if key == "any" else int(key)] = lc.DecodeTiles(int(n), int(w), int(st), int(r), bool(km),
+                                                                   bool(by_block[0]) if by_block else True)
     if None not in table:
         table[None] = lc.DECODE_TABLE[None]
     return table

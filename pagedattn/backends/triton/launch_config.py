@@ -35,6 +35,7 @@ class DecodeTiles(NamedTuple):
     num_stages: int  # Triton gives the block-table load its own stage: K/V get fewer buffers
     resident: int  # programs per multiprocessor (registers, shared memory of the sm_90a build)
     keys_major: bool  # scores as [keys, rows]: K and V feed warpgroup MMA from shared memory
+    table_by_block: bool = True  # one block-table read per tile where the tile lies in one block
 
 
 # Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
@@ -78,6 +79,16 @@ class Tiles:
     resident: int = PROGRAMS_PER_SM  # programs of these tiles resident on one multiprocessor
     keys_major: bool = False  # scores as [block_n, block_m] (keys first); the table uses it for decode
     max_registers: int | None = None  # register cap per thread passed to the compiler (maxnreg)
+    table_by_block: bool = True  # one block-table read per tile where the tile lies in one block
+
+    def table_mode(self, block_size: int) -> int:
+        """The kernel's ``TABLE_MODE`` at ``block_size``: 1 (one table read per tile) where ``block_n``
+        divides ``block_size`` and ``table_by_block`` is on, else 0 (one read per key).
+
+        Tiles spanning several blocks read per key: a per-block read broadcast by ``tl.reshape``
+        compiled without cp.async (the pipeliner left those loads synchronous: sm_90a, triton 3.6).
+        """
+        return 1 if self.table_by_block and block_size % self.block_n == 0 else 0
 
     @property
     def block_q(self) -> int:
@@ -109,10 +120,10 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     block_n = 32 if wide else (128 if decode else 64)
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2
-    resident, keys_major, max_registers = PROGRAMS_PER_SM, False, None
+    resident, keys_major, max_registers, table_by_block = PROGRAMS_PER_SM, False, None, True
     if decode and not wide and block_m == 16:
         entry = DECODE_TABLE.get(block_size, DECODE_TABLE[None])
-        block_n, num_warps, num_stages, resident, keys_major = entry
+        block_n, num_warps, num_stages, resident, keys_major, table_by_block = entry
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
                                                          PREFILL_MAX_REGISTERS)
@@ -120,7 +131,8 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     # they run side by side; prefill: a head's K/V is reused by the next query tiles, so
     # consecutive programs take consecutive work items of one head (L2 reuse)
     return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages,
-                 heads_fastest=decode, resident=resident, keys_major=keys_major, max_registers=max_registers)
+                 heads_fastest=decode, resident=resident, keys_major=keys_major, max_registers=max_registers,
+                 table_by_block=table_by_block)
 
 
 def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resident: int = PROGRAMS_PER_SM) -> int:
