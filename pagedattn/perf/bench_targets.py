@@ -1,7 +1,7 @@
 """The GPU speed targets as benchmarks (:mod:`pagedattn.perf.targets`), asserted.
 
 Each backend runs every case of the ``targets`` set; a timed call queues enough runs to
-last ``timing.GPU_POLICY.target_batch_s`` (2 ms) and synchronizes once (as ``pagedattn bench``
+last ``timing.GPU_POLICY.target_batch_s`` (20 ms) and synchronizes once (as ``pagedattn bench``
 times: :func:`pagedattn.perf.timing.runs_per_batch`), so the per-run median
 is pytest-benchmark's median divided by ``runs_per_call`` (in ``extra_info``). The unpaged
 reference (cuDNN SDPA on contiguous K/V) is timed in the same session, once per shape (it

@@ -2,7 +2,9 @@
 
 Read bandwidth: a float32 sum over a buffer many times the last-level cache (bytes read
 over time). Matrix rate: a square bf16 matrix product on the GPU (``2 n^3`` FLOPs over
-time); on the CPU a float32 NumPy product, and the figures say so.
+time); on the CPU a float32 NumPy product, and the figures say so. On the GPU both are
+timed as the cases are (:func:`pagedattn.perf.timing.measure`: batches of queued runs
+between two synchronizations, median), so a host gap or one slow call moves neither.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from pagedattn.perf import timing
 
 
 @dataclass(frozen=True)
@@ -42,23 +46,26 @@ def _median_seconds(fn: Callable[[], object], synchronize: Callable[[], None], r
     return statistics.median(samples)
 
 
-def measure_gpu(read_gib: float = 2.0, matmul_n: int = 8192, repeats: int = 10) -> Ceilings:
+def measure_gpu(read_gib: float = 2.0, matmul_n: int = 8192,
+                policy: timing.TimingPolicy = timing.GPU_POLICY) -> Ceilings:
     """Ceilings of CUDA device 0 through torch: a float32 sum of ``read_gib`` GiB, a bf16 n^3 product."""
     import torch
 
     sync = torch.cuda.synchronize
     x = torch.randn(int(read_gib * 2**30) // 4, dtype=torch.float32, device="cuda")
-    read_s = _median_seconds(lambda: x.sum(), sync, repeats)
+    read = timing.measure(lambda _: x.sum(), sync, policy=policy)
     read_bytes = x.numel() * 4
+    del x
     a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device="cuda")
-    mm_s = _median_seconds(lambda: a @ b, sync, repeats)
+    mm = timing.measure(lambda _: a @ b, sync, policy=policy)
     torch.cuda.empty_cache()
     return Ceilings(
         device=str(torch.cuda.get_device_name(0)),
-        read_bytes_per_s=read_bytes / read_s,
-        matmul_flops_per_s=2 * matmul_n**3 / mm_s,
-        how=f"torch.sum over {read_gib:g} GiB float32; bf16 {matmul_n}^3 matmul; median of {repeats}",
+        read_bytes_per_s=read_bytes / read.median_s,
+        matmul_flops_per_s=2 * matmul_n**3 / mm.median_s,
+        how=f"torch.sum over {read_gib:g} GiB float32; bf16 {matmul_n}^3 matmul; median of {len(read.samples_s)} "
+            f"and {len(mm.samples_s)} batches of {read.runs_per_batch} and {mm.runs_per_batch} runs",
     )
 
 

@@ -39,15 +39,14 @@ class DecodeTiles(NamedTuple):
 
 
 # Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
-# size (None: any other). Picked on an H200 by `gpu_check --bench-sweep` (PERF_NOTES.md, run 5):
-# per block size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's timer. At block
-# size 16 the two entries scored within 0.2% of each other, well inside the run-to-run spread.
-DECODE_TABLE: dict[int | None, DecodeTiles] = {
-    None: DecodeTiles(128, 4, 3, 2, False),
-    16: DecodeTiles(128, 4, 3, 2, False),
-    32: DecodeTiles(64, 4, 5, 2, True),
-    64: DecodeTiles(64, 4, 5, 2, True),
-}
+# size (None: any other). Picked on an H200 by `gpu_check --bench-sweep` (PERF_NOTES.md,
+# 2026-11-30b): per block size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's
+# timer. 16-key tiles of 2 warps read the block table once per tile and keep 3 K/V buffers
+# in flight (7 stages); 152 registers, 29 KB of shared memory. ``resident`` 4 (the registers
+# allow 6) is what the split heuristic was measured with: 33 splits at 2 x 65,536, 134 us.
+DECODE_TILES = DecodeTiles(16, 2, 7, 4, False)
+DECODE_TABLE: dict[int | None, DecodeTiles] = {None: DECODE_TILES, 16: DECODE_TILES, 32: DECODE_TILES,
+                                               64: DECODE_TILES}
 
 # Prefill tiles (16-bit, head_dim <= 128) at their full height: rows (queries x group heads),
 # keys per tile, warps, stages, and a register cap per thread (None: the compiler's choice),
