@@ -110,11 +110,11 @@ def test_block_sizes(block_size: int) -> None:
     assert_within_model(case)
 
 
-@pytest.mark.parametrize(("block_size", "block_n", "mode"), [(4, 16, 0), (16, 16, 1), (64, 16, 1), (48, 16, 1),
-                                                           (12, 16, 0)])
+@pytest.mark.parametrize(("block_size", "block_n", "mode"), [(4, 16, 2), (1, 16, 2), (16, 16, 1), (64, 16, 1),
+                                                           (48, 16, 1), (12, 16, 0)])
 @pytest.mark.parametrize("garbage", ["nan", "wild"])
 def test_table_reads_by_block_match_per_key(block_size: int, block_n: int, mode: int, garbage: str) -> None:
-    """One block-table read per tile gives the same bits as one per key, garbage beyond L unread."""
+    """One block-table read per tile or per block gives the same bits as one per key, garbage beyond L unread."""
     case = random_paged_inputs([70, 3, 33, 0], [4, 3, 33, 0], block_size=block_size, dtype="bfloat16",
                                num_q_heads=4, num_kv_heads=2, seed=8, garbage=garbage)
     by_block = replace(choose_tiles(4, 2, 16, "bfloat16", block_size), block_n=block_n)

@@ -55,7 +55,6 @@ def measure_gpu(read_gib: float = 2.0, matmul_n: int = 8192,
     x = torch.randn(int(read_gib * 2**30) // 4, dtype=torch.float32, device="cuda")
     read = timing.measure(lambda _: x.sum(), sync, policy=policy)
     read_bytes = x.numel() * 4
-    del x
     a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device="cuda")
     mm = timing.measure(lambda _: a @ b, sync, policy=policy)

@@ -99,13 +99,26 @@ def _key_slots(bt_row, t, L, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TA
 
     ``TABLE_MODE`` 0: one block-table read per key, ``physical`` ``[BLOCK_N]``, only for
     ``p < L``. 1 (``BLOCK_N`` divides ``BLOCK_SIZE``): the tile lies in one block, read once,
-    ``physical`` a scalar; a visited tile's first key is always ``< L``.
+    ``physical`` a scalar; a visited tile's first key is always ``< L``. 2 (``BLOCK_SIZE``
+    divides ``BLOCK_N``): one read per block holding some ``p < L``, each key's entry picked
+    in registers (a one-hot sum: ``tl.reshape`` of a broadcast compiled without cp.async).
     """
     p = t * BLOCK_N + tl.arange(0, BLOCK_N)
     in_seq = p < L if MASKED else p >= 0
     if TABLE_MODE == 1:
         physical = tl.load(bt_row + (t * BLOCK_N) // BLOCK_SIZE).to(tl.int64)
         slot = ((t * BLOCK_N) % BLOCK_SIZE + tl.arange(0, BLOCK_N)).to(tl.int64)
+    elif TABLE_MODE == 2:
+        NUM_BLOCKS: tl.constexpr = BLOCK_N // BLOCK_SIZE
+        block = t * NUM_BLOCKS + tl.arange(0, NUM_BLOCKS)
+        if MASKED:  # noqa: SIM108 (constexpr branches)
+            entries = tl.load(bt_row + block, mask=block * BLOCK_SIZE < L, other=0)
+        else:
+            entries = tl.load(bt_row + block)
+        which = tl.arange(0, BLOCK_N) // BLOCK_SIZE
+        pick = which[:, None] == tl.arange(0, NUM_BLOCKS)[None, :]
+        physical = tl.sum(tl.where(pick, entries[None, :], 0), axis=1).to(tl.int64)
+        slot = (tl.arange(0, BLOCK_N) % BLOCK_SIZE).to(tl.int64)
     else:
         if MASKED:
             physical = tl.load(bt_row + p // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)

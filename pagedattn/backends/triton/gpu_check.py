@@ -613,14 +613,16 @@ def decode_table_from_json(text: str) -> dict[int | None, Any]:
     return table
 
 
-PREFILL_CONFIGS = (  # (rows, keys per tile, warps, stages, register cap or 0): see launch_config
-    (128, 64, 8, 3, 0), (128, 32, 8, 3, 128), (128, 64, 8, 3, 128), (64, 32, 4, 3, 0), (64, 32, 4, 4, 128),
+PREFILL_CONFIGS = (  # (rows, keys per tile, warps, stages, register cap or 0, table by block): see launch_config
+    (128, 64, 8, 3, 128, False), (128, 64, 8, 3, 128, True), (128, 64, 8, 4, 128, True), (128, 32, 8, 3, 128, True),
+    (128, 128, 8, 2, 0, True),
 )
 
 
-def bench_sweep_prefill(torch: Any, backend_cls: Any, budget: float = 0.1) -> tuple[list[dict[str, Any]],
+def bench_sweep_prefill(torch: Any, backend_cls: Any, budget: float = 0.2) -> tuple[list[dict[str, Any]],
                                                                                    tuple[int, ...]]:
-    """Prefill tile choices timed the perf suite's way on its causal 8 x 4096 case at block size 16."""
+    """Prefill tile choices timed the perf suite's way on its causal 8 x 4096 case at block sizes 16, 32, 64;
+    the least sum over the block sizes wins."""
     from pagedattn.backends.triton import launch_config as lc
     from pagedattn.perf import inputs, shapes, timing
     from pagedattn.perf.ceilings import measure_gpu
@@ -629,32 +631,36 @@ def bench_sweep_prefill(torch: Any, backend_cls: Any, budget: float = 0.1) -> tu
 
     ceilings = measure_gpu()
     policy = timing.TimingPolicy(**{**timing.GPU_POLICY.__dict__, "budget_s": budget})
-    case = shapes.resolve(["llama3-8b/prefill/b8/ctx4096/bs16"])[0]
-    pool = inputs.make_pool(case, inputs.rotations_for(case, 256 << 20))
-    work = case_work(case, pool)
-    sdpa = measure_peer(SdpaPeer(), case, pool.rotations, work, ceilings, policy)
+    cases = shapes.resolve([f"llama3-8b/prefill/b8/ctx4096/bs{bs}" for bs in (16, 32, 64)])
+    pool = inputs.make_pool(cases[0], inputs.rotations_for(cases[0], 256 << 20))
+    work = case_work(cases[0], pool)
+    sdpa = measure_peer(SdpaPeer(), cases[0], pool.rotations, work, ceilings, policy)
     rows: list[dict[str, Any]] = [{"case": "sweep sdpa prefill 8x4096", "us": (sdpa.seconds or float("nan")) * 1e6,
                                    "tflops": sdpa.tflops}]
     say(str(rows[-1]))
     device_pool = DevicePool(backend_cls(), pool)
     times: dict[tuple[int, ...], float] = {}
     for config in PREFILL_CONFIGS:
-        block_m, block_n, warps, stages, registers = config
+        block_m, block_n, warps, stages, registers, by_block = config
         tiles = replace(lc.choose_tiles(4096, 4, 128, "bfloat16"), block_m=block_m, block_n=block_n,
-                        num_warps=warps, num_stages=stages, max_registers=registers or None)
-        result = measure_backend(backend_cls(tiles=tiles), case, device_pool, work, ceilings, policy)
-        if result.status != "ok" or result.seconds is None:
-            say(f"sweep prefill {config} failed: {result.reason}")
-            continue
-        times[config] = result.seconds
-        rows.append({"case": f"sweep prefill 8x4096 M={block_m} N={block_n} w={warps} s={stages} maxnreg={registers}",
-                     "block_size": 16, "us": result.seconds * 1e6, "tflops": result.tflops,
-                     "ratio_to_cudnn": (sdpa.seconds or float("nan")) / result.seconds})
-        say(str(rows[-1]))
+                        num_warps=warps, num_stages=stages, max_registers=registers or None, table_by_block=by_block)
+        for case in cases:
+            result = measure_backend(backend_cls(tiles=tiles), case, device_pool, case_work(case, pool), ceilings,
+                                     policy)
+            if result.status != "ok" or result.seconds is None:
+                say(f"sweep prefill {config} {case.name} failed: {result.reason}")
+                times[config] = float("inf")
+                continue
+            times[config] = times.get(config, 0.0) + result.seconds
+            rows.append({"case": f"sweep prefill 8x4096 M={block_m} N={block_n} w={warps} s={stages} "
+                                 f"maxnreg={registers} table mode {tiles.table_mode(case.block_size)}",
+                         "block_size": case.block_size, "us": result.seconds * 1e6, "tflops": result.tflops,
+                         "ratio_to_cudnn": (sdpa.seconds or float("nan")) / result.seconds})
+            say(str(rows[-1]))
     del device_pool
     torch.cuda.empty_cache()
     best = min(times, key=lambda c: times[c]) if times else PREFILL_CONFIGS[0]
-    say(f"fastest prefill tiles (rows, N, warps, stages, register cap): {best}")
+    say(f"fastest prefill tiles (rows, N, warps, stages, register cap, table by block): {best}")
     return rows, best
 
 
@@ -687,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
                         help='replace launch_config.DECODE_TABLE for this run: {"16": [64, 4, 5, 2, 1], "any": [...]}')
     parser.add_argument("--sweep-prefill", action="store_true",
                         help="with --bench-sweep: also time the prefill tile choices and use the fastest")
-    parser.add_argument("--prefill-tiles", metavar="ROWS,N,WARPS,STAGES,REGISTERS",
+    parser.add_argument("--prefill-tiles", metavar="ROWS,N,WARPS,STAGES,REGISTERS[,BY_BLOCK]",
                         help="replace launch_config's prefill tile table for this run (REGISTERS 0: no cap)")
     parser.add_argument("--deadline", type=float, metavar="SECONDS",
                         help="wall-clock budget of this run: the sanitizer gets what is left of it")
@@ -703,9 +709,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode_tiles:
         lc.DECODE_TABLE = decode_table_from_json(args.decode_tiles)
     if args.prefill_tiles:
-        m, n, w, st, r = (int(x) for x in args.prefill_tiles.split(","))
+        m, n, w, st, r, *by_block = (int(x) for x in args.prefill_tiles.split(","))
         lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = m, n, w, st
         lc.PREFILL_MAX_REGISTERS = r or None
+        lc.PREFILL_TABLE_BY_BLOCK = bool(by_block[0]) if by_block else True
     if args.sanitize_child:
         return sanitize_child(TritonBackend)
     out_dir = Path(args.out)
@@ -726,10 +733,11 @@ def main(argv: list[str] | None = None) -> int:
             sweep_rows += rows_p
             lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = best_p[:4]
             lc.PREFILL_MAX_REGISTERS = best_p[4] or None
+            lc.PREFILL_TABLE_BY_BLOCK = bool(best_p[5])
             args.prefill_tiles = ",".join(str(x) for x in best_p)
     results["decode_tiles"] = {str(k): tuple(v) for k, v in lc.DECODE_TABLE.items()}
     results["prefill_tiles"] = (lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES,
-                                lc.PREFILL_MAX_REGISTERS)
+                                lc.PREFILL_MAX_REGISTERS, lc.PREFILL_TABLE_BY_BLOCK)
     say(f"decode tiles by block size (N, warps, stages, resident, keys major): {results['decode_tiles']}; "
         f"prefill tiles (rows, N, warps, stages, register cap): {results['prefill_tiles']}")
     start = time.perf_counter()

@@ -56,6 +56,7 @@ PREFILL_BLOCK_N = 64
 PREFILL_WARPS = 8
 PREFILL_STAGES = 3
 PREFILL_MAX_REGISTERS: int | None = 128  # two programs per multiprocessor: 0.71x against 0.54x cuDNN
+PREFILL_TABLE_BY_BLOCK = True  # one block-table read per block (Tiles.table_mode)
 
 
 def next_power_of_2(n: int) -> int:
@@ -78,16 +79,17 @@ class Tiles:
     resident: int = PROGRAMS_PER_SM  # programs of these tiles resident on one multiprocessor
     keys_major: bool = False  # scores as [block_n, block_m] (keys first); the table uses it for decode
     max_registers: int | None = None  # register cap per thread passed to the compiler (maxnreg)
-    table_by_block: bool = True  # one block-table read per tile where the tile lies in one block
+    table_by_block: bool = True  # one block-table read per tile or per block, not per key (see table_mode)
 
     def table_mode(self, block_size: int) -> int:
-        """The kernel's ``TABLE_MODE`` at ``block_size``: 1 (one table read per tile) where ``block_n``
-        divides ``block_size`` and ``table_by_block`` is on, else 0 (one read per key).
-
-        Tiles spanning several blocks read per key: a per-block read broadcast by ``tl.reshape``
-        compiled without cp.async (the pipeliner left those loads synchronous: sm_90a, triton 3.6).
-        """
-        return 1 if self.table_by_block and block_size % self.block_n == 0 else 0
+        """The kernel's ``TABLE_MODE`` at ``block_size``: with ``table_by_block``, 1 (one block-table
+        read per tile) where ``block_n`` divides ``block_size``, 2 (one per block, picked per key in
+        registers) where ``block_size`` divides ``block_n``; else 0 (one read per key)."""
+        if not self.table_by_block:
+            return 0
+        if block_size % self.block_n == 0:
+            return 1
+        return 2 if self.block_n % block_size == 0 else 0
 
     @property
     def block_q(self) -> int:
@@ -126,6 +128,7 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
                                                          PREFILL_MAX_REGISTERS)
+        table_by_block = PREFILL_TABLE_BY_BLOCK
     # decode: the heads of a sequence read the same blocks (NHD: interleaved in memory), so
     # they run side by side; prefill: a head's K/V is reused by the next query tiles, so
     # consecutive programs take consecutive work items of one head (L2 reuse)
