@@ -692,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-tiles", metavar="JSON",
                         help='replace launch_config.DECODE_TABLE for this run: {"16": [64, 4, 5, 2, 1], "any": [...]}')
     parser.add_argument("--sweep-prefill", action="store_true",
-                        help="with --bench-sweep: also time the prefill tile choices and use the fastest")
+                        help="time the prefill tile choices on the perf suite's inputs first and use the fastest")
     parser.add_argument("--prefill-tiles", metavar="ROWS,N,WARPS,STAGES,REGISTERS[,BY_BLOCK]",
                         help="replace launch_config's prefill tile table for this run (REGISTERS 0: no cap)")
     parser.add_argument("--deadline", type=float, metavar="SECONDS",
@@ -728,18 +728,19 @@ def main(argv: list[str] | None = None) -> int:
         sweep_rows, best = bench_sweep(torch, TritonBackend)
         args.decode_tiles = json.dumps({**{str(bs): list(c) for bs, c in best.items()}, "any": list(best[16])})
         lc.DECODE_TABLE = decode_table_from_json(args.decode_tiles)
-        if args.sweep_prefill:
-            rows_p, best_p = bench_sweep_prefill(torch, TritonBackend)
-            sweep_rows += rows_p
-            lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = best_p[:4]
-            lc.PREFILL_MAX_REGISTERS = best_p[4] or None
-            lc.PREFILL_TABLE_BY_BLOCK = bool(best_p[5])
-            args.prefill_tiles = ",".join(str(x) for x in best_p)
+    if args.sweep_prefill:
+        say("0b. prefill tile choices on the perf suite's inputs")
+        rows_p, best_p = bench_sweep_prefill(torch, TritonBackend)
+        sweep_rows += rows_p
+        lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES = best_p[:4]
+        lc.PREFILL_MAX_REGISTERS = best_p[4] or None
+        lc.PREFILL_TABLE_BY_BLOCK = bool(best_p[5])
+        args.prefill_tiles = ",".join(str(int(x)) for x in best_p)
     results["decode_tiles"] = {str(k): tuple(v) for k, v in lc.DECODE_TABLE.items()}
     results["prefill_tiles"] = (lc.PREFILL_ROWS, lc.PREFILL_BLOCK_N, lc.PREFILL_WARPS, lc.PREFILL_STAGES,
                                 lc.PREFILL_MAX_REGISTERS, lc.PREFILL_TABLE_BY_BLOCK)
     say(f"decode tiles by block size (N, warps, stages, resident, keys major): {results['decode_tiles']}; "
-        f"prefill tiles (rows, N, warps, stages, register cap): {results['prefill_tiles']}")
+        f"prefill tiles (rows, N, warps, stages, register cap, table by block): {results['prefill_tiles']}")
     start = time.perf_counter()
     say("1. correctness against the spec (error model; bit-exact where the contract says so)")
     passed, total = correctness(torch, TritonBackend, args.decode_only)
