@@ -49,9 +49,9 @@ class Config:
 
 
 CONFIGS: tuple[Config, ...] = (
-    Config("decode bf16 bs16 (rows-major table entry)", (300, 40), None, block_size=16),
-    Config("decode bf16 bs32 (keys-major)", (300, 40), None, block_size=32),
-    Config("decode bf16 bs64 (keys-major) + split-KV merge", (4000,), None, block_size=64),
+    Config("decode bf16 bs16 (one table read per tile)", (300, 40), None, block_size=16),
+    Config("decode bf16 bs32", (300, 40), None, block_size=32),
+    Config("decode bf16 bs64 + split-KV merge", (4000,), None, block_size=64),
     Config("decode fp16 fp8-e4m3 cache, window, softcap", (300,), None, block_size=32, dtype="float16",
            cache_dtype="float8_e4m3fn", options=(("sliding_window", 100), ("softcap", 30.0))),
     Config("prefill bf16 causal (128-row tiles, register cap)", (256,), (256,)),
