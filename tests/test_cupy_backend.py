@@ -200,7 +200,8 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
     )
     assert decode.spill_store_bytes <= 64, f"decode kernel spills {decode.spill_store_bytes} bytes"
     wgmma = [r for r in results if r.name_expression.startswith("paged_attention_wgmma")]
-    assert len(wgmma) == 12, "2 dtypes x head_dim 64, 128 x block sizes 16, 32, 64"
+    # 2 dtypes x block sizes 16, 32, 64 x (head_dim 64 serial; 128 serial and overlap)
+    assert len(wgmma) == 18, [r.name_expression for r in wgmma]
     assert all(r.spill_store_bytes == 0 and r.stack_bytes == 0 for r in wgmma), wgmma
 
 
@@ -230,7 +231,13 @@ def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(
     spec = planning.attention_spec(problem, work.rows)
     assert spec == sp.wgmma_attention("bfloat16", 128, 16)
     assert (spec.module, spec.arch) == ("paged_attention_wgmma", "sm_90a")
-    assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16>"
+    assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, true>"
+    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "serial")
+    assert planning.attention_spec(problem, work.rows).name_expression.endswith("false>")
+    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "overlap")
+    assert sp.wgmma_attention("bfloat16", 64, 16).name_expression.endswith("false>"), (
+        "head_dim 64 has the serial schedule only"
+    )
 
 
 @pytest.mark.parametrize(

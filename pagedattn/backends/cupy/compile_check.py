@@ -51,7 +51,7 @@ def compile_module(
     except KernelLaunchError as error:
         raise CompileError(str(error)) from None
     lowered = {low: name for name, low in names.items()}
-    if "C7518" in log:  # ptxas serialised the wgmma instructions
+    if "instructions are serialized" in log:  # ptxas serialised wgmma (C7513-C7518)
         raise CompileError(f"{module}.cu: wgmma serialised by ptxas\n{log}")
     reports = {}
     for match in _RESOURCES.finditer(log):
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compile error: {error}", file=sys.stderr)
         return 1
     width = max(len(r.name_expression) for r in results)
-    print(f"{'specialization':<{width}}  regs  stack  spill st/ld (bytes)  [{args.arch}]")
+    print(f"{'specialization':<{width}}  regs  stack  spill st/ld (bytes)  [{args.arch}; wgmma: sm_90a]")
     for r in results:
         print(
             f"{r.name_expression:<{width}}  {r.registers:4d}  {r.stack_bytes:5d}"

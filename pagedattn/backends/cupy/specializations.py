@@ -42,6 +42,7 @@ MMA_WIDE_SHAPE: tuple[int, int, int] = (4, 2, 2)
 WGMMA_THREADS = 256
 WGMMA_STAGES = 4
 WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
+WGMMA_OVERLAP_HEAD_DIMS: tuple[int, ...] = (128,)
 WGMMA_ARCH = "sm_90a"
 WGMMA_MODULE = "paged_attention_wgmma"
 #: PAGEDATTN_CUPY_PREFILL when unset (see :func:`prefill_kernel`)
@@ -93,11 +94,29 @@ def wgmma_supports(dtype: str, head_dim: int, cache_dtype: str | None = None) ->
     )
 
 
-def wgmma_attention(dtype: str, head_dim: int, block_size: int) -> Specialization:
-    """``paged_attention_wgmma<T, head_dim, block_size>``, compiled for ``WGMMA_ARCH``."""
+def wgmma_overlap(head_dim: int) -> bool:
+    """Whether the wgmma kernel leaves P V running into the next tile's copies and S (its
+    ``OVERLAP`` schedule): ``PAGEDATTN_CUPY_WGMMA_SCHEDULE`` "overlap" (default) or "serial";
+    head_dim 128 only (at 64 ptxas serialises that schedule's wgmmas, warning C7515)."""
+    schedule = os.environ.get("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "overlap")
+    if schedule not in ("overlap", "serial"):
+        raise ValueError(
+            f"PAGEDATTN_CUPY_WGMMA_SCHEDULE={schedule!r}: expected overlap or serial"
+        )
+    return schedule == "overlap" and head_dim in WGMMA_OVERLAP_HEAD_DIMS
+
+
+def wgmma_attention(
+    dtype: str, head_dim: int, block_size: int, overlap: bool | None = None
+) -> Specialization:
+    """``paged_attention_wgmma<T, head_dim, block_size, OVERLAP>`` (``overlap`` None: as
+    :func:`wgmma_overlap` says), compiled for ``WGMMA_ARCH``."""
+    if overlap is None:
+        overlap = wgmma_overlap(head_dim)
     return Specialization(
         WGMMA_MODULE,
-        f"paged_attention_wgmma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}>",
+        f"paged_attention_wgmma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size},"
+        f" {'true' if overlap else 'false'}>",
         WGMMA_ARCH,
     )
 
@@ -300,7 +319,10 @@ def all_specializations() -> list[Specialization]:
                         )
                     specs.append(merge_partials(dtype, head_dim, rows))
             if wgmma_supports(dtype, head_dim):
-                specs.extend(wgmma_attention(dtype, head_dim, bs) for bs in BLOCK_SIZES)
+                for overlap in {False, head_dim in WGMMA_OVERLAP_HEAD_DIMS}:
+                    specs.extend(
+                        wgmma_attention(dtype, head_dim, bs, overlap) for bs in BLOCK_SIZES
+                    )
                 specs.append(wgmma_layout_check(dtype, head_dim))
         specs.extend(kv_op(kernel, dtype) for kernel in KV_OP_KERNELS)
         specs.extend(write_kv_fp8(dtype, cache) for cache in FP8_TYPES)

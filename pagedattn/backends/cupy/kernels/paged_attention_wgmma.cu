@@ -44,7 +44,7 @@ __device__ __forceinline__ float wg_exp2(float x) {
   return y;
 }
 
-template <typename T, int HEAD_DIM, int BLOCK_SIZE>
+template <typename T, int HEAD_DIM, int BLOCK_SIZE, bool OVERLAP>
 __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
     const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
@@ -75,6 +75,10 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   constexpr int S_REGS = TILE_N / 2;      // accumulators of a 64 x TILE_N S per thread
   constexpr int O_REGS = HEAD_DIM / 2;    // accumulators of a 64 x HEAD_DIM O per thread
   constexpr int PV_STEPS = TILE_N / 16;   // k-steps of O += P V
+  // tiles loaded ahead: into the stage read one iteration before, or (OVERLAP: P V still
+  // running into the next iteration) two iterations before
+  constexpr int AHEAD = OVERLAP ? STAGES - 2 : STAGES - 1;
+  static_assert(AHEAD >= 1, "at least one tile in flight");
   using Mma = MmaType<T>;
   using Wg = Wgmma<T>;
   (void)v_scale;  // 16-bit caches: the value used is the cache
@@ -184,60 +188,14 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   float o[O_REGS];
 #pragma unroll
   for (int j = 0; j < O_REGS; ++j) o[j] = 0.f;
-
-  // ---- K/V tiles 0 .. STAGES - 2 in flight, then Q from shared memory to registers
+  unsigned q_frag[K_STEPS][4];  // the A fragments of S = Q K^T, rows 16 * warp ..
   const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + TILE_N - 1) / TILE_N : 0;
   int blocks[BLOCKS_PER_TILE];             // of the next tile to load
   int blocks_after[BLOCKS_PER_TILE] = {};  // of the tile after it
-  if (num_tiles > 0) fetch_blocks(0, blocks);
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i + 1 < num_tiles) fetch_blocks(i + 1, blocks_after);
-    if (i < num_tiles) load_tile(i, kv_begin + i * TILE_N, blocks);
-    cp_async_commit();
-#pragma unroll
-    for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = blocks_after[b];
-  }
-  cp_async_wait<STAGES - 1>();  // Q has landed
-  __syncthreads();
-  unsigned q_frag[K_STEPS][4];  // the A fragments of S = Q K^T, rows 16 * warp ..
-#pragma unroll
-  for (int kk = 0; kk < K_STEPS; ++kk)
-    ldmatrix_x4(q_frag[kk], q_tile + q_swizzle(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
-  __syncthreads();  // the last stage may now take K/V
 
-  // ---- inner loop over tiles
-  for (int i = 0; i < num_tiles; ++i) {
-    const int stage = i % STAGES;
-    const int p0 = kv_begin + i * TILE_N;
-    cp_async_wait<STAGES - 2>();  // tile i has landed (this thread's copies)
-    fence_proxy_async();          // ... and is visible to the tensor cores' reads
-    __syncthreads();              // every thread's copies; stage (i - 1) % STAGES is free again
-    const unsigned k_addr = tiles_addr + stage * 2 * TILE_BYTES;
-    const unsigned v_addr = k_addr + TILE_BYTES;
-    // -- compute qk: issue S = Q K^T (K-major B: panel kk / 4, 32 bytes per k-step inside it).
-    //    Every warpgroup computes every tile (a branch around wgmma makes ptxas serialize them,
-    //    warning C7518); rows that see none of it are masked below.
-    float s[S_REGS];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < K_STEPS; ++kk)
-      Wg::template m64n64<0>(s, q_frag[kk], wgmma_desc(k_addr + (kk / 4) * PANEL_BYTES + (kk % 4) * 32, 16, 1024),
-                             kk > 0);
-    wgmma_commit();
-    // -- meanwhile: copies of tile i + STAGES - 1 into the stage computed in iteration i - 1
-    {
-      const int next = i + STAGES - 1;
-      if (next + 1 < num_tiles) fetch_blocks(next + 1, blocks_after);
-      if (next < num_tiles) load_tile(next % STAGES, kv_begin + next * TILE_N, blocks);
-      cp_async_commit();
-#pragma unroll
-      for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = blocks_after[b];
-    }
-    wgmma_wait<0>();
-    wgmma_touch(s);
-
-    // -- scale, softcap, ALiBi, mask (replace, never add); row max over the quad
+  // -- scale, softcap, ALiBi, mask (replace, never add); update m_i, l_i; P = exp2(s - m) as
+  //    16-bit A fragments of P V; alpha rescales O (the caller applies it)
+  auto softmax_tile = [&](float (&s)[S_REGS], int p0, unsigned (&p_frag)[PV_STEPS][4], float (&alpha)[2]) {
     float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
     const bool whole = p0 + TILE_N <= L && (!causal || p0 + TILE_N - 1 <= wg_pq_lo) &&
                        (sliding_window <= 0 || p0 > wg_pq_hi - sliding_window);
@@ -264,7 +222,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
         m_ij[half] = fmaxf(m_ij[half], s[e]);
       }
     }
-    float alpha[2], m_safe[2];
+    float m_safe[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
@@ -275,8 +233,6 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
       m_i[half] = m_new;
       l_i[half] *= alpha[half];
     }
-    // -- P = exp2(s - m), update l_i, P to 16-bit A fragments; rescale O
-    unsigned p_frag[PV_STEPS][4];
 #pragma unroll
     for (int e = 0; e < S_REGS; ++e) {
       s[e] = wg_exp2(s[e] - m_safe[(e / 2) % 2]);
@@ -287,20 +243,117 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
 #pragma unroll
       for (int a = 0; a < 4; ++a) p_frag[kk][a] = Mma::pack(s[8 * kk + 2 * a], s[8 * kk + 2 * a + 1]);
     }
+  };
+  // -- issue S = Q K^T on the K tile at k_addr (K-major B: panel kk / 4, 32 bytes per k-step
+  //    inside it; the descriptors made before the first wgmma, see pv_descs). Every warpgroup
+  //    computes every tile (a branch around wgmma makes ptxas serialise them, warning C7518);
+  //    rows that see none of it are masked.
+  auto issue_qk = [&](float (&s)[S_REGS], unsigned k_addr) {
+    unsigned long long desc[K_STEPS];
 #pragma unroll
-    for (int j = 0; j < O_REGS; ++j) o[j] *= alpha[(j / 2) % 2];
-    // -- update output accumulator: O += P V (V MN-major: 8-key groups 1,024 bytes apart,
-    //    64-column panels PANEL_BYTES apart; 16 keys = 2,048 bytes per k-step)
-    wgmma_touch(o);
+    for (int kk = 0; kk < K_STEPS; ++kk) desc[kk] = wgmma_desc(k_addr + (kk / 4) * PANEL_BYTES + (kk % 4) * 32, 16, 1024);
     wgmma_fence();
 #pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk) Wg::template m64n64<0>(s, q_frag[kk], desc[kk], kk > 0);
+  };
+  // -- O += P V on the V tile at v_addr (MN-major B: 8-key groups 1,024 bytes apart, 64-column
+  //    panels PANEL_BYTES apart; 16 keys = 2,048 bytes per k-step). The descriptors are made
+  //    before any wgmma of the step is issued: a register defined between the issue and the
+  //    wait of an earlier wgmma makes ptxas serialise them (warning C7513).
+  auto pv_descs = [&](unsigned v_addr, unsigned long long (&desc)[PV_STEPS]) {
+#pragma unroll
+    for (int kk = 0; kk < PV_STEPS; ++kk) desc[kk] = wgmma_desc(v_addr + kk * 2048, PANEL_BYTES, 1024);
+  };
+  auto issue_pv = [&](const unsigned (&p_frag)[PV_STEPS][4], const unsigned long long (&desc)[PV_STEPS]) {
+#pragma unroll
     for (int kk = 0; kk < PV_STEPS; ++kk) {
-      const unsigned long long desc = wgmma_desc(v_addr + kk * 2048, PANEL_BYTES, 1024);
-      if constexpr (HEAD_DIM == 128) Wg::template m64n128<1>(o, p_frag[kk], desc, 1);
-      else Wg::template m64n64<1>(o, p_frag[kk], desc, 1);
+      if constexpr (HEAD_DIM == 128) Wg::template m64n128<1>(o, p_frag[kk], desc[kk], 1);
+      else Wg::template m64n64<1>(o, p_frag[kk], desc[kk], 1);
     }
-    wgmma_commit();
+  };
+  // -- copies of tile `next` into its stage (an empty group past the last tile)
+  auto load_next = [&](int next) {
+    if (next + 1 < num_tiles) fetch_blocks(next + 1, blocks_after);
+    if (next < num_tiles) load_tile(next % STAGES, kv_begin + next * TILE_N, blocks);
+    cp_async_commit();
+#pragma unroll
+    for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = blocks_after[b];
+  };
+  auto stage_addr = [&](int tile) { return tiles_addr + (tile % STAGES) * 2 * TILE_BYTES; };
+
+  // ---- K/V tiles 0 .. AHEAD - 1 in flight, then Q from shared memory to registers
+  if (num_tiles > 0) fetch_blocks(0, blocks);
+#pragma unroll
+  for (int i = 0; i < AHEAD; ++i) load_next(i);
+  cp_async_wait<AHEAD>();  // Q has landed
+  __syncthreads();
+#pragma unroll
+  for (int kk = 0; kk < K_STEPS; ++kk)
+    ldmatrix_x4(q_frag[kk], q_tile + q_swizzle(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
+  __syncthreads();  // the last stage may now take K/V
+
+  if constexpr (!OVERLAP) {
+    // ---- inner loop over tiles: S_i, softmax, P_i V_i, one after the other in each warpgroup
+    //      (the other warpgroup's products fill the gaps); tile i + AHEAD loads meanwhile into
+    //      the stage read in iteration i - 1
+    for (int i = 0; i < num_tiles; ++i) {
+      cp_async_wait<AHEAD - 1>();  // tile i has landed (this thread's copies)
+      fence_proxy_async();         // ... and is visible to the tensor cores' reads
+      __syncthreads();             // every thread's copies; stage (i - 1) % STAGES is free again
+      float s[S_REGS];
+      issue_qk(s, stage_addr(i));
+      wgmma_commit();
+      load_next(i + AHEAD);
+      wgmma_wait<0>();
+      wgmma_touch(s);
+      unsigned p_frag[PV_STEPS][4];
+      float alpha[2];
+      softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
+#pragma unroll
+      for (int j = 0; j < O_REGS; ++j) o[j] *= alpha[(j / 2) % 2];
+      unsigned long long v_desc[PV_STEPS];
+      pv_descs(stage_addr(i) + TILE_BYTES, v_desc);
+      wgmma_touch(o);
+      wgmma_fence();
+      issue_pv(p_frag, v_desc);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_touch(o);
+    }
+  } else {
+    // ---- inner loop over tiles, P V left running: each step issues P_i V_i without waiting for
+    //      it, so it runs while the warpgroup passes the next barrier, issues the next tile's
+    //      copies and S_{i+1} = Q K_{i+1} (the tensor cores take them in order; the other
+    //      warpgroup's softmax fills the gap). Tile i + AHEAD loads into the stage of tile
+    //      i - 2, whose P V both warpgroups waited for in step i - 1. (Issuing S_{i+1} before
+    //      P_i V_i, FlashAttention-3's order, made ptxas serialise the wgmmas: the moves into
+    //      O's tied registers land between the two, warning C7513.)
+    unsigned p_frag[PV_STEPS][4];  // P of the tile whose P V is running
+    for (int i = 0; i < num_tiles; ++i) {
+      cp_async_wait<AHEAD - 1>();
+      fence_proxy_async();
+      __syncthreads();
+      float s[S_REGS];
+      issue_qk(s, stage_addr(i));
+      wgmma_commit();
+      load_next(i + AHEAD);
+      wgmma_wait<0>();  // S_i, and P_{i-1} V_{i-1} before it
+      wgmma_keep(p_frag);
+      wgmma_touch(s);
+      wgmma_touch(o);
+      float alpha[2];
+      softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
+#pragma unroll
+      for (int j = 0; j < O_REGS; ++j) o[j] *= alpha[(j / 2) % 2];
+      unsigned long long v_desc[PV_STEPS];
+      pv_descs(stage_addr(i) + TILE_BYTES, v_desc);
+      wgmma_touch(o);
+      wgmma_fence();
+      issue_pv(p_frag, v_desc);
+      wgmma_commit();
+    }
     wgmma_wait<0>();
+    wgmma_keep(p_frag);
     wgmma_touch(o);
   }
   cp_async_wait<0>();

@@ -37,6 +37,12 @@ template <int N> __device__ __forceinline__ void wgmma_touch(float (&x)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) wgmma_touch(x[i]);
 }
+// Keeps A-fragment registers alive (unchanged) until here: the tensor cores read them until
+// the wgmma that takes them has completed, so they may not be reused before its wait.
+template <int N> __device__ __forceinline__ void wgmma_keep(const unsigned (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" ::"r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
+}
 // Shared memory written through the generic proxy (cp.async, st.shared) made visible to the
 // async proxy (wgmma operand reads); each writing thread, before the barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
