@@ -286,14 +286,13 @@ def test_wgmma_kernel_launch_shape_and_shared_memory() -> None:
 
     spec = sp.wgmma_attention("float16", 128, 32)
     assert sp.threads(sp.MMA_WIDE_ROWS, spec) == 256, "two warpgroups"
-    # alignment slack + 4 stages x (K + V tiles of 64 keys x 128 x 2 bytes) + 3 words a row
-    expected = 1024 + 4 * 2 * 64 * 128 * 2 + 3 * 128 * 4
+    # alignment slack + 4 stages x (K + V tiles of 64 keys x 128 x 2 bytes) + the Q tile
+    # (128 rows x 128 x 2 bytes, its own region: read for every tile's S) + 3 words a row
+    expected = 1024 + 4 * 2 * 64 * 128 * 2 + 128 * 128 * 2 + 3 * 128 * 4
     assert sp.smem_bytes("float16", 128, sp.MMA_WIDE_ROWS, "float16", spec) == expected
-    assert expected + 1024 <= 228 * 1024, "one CTA must fit an SM's shared memory"
-    # the Q tile (128 rows x 128 x 2 bytes) is staged in one K/V stage
-    assert 128 * 128 * 2 <= 2 * 64 * 128 * 2
+    assert expected <= 227 * 1024, "one CTA must fit the per-block shared-memory limit (227 KB)"
     assert sp.smem_bytes("float16", 64, sp.MMA_WIDE_ROWS, None, sp.wgmma_attention("float16", 64, 16)) == (
-        1024 + 4 * 2 * 64 * 64 * 2 + 3 * 128 * 4
+        1024 + 4 * 2 * 64 * 64 * 2 + 128 * 64 * 2 + 3 * 128 * 4
     )
 
 
@@ -348,6 +347,41 @@ def test_wgmma_warpgroup_unmasks_only_tiles_all_its_rows_see_whole(
                         visible &= p > p_q[:, None] - W
                     assert visible.all(), (tuple(item), wg, p0)
     assert unmasked > 0 or W < 128
+
+
+@pytest.mark.parametrize("window", [1, 5, 50, 129], ids=lambda w: f"W={w}")
+@pytest.mark.parametrize("block_size", [16, 64], ids=lambda b: f"bs{b}")
+def test_wgmma_items_cover_exactly_the_tiles_a_window_leaves_visible(
+    window: int, block_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a sliding window not aligned to the 64-key tiles (and smaller than one), each wgmma
+    work item's [kv_begin, kv_end) holds every key its rows see (contract: p <= p_q and
+    p > p_q - W) and no tile none of its rows sees."""
+    from pagedattn.backends.cupy import planning
+
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "wgmma")
+    case = make_case(
+        "window items", np.random.default_rng(9), seq_lens=[900, 260, 77], q_lens=[700, 260, 70],
+        head_dim=64, block_size=block_size, sliding_window=window,
+    )
+    problem = _problem(case)
+    work = build_work(problem, slots=132)
+    assert work.kernel == "wgmma" and work.tile_n == 64
+    seen = np.zeros((problem.num_tokens, problem.num_q_heads), dtype=np.int64)
+    for item in work.items:
+        seq, kv_head, token_start, num_tokens, g0, ng, kv_begin, kv_end, _ = (int(x) for x in item)
+        L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
+        first = L - q_len + token_start - int(problem.query_start_loc[seq])
+        p_q = first + np.arange(num_tokens)
+        lo, hi = np.maximum(0, p_q - window + 1), np.minimum(p_q, L - 1)  # visible: lo..hi
+        assert kv_begin % 64 == 0 and kv_end % 64 == 0, tuple(item)
+        assert kv_begin <= lo.min() and hi.max() < kv_end, (tuple(item), lo.min(), hi.max())
+        for p0 in range(kv_begin, kv_end, 64):
+            assert ((lo <= p0 + 63) & (hi >= p0)).any(), f"tile {p0} of {tuple(item)} is seen by no row"
+        heads = kv_head * problem.group_size + g0 + np.arange(ng)
+        seen[np.ix_(token_start + np.arange(num_tokens), heads)] += 1
+    assert (seen == 1).all(), "every (token, head) row belongs to exactly one item"
 
 
 @pytest.mark.skipif(

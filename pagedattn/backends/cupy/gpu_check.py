@@ -878,7 +878,28 @@ def wgmma_cases(rng: np.random.Generator) -> list[Case]:
     )
     wide = [c for c in wide_cases(rng) if c.name != "wide chunked prefill split-KV"]  # (9,000 keys:
     # the slowest exact answer; "chunked prefill mma split-KV" below splits too)
-    return [*wide, *(c for c in correctness_cases(rng) if c.name in keep)]
+    # head_dim 64 without a window (the first H200 run failed "wide window d64 bs64": ptxas
+    # reused the registers holding Q); windows smaller than a tile and not tile-aligned, at
+    # both head dims and block sizes 16 and 64
+    windows = [
+        make_case(
+            "d64 bs64 no window", rng, seq_lens=[500, 200], q_lens=[500, 200], head_dim=64,
+            block_size=64,
+        ),
+        make_case(
+            "window d64 bs16 W=50 fp16", rng, seq_lens=[700, 130], q_lens=[600, 130],
+            head_dim=64, block_size=16, dtype="float16", sliding_window=50,
+        ),
+        make_case(
+            "window d128 bs64 W=129", rng, seq_lens=[900, 260], q_lens=[700, 260],
+            block_size=64, sliding_window=129,
+        ),
+        make_case(
+            "window d128 bs16 W=29 G=7", rng, seq_lens=[500, 90], q_lens=[450, 90],
+            num_q_heads=14, block_size=16, sliding_window=29,
+        ),
+    ]
+    return [*wide, *(c for c in correctness_cases(rng) if c.name in keep), *windows]
 
 
 def check_wgmma(backend: CupyBackend, rng: np.random.Generator) -> list[tuple[str, bool, str]]:
@@ -908,8 +929,11 @@ def check_wgmma(backend: CupyBackend, rng: np.random.Generator) -> list[tuple[st
                 d128 = case.query.shape[-1] == 128
                 if schedule == "overlap" and not d128:
                     continue  # head_dim 64 has the serial schedule only: checked once
-                if schedule == "serial" and d128 and index >= 4 and "G=12" not in case.name:
-                    continue  # the serial schedule at d = 128: the four layouts and G=12
+                if (
+                    schedule == "serial" and d128 and index >= 4
+                    and "G=12" not in case.name and "window" not in case.name
+                ):
+                    continue  # the serial schedule at d = 128: the four layouts, G=12, windows
                 taken.clear()
                 fp8 = "fp8" in case.name
                 try:

@@ -130,8 +130,13 @@ def wgmma_layout_check(dtype: str, head_dim: int) -> Specialization:
 
 def wgmma_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of ``paged_attention_wgmma`` (as ``wgmma_smem_bytes`` in the .cu):
-    1,024 for aligning the swizzle atoms, the K/V stages, three ints/floats per row."""
-    return 1024 + WGMMA_STAGES * 2 * MMA_TILE_N * head_dim * 2 + 3 * MMA_WIDE_ROWS * 4
+    1,024 for aligning the swizzle atoms, the K/V stages, the Q tile, three ints/floats per row."""
+    return (
+        1024
+        + WGMMA_STAGES * 2 * MMA_TILE_N * head_dim * 2
+        + MMA_WIDE_ROWS * head_dim * 2
+        + 3 * MMA_WIDE_ROWS * 4
+    )
 
 
 def mma_wide_shape() -> tuple[int, int, int]:

@@ -7,8 +7,8 @@
 // Must match pagedattn.spec.exact.exact_attention within the error model (P is rounded to the
 // input dtype before P V, which the model allows). Same work items, skeleton and names as the
 // mma.sync kernels (paged_attention_mma.cu) and the NumPy reference:
-//   setup:      rows' p_q and ALiBi slopes; the Q tile staged in shared memory, then held in
-//               registers as wgmma A fragments for the whole loop
+//   setup:      rows' p_q and ALiBi slopes; the Q tile staged in its own shared memory, read
+//               into registers (ldmatrix, the wgmma A fragments) afresh for each tile's S
 //   inner loop: for each tile of WGMMA_TILE_N logical positions: look up physical blocks (only
 //               p < L), stage K and V (16-byte cp.async into the 128-byte-swizzled layout wgmma
 //               reads, zero-filled beyond L so no garbage reaches P V, WGMMA_STAGES deep),
@@ -30,10 +30,16 @@ constexpr int WGMMA_STAGES = 4;     // K/V tiles in shared memory: three load wh
 constexpr int WGMMA_ITEM_FIELDS = 9;
 
 // Shared-memory bytes of paged_attention_wgmma (the host computes the same): 1,024 for
-// aligning the swizzle atoms, WGMMA_STAGES stages of K and V (the Q tile is staged in the last
-// stage before the loop), three ints/floats per row.
+// aligning the swizzle atoms, WGMMA_STAGES stages of K and V, the Q tile, three ints/floats
+// per row.
 template <int HEAD_DIM> __host__ __device__ constexpr int wgmma_smem_bytes() {
-  return 1024 + WGMMA_STAGES * 2 * WGMMA_TILE_N * HEAD_DIM * 2 + 3 * WGMMA_ROWS * 4;
+  return 1024 + WGMMA_STAGES * 2 * WGMMA_TILE_N * HEAD_DIM * 2 + WGMMA_ROWS * HEAD_DIM * 2 + 3 * WGMMA_ROWS * 4;
+}
+
+// 16-byte asynchronous copy global -> shared at a 32-bit shared address; valid == false fills
+// 16 zero bytes and reads nothing
+__device__ __forceinline__ void cp_async_16_at(unsigned dst, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
 }
 
 // exp2 on the MUFU unit, subnormal results flushed to zero (they weigh nothing beside the row
@@ -70,7 +76,6 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   constexpr int ROWS_PER_PASS = THREADS / CHUNKS_PER_ROW;
   static_assert(TILE_N % BLOCK_SIZE == 0 || BLOCK_SIZE % TILE_N == 0, "tiles and blocks nest");
   constexpr int Q_LOADS_PER_THREAD = ROWS * CHUNKS_PER_ROW / THREADS;
-  static_assert(ROWS * HEAD_DIM * 2 <= 2 * TILE_BYTES, "the Q tile is staged in one K/V stage");
   constexpr int K_STEPS = HEAD_DIM / 16;  // k-steps of S = Q K^T
   constexpr int S_REGS = TILE_N / 2;      // accumulators of a 64 x TILE_N S per thread
   constexpr int O_REGS = HEAD_DIM / 2;    // accumulators of a 64 x HEAD_DIM O per thread
@@ -83,17 +88,17 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   using Wg = Wgmma<T>;
   (void)v_scale;  // 16-bit caches: the value used is the cache
 
-  // ---- shared memory: [pad to 1,024] STAGES x (K tile | V tile) | p_q | slope | row_valid.
-  // The Q tile is staged in the last stage (chunk c of row r at r * CHUNKS_PER_ROW + (c ^ (r % 8)),
-  // read by ldmatrix) before that stage's first K/V load.
+  // ---- shared memory: [pad to 1,024] STAGES x (K tile | V tile) | Q tile | p_q | slope |
+  // row_valid. Q: chunk c of row r at r * CHUNKS_PER_ROW + (c ^ (r % 8)), read by ldmatrix.
   extern __shared__ uint4 smem[];
   if (dynamic_smem_size() < (unsigned)wgmma_smem_bytes<HEAD_DIM>()) __trap();
   const unsigned smem_base = smem_address(smem);
   const unsigned pad = (1024u - (smem_base & 1023u)) & 1023u;
   unsigned char* tiles = reinterpret_cast<unsigned char*>(smem) + pad;
   const unsigned tiles_addr = smem_base + pad;  // 1,024-aligned
-  uint4* q_tile = reinterpret_cast<uint4*>(tiles + (STAGES - 1) * 2 * TILE_BYTES);
-  int* p_q = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(smem) + 1024 + STAGES * 2 * TILE_BYTES);
+  uint4* q_tile = reinterpret_cast<uint4*>(tiles + STAGES * 2 * TILE_BYTES);
+  int* p_q = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(smem) + 1024 + STAGES * 2 * TILE_BYTES +
+                                    ROWS * HEAD_DIM * 2);
   float* slope = reinterpret_cast<float*>(p_q + ROWS);
   int* row_valid = reinterpret_cast<int*>(slope + ROWS);
   auto q_swizzle = [](int r, int c) { return r * CHUNKS_PER_ROW + (c ^ (r % 8)); };
@@ -151,28 +156,32 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
     return block;
   };
   // K and V rows p0 .. p0 + TILE_N - 1 into `stage`, 128-byte swizzled (wgmma_tile_offset);
-  // rows at p >= L are zero-filled and never read
+  // rows at p >= L are zero-filled and never read. Every tile starts at a multiple of TILE_N, so
+  // the row n of a thread's i-th copy sits at slot n % BLOCK_SIZE of its block: the in-block
+  // source offsets and the swizzled destinations are per-thread constants (k_row, v_row, dst).
+  const int copy_c = threadIdx.x % CHUNKS_PER_ROW, copy_n = threadIdx.x / CHUNKS_PER_ROW;
+  const T* k_row[LOADS_PER_THREAD];
+  const T* v_row[LOADS_PER_THREAD];
+  unsigned copy_dst[LOADS_PER_THREAD];
+#pragma unroll
+  for (int i = 0; i < LOADS_PER_THREAD; ++i) {
+    const int n = copy_n + i * ROWS_PER_PASS;
+    k_row[i] = key_cache + (n % BLOCK_SIZE) * k_stride_slot + kv_head * k_stride_head + copy_c * 8;
+    v_row[i] = value_cache + (n % BLOCK_SIZE) * v_stride_slot + kv_head * v_stride_head + copy_c * 8;
+    copy_dst[i] = wgmma_tile_offset<TILE_N>(n, copy_c);
+  }
   auto load_tile = [&](int stage, int p0, const int (&blocks)[BLOCKS_PER_TILE]) {
-    unsigned char* k_dst = tiles + stage * 2 * TILE_BYTES;
-    unsigned char* v_dst = k_dst + TILE_BYTES;
+    const unsigned k_dst = tiles_addr + stage * 2 * TILE_BYTES, v_dst = k_dst + TILE_BYTES;
 #pragma unroll
     for (int i = 0; i < LOADS_PER_THREAD; ++i) {
-      const int idx = threadIdx.x + i * THREADS;
-      const int n = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
-      const int p = p0 + n;
-      const bool valid = p < L;
-      const T* k_src = key_cache;
-      const T* v_src = value_cache;
-      if (valid) {
-        const int j = ROWS_PER_PASS <= BLOCK_SIZE ? (ROWS_PER_PASS * i) / BLOCK_SIZE : n / BLOCK_SIZE;
-        const long long block = pick(blocks, BLOCKS_PER_TILE == 1 ? 0 : j);
-        const long long slot = p % BLOCK_SIZE;
-        k_src = key_cache + block * k_stride_block + slot * k_stride_slot + kv_head * k_stride_head + c * 8;
-        v_src = value_cache + block * v_stride_block + slot * v_stride_slot + kv_head * v_stride_head + c * 8;
-      }
-      const unsigned at = wgmma_tile_offset<TILE_N>(n, c);
-      cp_async_16(k_dst + at, k_src, valid);
-      cp_async_16(v_dst + at, v_src, valid);
+      const int n = copy_n + i * ROWS_PER_PASS;
+      const bool valid = p0 + n < L;
+      const int j = ROWS_PER_PASS <= BLOCK_SIZE ? (ROWS_PER_PASS * i) / BLOCK_SIZE : n / BLOCK_SIZE;
+      const long long block = pick(blocks, BLOCKS_PER_TILE == 1 ? 0 : j);
+      const T* k_src = valid ? k_row[i] + block * k_stride_block : key_cache;
+      const T* v_src = valid ? v_row[i] + block * v_stride_block : value_cache;
+      cp_async_16_at(k_dst + copy_dst[i], k_src, valid);
+      cp_async_16_at(v_dst + copy_dst[i], v_src, valid);
     }
   };
 
@@ -188,7 +197,6 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   float o[O_REGS];
 #pragma unroll
   for (int j = 0; j < O_REGS; ++j) o[j] = 0.f;
-  unsigned q_frag[K_STEPS][4];  // the A fragments of S = Q K^T, rows 16 * warp ..
   const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + TILE_N - 1) / TILE_N : 0;
   int blocks[BLOCKS_PER_TILE];             // of the next tile to load
   int blocks_after[BLOCKS_PER_TILE] = {};  // of the tile after it
@@ -199,12 +207,13 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
     float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
     const bool whole = p0 + TILE_N <= L && (!causal || p0 + TILE_N - 1 <= wg_pq_lo) &&
                        (sliding_window <= 0 || p0 > wg_pq_hi - sliding_window);
-    if (plain && whole) {  // every row of the warpgroup sees every key of the tile: no mask
+    // every row of the warpgroup sees every key of the tile, and the scores are scale * q.k
+    // with scale > 0: no mask, the row max taken on the raw products (scaling keeps the order),
+    // and P = exp2(s * scale * log2 e - m) one FFMA and one ex2 below
+    const bool fast = plain && whole && scale > 0.f;
+    if (fast) {
 #pragma unroll
-      for (int e = 0; e < S_REGS; ++e) {
-        s[e] = (s[e] * scale) * LOG2E;
-        m_ij[(e / 2) % 2] = fmaxf(m_ij[(e / 2) % 2], s[e]);
-      }
+      for (int e = 0; e < S_REGS; ++e) m_ij[(e / 2) % 2] = fmaxf(m_ij[(e / 2) % 2], s[e]);
     } else {
 #pragma unroll
       for (int e = 0; e < S_REGS; ++e) {
@@ -223,21 +232,27 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
       }
     }
     float m_safe[2];
+    const float score_log2 = scale * LOG2E;  // raw product -> log2 units (fast path)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
       m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
+      if (fast) m_ij[half] *= score_log2;
       const float m_new = fmaxf(m_i[half], m_ij[half]);
       m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;  // an all-masked row keeps p = 0
       alpha[half] = wg_exp2(m_i[half] - m_safe[half]);
       m_i[half] = m_new;
       l_i[half] *= alpha[half];
     }
+    if (fast) {
 #pragma unroll
-    for (int e = 0; e < S_REGS; ++e) {
-      s[e] = wg_exp2(s[e] - m_safe[(e / 2) % 2]);
-      l_i[(e / 2) % 2] += s[e];
+      for (int e = 0; e < S_REGS; ++e) s[e] = wg_exp2(fmaf(s[e], score_log2, -m_safe[(e / 2) % 2]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) s[e] = wg_exp2(s[e] - m_safe[(e / 2) % 2]);
     }
+#pragma unroll
+    for (int e = 0; e < S_REGS; ++e) l_i[(e / 2) % 2] += s[e];
 #pragma unroll
     for (int kk = 0; kk < PV_STEPS; ++kk) {
 #pragma unroll
@@ -247,8 +262,15 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   // -- issue S = Q K^T on the K tile at k_addr (K-major B: panel kk / 4, 32 bytes per k-step
   //    inside it; the descriptors made before the first wgmma, see pv_descs). Every warpgroup
   //    computes every tile (a branch around wgmma makes ptxas serialise them, warning C7518);
-  //    rows that see none of it are masked.
+  //    rows that see none of it are masked. The A fragments (Q rows 16 * warp ..) are read from
+  //    shared memory for every tile: held in registers across the loop, ptxas 13.0 gave them
+  //    to other values inside the loop at head_dim 64 (the SASS read P of the previous tile as
+  //    Q from the second tile on), which the H200 check caught as wrong output.
+  const unsigned q_ld_row = smem_address(q_tile) + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * CHUNKS_PER_ROW * 16;
   auto issue_qk = [&](float (&s)[S_REGS], unsigned k_addr) {
+    unsigned q_frag[K_STEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk) ldmatrix_x4_at(q_frag[kk], q_ld_row + (((2 * kk + lane / 16) ^ (lane % 8)) << 4));
     unsigned long long desc[K_STEPS];
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk) desc[kk] = wgmma_desc(k_addr + (kk / 4) * PANEL_BYTES + (kk % 4) * 32, 16, 1024);
@@ -280,17 +302,20 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
     for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = blocks_after[b];
   };
   auto stage_addr = [&](int tile) { return tiles_addr + (tile % STAGES) * 2 * TILE_BYTES; };
+  // -- O *= alpha, skipped when no row of the warp has a new maximum (alpha == 1 exactly: most
+  //    tiles of a long row)
+  auto rescale_o = [&](const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < O_REGS; ++j) o[j] *= alpha[(j / 2) % 2];
+    }
+  };
 
-  // ---- K/V tiles 0 .. AHEAD - 1 in flight, then Q from shared memory to registers
+  // ---- K/V tiles 0 .. AHEAD - 1 in flight (Q's copies went first: the first iteration's wait
+  //      covers them)
   if (num_tiles > 0) fetch_blocks(0, blocks);
 #pragma unroll
   for (int i = 0; i < AHEAD; ++i) load_next(i);
-  cp_async_wait<AHEAD>();  // Q has landed
-  __syncthreads();
-#pragma unroll
-  for (int kk = 0; kk < K_STEPS; ++kk)
-    ldmatrix_x4(q_frag[kk], q_tile + q_swizzle(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
-  __syncthreads();  // the last stage may now take K/V
 
   if constexpr (!OVERLAP) {
     // ---- inner loop over tiles: S_i, softmax, P_i V_i, one after the other in each warpgroup
@@ -309,8 +334,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
       unsigned p_frag[PV_STEPS][4];
       float alpha[2];
       softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
-#pragma unroll
-      for (int j = 0; j < O_REGS; ++j) o[j] *= alpha[(j / 2) % 2];
+      rescale_o(alpha);
       unsigned long long v_desc[PV_STEPS];
       pv_descs(stage_addr(i) + TILE_BYTES, v_desc);
       wgmma_touch(o);
@@ -343,8 +367,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
       wgmma_touch(o);
       float alpha[2];
       softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
-#pragma unroll
-      for (int j = 0; j < O_REGS; ++j) o[j] *= alpha[(j / 2) % 2];
+      rescale_o(alpha);
       unsigned long long v_desc[PV_STEPS];
       pv_descs(stage_addr(i) + TILE_BYTES, v_desc);
       wgmma_touch(o);
