@@ -199,6 +199,189 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
         r for r in results if r.name_expression == "paged_attention<bfloat16_t, 128, 16, 4>"
     )
     assert decode.spill_store_bytes <= 64, f"decode kernel spills {decode.spill_store_bytes} bytes"
+    wgmma = [r for r in results if r.name_expression.startswith("paged_attention_wgmma")]
+    # 2 dtypes x block sizes 16, 32, 64 x (head_dim 64 serial; 128 serial and overlap)
+    assert len(wgmma) == 18, [r.name_expression for r in wgmma]
+    assert all(r.spill_store_bytes == 0 and r.stack_bytes == 0 for r in wgmma), wgmma
+
+
+# -- the Hopper prefill kernel (wgmma): switch, sizing, predicates ----------------------------
+def _long_prefill(**options):  # type: ignore[no-untyped-def]
+    case = make_case(
+        "wgmma", np.random.default_rng(0), seq_lens=[1000, 600], q_lens=[1000, 600],
+        num_q_heads=8, num_kv_heads=2, **options,
+    )
+    return _problem(case)
+
+
+@pytest.mark.parametrize("switch", ["wgmma", "auto"])
+def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(
+    switch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pagedattn.backends.cupy import planning
+    from pagedattn.backends.cupy import specializations as sp
+
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
+    problem = _long_prefill()
+    assert planning.uses_wgmma(problem)
+    assert choose_rows(problem) == sp.MMA_WIDE_ROWS
+    work = build_work(problem, slots=132)
+    assert (work.kernel, work.rows, work.tile_n) == ("wgmma", 128, 64)
+    spec = planning.attention_spec(problem, work.rows)
+    assert spec == sp.wgmma_attention("bfloat16", 128, 16)
+    assert (spec.module, spec.arch) == ("paged_attention_wgmma", "sm_90a")
+    assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, true>"
+    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "serial")
+    assert planning.attention_spec(problem, work.rows).name_expression.endswith("false>")
+    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "overlap")
+    assert sp.wgmma_attention("bfloat16", 64, 16).name_expression.endswith("false>"), (
+        "head_dim 64 has the serial schedule only"
+    )
+
+
+@pytest.mark.parametrize(
+    "why, options, switch, sm90",
+    [
+        ("switch off", {}, "mma", True),
+        ("not an sm_90 device", {}, "wgmma", False),
+        ("fp8 cache", {"cache_dtype": "float8_e4m3fn"}, "wgmma", True),
+        ("float32", {"dtype": "float32"}, "wgmma", True),
+        ("head_dim 256", {"head_dim": 256}, "wgmma", True),
+    ],
+)
+def test_wgmma_kernel_falls_back_where_it_does_not_apply(
+    why: str, options: dict, switch: str, sm90: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pagedattn.backends.cupy import planning
+
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: sm90)
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
+    problem = _long_prefill(**options)
+    assert not planning.uses_wgmma(problem), why
+    assert build_work(problem, slots=132).kernel == "mma", why
+
+
+def test_wgmma_auto_leaves_short_prefill_and_decode_to_the_mma_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pagedattn.backends.cupy import planning
+
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "auto")
+    short = make_case(
+        "short", np.random.default_rng(0), seq_lens=[6000, 50], q_lens=[64, 50], num_q_heads=8
+    )
+    decode = make_case("decode", np.random.default_rng(0), seq_lens=[600, 300])
+    assert not planning.uses_wgmma(_problem(short))
+    assert choose_rows(_problem(short)) == 64
+    assert not planning.uses_wgmma(_problem(decode))
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "fast")
+    with pytest.raises(ValueError, match="PAGEDATTN_CUPY_PREFILL='fast'"):
+        planning.uses_wgmma(_problem(short))
+
+
+def test_wgmma_kernel_launch_shape_and_shared_memory() -> None:
+    from pagedattn.backends.cupy import specializations as sp
+
+    spec = sp.wgmma_attention("float16", 128, 32)
+    assert sp.threads(sp.MMA_WIDE_ROWS, spec) == 256, "two warpgroups"
+    # alignment slack + 4 stages x (K + V tiles of 64 keys x 128 x 2 bytes) + the Q tile
+    # (128 rows x 128 x 2 bytes, its own region: read for every tile's S) + 3 words a row
+    expected = 1024 + 4 * 2 * 64 * 128 * 2 + 128 * 128 * 2 + 3 * 128 * 4
+    assert sp.smem_bytes("float16", 128, sp.MMA_WIDE_ROWS, "float16", spec) == expected
+    assert expected <= 227 * 1024, "one CTA must fit the per-block shared-memory limit (227 KB)"
+    assert sp.smem_bytes("float16", 64, sp.MMA_WIDE_ROWS, None, sp.wgmma_attention("float16", 64, 16)) == (
+        1024 + 4 * 2 * 64 * 64 * 2 + 128 * 64 * 2 + 3 * 128 * 4
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"causal": False}, {"sliding_window": 37}, {"sliding_window": 200, "causal": False}],
+    ids=["causal", "non-causal", "window", "window non-causal"],
+)
+@pytest.mark.parametrize("num_q_heads", [8, 14, 24], ids=["G=4", "G=7", "G=12"])
+def test_wgmma_warpgroup_unmasks_only_tiles_all_its_rows_see_whole(
+    options: dict, num_q_heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wgmma kernel's per-warpgroup "whole" predicate (64 rows, 64-key tiles), checked
+    against the contract's visibility rule on every tile of every work item."""
+    from pagedattn.backends.cupy import planning
+
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "wgmma")
+    case = make_case(
+        "predicates", np.random.default_rng(5), seq_lens=[700, 300, 64], q_lens=[650, 130, 64],
+        num_q_heads=num_q_heads, head_dim=64, **options,
+    )
+    problem = _problem(case)
+    work = build_work(problem, slots=64)
+    assert work.kernel == "wgmma"
+    W = problem.sliding_window or 0
+    unmasked = 0
+    for item in work.items:
+        seq, token_start, num_tokens, num_groups = (int(item[i]) for i in (0, 2, 3, 5))
+        L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
+        num_rows = num_tokens * num_groups
+        pq_min = L - q_len + (token_start - int(problem.query_start_loc[seq]))
+        for wg in (0, 1):
+            first, last = 64 * wg, min(64 * wg + 63, num_rows - 1)
+            if first >= num_rows:
+                continue
+            pq_lo, pq_hi = pq_min + first // num_groups, pq_min + max(last, 0) // num_groups
+            p_q = pq_min + np.arange(first, last + 1) // num_groups
+            for p0 in range(int(item[6]), int(item[7]), 64):
+                whole = (
+                    p0 + 64 <= L
+                    and (not problem.causal or p0 + 63 <= pq_lo)
+                    and (W <= 0 or p0 > pq_hi - W)
+                )
+                if whole:
+                    unmasked += 1
+                    p = np.arange(p0, p0 + 64)[None, :]
+                    visible = (p < L) & np.ones((p_q.size, 1), bool)
+                    if problem.causal:
+                        visible &= p <= p_q[:, None]
+                    if W:
+                        visible &= p > p_q[:, None] - W
+                    assert visible.all(), (tuple(item), wg, p0)
+    assert unmasked > 0 or W < 128
+
+
+@pytest.mark.parametrize("window", [1, 5, 50, 129], ids=lambda w: f"W={w}")
+@pytest.mark.parametrize("block_size", [16, 64], ids=lambda b: f"bs{b}")
+def test_wgmma_items_cover_exactly_the_tiles_a_window_leaves_visible(
+    window: int, block_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a sliding window not aligned to the 64-key tiles (and smaller than one), each wgmma
+    work item's [kv_begin, kv_end) holds every key its rows see (contract: p <= p_q and
+    p > p_q - W) and no tile none of its rows sees."""
+    from pagedattn.backends.cupy import planning
+
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "wgmma")
+    case = make_case(
+        "window items", np.random.default_rng(9), seq_lens=[900, 260, 77], q_lens=[700, 260, 70],
+        head_dim=64, block_size=block_size, sliding_window=window,
+    )
+    problem = _problem(case)
+    work = build_work(problem, slots=132)
+    assert work.kernel == "wgmma" and work.tile_n == 64
+    seen = np.zeros((problem.num_tokens, problem.num_q_heads), dtype=np.int64)
+    for item in work.items:
+        seq, kv_head, token_start, num_tokens, g0, ng, kv_begin, kv_end, _ = (int(x) for x in item)
+        L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
+        first = L - q_len + token_start - int(problem.query_start_loc[seq])
+        p_q = first + np.arange(num_tokens)
+        lo, hi = np.maximum(0, p_q - window + 1), np.minimum(p_q, L - 1)  # visible: lo..hi
+        assert kv_begin % 64 == 0 and kv_end % 64 == 0, tuple(item)
+        assert kv_begin <= lo.min() and hi.max() < kv_end, (tuple(item), lo.min(), hi.max())
+        for p0 in range(kv_begin, kv_end, 64):
+            assert ((lo <= p0 + 63) & (hi >= p0)).any(), f"tile {p0} of {tuple(item)} is seen by no row"
+        heads = kv_head * problem.group_size + g0 + np.arange(ng)
+        seen[np.ix_(token_start + np.arange(num_tokens), heads)] += 1
+    assert (seen == 1).all(), "every (token, head) row belongs to exactly one item"
 
 
 @pytest.mark.skipif(
@@ -206,9 +389,9 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
     reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
 )
 def test_compile_check_fails_on_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pagedattn.backends.cupy import compile_check
+    from pagedattn.backends.cupy import compile_check, runtime
 
-    monkeypatch.setattr(compile_check, "source", lambda module: "this is not C++;")
+    monkeypatch.setattr(runtime, "source", lambda module: "this is not C++;")
     with pytest.raises(compile_check.CompileError):
         compile_check.compile_module("kv_ops", ["write_kv<float>"])
 

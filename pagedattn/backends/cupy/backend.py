@@ -148,11 +148,13 @@ class CupyBackend(Backend):
 
         rows, name, cache = work.rows, problem.dtype, problem.cache_dtype
         fp8 = cache in specializations.FP8_TYPES
-        attention = specializations.attention(
-            name, problem.head_dim, problem.block_size, rows, cache
+        attention = (
+            specializations.wgmma_attention(name, problem.head_dim, problem.block_size)
+            if work.kernel == "wgmma"
+            else specializations.attention(name, problem.head_dim, problem.block_size, rows, cache)
         )
         merge = specializations.merge_partials(name, problem.head_dim, rows)
-        smem = specializations.smem_bytes(name, problem.head_dim, rows, cache)
+        smem = specializations.smem_bytes(name, problem.head_dim, rows, cache, attention)
         no_partials = (
             None
             if work.num_partials
@@ -171,7 +173,7 @@ class CupyBackend(Backend):
             alibi_slopes=cupy.asarray(slopes.astype(np.float32)),
             attention=attention,
             merge=merge,
-            threads=specializations.threads(rows),
+            threads=specializations.threads(rows, attention),
             smem=smem,
             scalars=(
                 np.int32(problem.max_blocks_per_seq),
@@ -209,15 +211,15 @@ class CupyBackend(Backend):
 
         attributes = cupy.cuda.Device().attributes
         rows = planning.choose_rows(problem)
-        spec = specializations.attention(
-            problem.dtype, problem.head_dim, problem.block_size, rows, problem.cache_dtype
-        )
+        spec = planning.attention_spec(problem, rows)
         registers = int(getattr(kernel(spec), "num_regs", 0) or 255)
         per_warp = -(-registers * 32 // 256) * 256  # registers are allocated per warp in 256s
-        threads = specializations.threads(rows)
+        threads = specializations.threads(rows, spec)
         by_registers = attributes["MaxRegistersPerMultiprocessor"] // (per_warp * threads // 32)
         smem = (
-            specializations.smem_bytes(problem.dtype, problem.head_dim, rows, problem.cache_dtype)
+            specializations.smem_bytes(
+                problem.dtype, problem.head_dim, rows, problem.cache_dtype, spec
+            )
             + 1024
         )
         by_smem = attributes["MaxSharedMemoryPerMultiprocessor"] // smem

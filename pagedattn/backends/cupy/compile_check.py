@@ -1,4 +1,4 @@
-"""Compile every declared specialization for sm_90 with NVRTC, without a GPU, and report resources.
+"""Compile every declared specialization for sm_90 (wgmma: sm_90a) with NVRTC, without a GPU, and report resources.
 
 ``python -m pagedattn.backends.cupy.compile_check`` compiles each kernel module once with all
 its name expressions (:func:`.specializations.all_specializations`), fails (exit 1) on any
@@ -14,7 +14,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
-from pagedattn.backends.cupy.specializations import COMPILE_OPTIONS, all_specializations, source
+from pagedattn.backends.cupy.specializations import all_specializations
 
 ARCH = "sm_90"
 _RESOURCES = re.compile(
@@ -44,22 +44,15 @@ def compile_module(
     module: str, name_expressions: list[str], arch: str = ARCH
 ) -> list[CompiledKernel]:
     """Compile ``module`` with ``name_expressions`` for ``arch``; return their resource reports."""
-    from cupy.cuda import nvrtc
+    from pagedattn.backends.cupy.runtime import KernelLaunchError, compile_cubin
 
-    program = nvrtc.createProgram(source(module), f"{module}.cu", [], [])
     try:
-        for name in name_expressions:
-            nvrtc.addNameExpression(program, name)
-        try:
-            nvrtc.compileProgram(program, [f"-arch={arch}", *COMPILE_OPTIONS, "-Xptxas=-v"])
-        except nvrtc.NVRTCError as error:
-            raise CompileError(f"{module}.cu: {error}\n{nvrtc.getProgramLog(program)}") from None
-        log = nvrtc.getProgramLog(program)
-        lowered = {nvrtc.getLoweredName(program, name): name for name in name_expressions}
-        if not nvrtc.getCUBIN(program):
-            raise CompileError(f"{module}.cu: NVRTC produced no cubin for {arch}")
-    finally:
-        nvrtc.destroyProgram(program)
+        _, names, log = compile_cubin(module, name_expressions, arch, ("-Xptxas=-v",))
+    except KernelLaunchError as error:
+        raise CompileError(str(error)) from None
+    lowered = {low: name for name, low in names.items()}
+    if "instructions are serialized" in log:  # ptxas serialised wgmma (C7513-C7518)
+        raise CompileError(f"{module}.cu: wgmma serialised by ptxas\n{log}")
     reports = {}
     for match in _RESOURCES.finditer(log):
         if match["name"] in lowered:
@@ -77,14 +70,15 @@ def compile_module(
 
 
 def compile_all(arch: str = ARCH, only: str | None = None) -> list[CompiledKernel]:
-    """Compile every declared specialization (those containing ``only``, if given)."""
-    by_module: dict[str, list[str]] = defaultdict(list)
+    """Compile every declared specialization (those containing ``only``, if given), each for
+    its own ``arch`` when it names one (wgmma: sm_90a), else for ``arch``."""
+    by_module: dict[tuple[str, str], list[str]] = defaultdict(list)
     for spec in all_specializations():
         if only is None or only in spec.name_expression:
-            by_module[spec.module].append(spec.name_expression)
+            by_module[(spec.module, spec.arch or arch)].append(spec.name_expression)
     results: list[CompiledKernel] = []
-    for module, names in by_module.items():
-        results.extend(compile_module(module, names, arch))
+    for (module, module_arch), names in by_module.items():
+        results.extend(compile_module(module, names, module_arch))
     return results
 
 
@@ -101,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compile error: {error}", file=sys.stderr)
         return 1
     width = max(len(r.name_expression) for r in results)
-    print(f"{'specialization':<{width}}  regs  stack  spill st/ld (bytes)  [{args.arch}]")
+    print(f"{'specialization':<{width}}  regs  stack  spill st/ld (bytes)  [{args.arch}; wgmma: sm_90a]")
     for r in results:
         print(
             f"{r.name_expression:<{width}}  {r.registers:4d}  {r.stack_bytes:5d}"

@@ -13,7 +13,9 @@
    measured in the same run and cuDNN SDPA on contiguous K/V, and of causal prefill 8 x 4096
    against cuDNN's FLOP rate. A short table is printed last; logs go to ``--out``.
 
-``--only-prefill`` keeps the tensor-core prefill cases (64 and 128 rows);
+``--only-prefill`` keeps the tensor-core prefill cases (64 and 128 rows, and the Hopper
+kernel's); ``--only-wgmma`` only the Hopper kernel's (a one-warpgroup layout check of its
+wgmma products, then its cases with ``PAGEDATTN_CUPY_PREFILL=wgmma``);
 ``--measure shapes`` times prefill 8 x 4,096 per kernel shape (``--shapes``) beside cuDNN.
 ``--only-decode`` keeps the decode cases (16-bit and fp8), fp8 ops and one case per other
 kernel (about 40 s on an H200 with the compiles); ``--measure host,kernels`` adds the host
@@ -546,18 +548,12 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
     return backend.to_numpy(out), backend.to_numpy(lse)
 
 
-def check_case(backend: CupyBackend, case: Case) -> tuple[bool, str]:
-    """Compare with the exact answer; return (ok, summary with the worst error / bound ratio)."""
+def check_case(backend: CupyBackend, case: Case, exact: Any = None) -> tuple[bool, str]:
+    """Compare with the exact answer (``exact``: the case's, if already computed); return (ok,
+    summary with the worst error / bound ratio)."""
     out, lse = run_case(backend, case)
-    exact = exact_attention(
-        case.query,
-        case.key_cache,
-        case.value_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.query_start_loc,
-        **case.options,
-    )
+    if exact is None:
+        exact = exact_case(case)
     tol = tolerance(
         dtype_name(case.query.dtype),
         case.query.shape[-1],
@@ -588,6 +584,19 @@ def check_case(backend: CupyBackend, case: Case) -> tuple[bool, str]:
         problems.append(f"lse error/bound {lse_ratio:.3g}")
     summary = f"out err/bound {ratio:.3f}, lse err/bound {lse_ratio:.3f}"
     return not problems, summary + ("; " + "; ".join(problems) if problems else "")
+
+
+def exact_case(case: Case) -> Any:
+    """The spec's exact answer for ``case``."""
+    return exact_attention(
+        case.query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        **case.options,
+    )
 
 
 def check_determinism(backend: CupyBackend, rng: np.random.Generator) -> tuple[bool, str]:
@@ -791,6 +800,167 @@ def prefill_cases(rng: np.random.Generator) -> list[Case]:
         *(c for c in full if c.name in keep),
         *(c for c in full if c.name.startswith("fp8") and "prefill" in c.name),
     ]
+
+
+def _column_map(got: np.ndarray, ref: np.ndarray, width: int = 8) -> str:
+    """For a failed product: which reference column block (of ``width``) each column block of
+    ``got`` matches best, as "got->ref" pairs; "-" where it matches none (rel err > 1e-2)."""
+    pairs = []
+    blocks = got.shape[1] // width
+    for b in range(blocks):
+        g = got[:, b * width:(b + 1) * width]
+        errors = [
+            float(np.linalg.norm(g - ref[:, c * width:(c + 1) * width]))
+            / max(float(np.linalg.norm(ref[:, c * width:(c + 1) * width])), 1e-30)
+            for c in range(blocks)
+        ]
+        best = int(np.argmin(errors))
+        pairs.append(f"{b}->{best if errors[best] < 1e-2 else '-'}")
+    return " ".join(pairs)
+
+
+def check_wgmma_layout(backend: CupyBackend) -> list[tuple[str, bool, str]]:
+    """One warpgroup's S = Q K^T and O = P V through the wgmma kernel's shared-memory layout and
+    descriptors (``wgmma_layout_check``) against float64 products of the same rounded inputs."""
+    import cupy
+
+    from pagedattn.backends.cupy import runtime, specializations
+    from pagedattn.spec.dtypes import numpy_dtype
+
+    rng = np.random.default_rng(11)
+    results = []
+    for dtype in ("bfloat16", "float16"):
+        for head_dim in (128, 64):
+            name = f"wgmma layout {dtype} d{head_dim}"
+            try:
+                q, k, v = (
+                    rng.standard_normal((64, head_dim)).astype(numpy_dtype(dtype)) for _ in range(3)
+                )
+                p = rng.random((64, 64)).astype(numpy_dtype(dtype))
+                device = [cupy.asarray(np.ascontiguousarray(x).view(np.uint16)) for x in (q, k, p, v)]
+                s_out = cupy.full((64, 64), np.nan, cupy.float32)
+                o_out = cupy.full((64, head_dim), np.nan, cupy.float32)
+                function = runtime.kernel(specializations.wgmma_layout_check(dtype, head_dim))
+                function((1,), (128,), (*device, s_out, o_out))
+                cupy.cuda.runtime.deviceSynchronize()
+                s_got, o_got = cupy.asnumpy(s_out), cupy.asnumpy(o_out)
+                s_ref = q.astype(np.float64) @ k.astype(np.float64).T
+                o_ref = p.astype(np.float64) @ v.astype(np.float64)
+                s_err = float(np.linalg.norm(s_got - s_ref) / np.linalg.norm(s_ref))
+                o_err = float(np.linalg.norm(o_got - o_ref) / np.linalg.norm(o_ref))
+                ok = bool(s_err < 1e-4 and o_err < 1e-4)
+                summary = f"S rel err {s_err:.2e}, O rel err {o_err:.2e}"
+                if not s_err < 1e-4:
+                    summary += f"; S columns {_column_map(s_got, s_ref)}"
+                    summary += f"; S rows {_column_map(s_got.T, s_ref.T)}"
+                if not o_err < 1e-4:
+                    summary += f"; O columns {_column_map(o_got, o_ref)}"
+                    summary += f"; O rows {_column_map(o_got.T, o_ref.T)}"
+            except Exception as error:
+                ok, summary = False, f"{type(error).__name__}: {error}"
+            results.append((name, ok, summary))
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
+    return results
+
+
+def wgmma_cases(rng: np.random.Generator) -> list[Case]:
+    """Cases for the Hopper kernel (run with PAGEDATTN_CUPY_PREFILL=wgmma): the wide cases
+    (fp8 ones check the fallback to the mma.sync kernel) and short prefill the switch forces
+    onto 128-row tiles (mostly empty rows, split-KV, G=12, window, ALiBi)."""
+    keep = (
+        "prefill mma bfloat16 bs16 NHD",
+        "prefill mma float16 bs32 HND",
+        "chunked prefill mma split-KV",
+        "prefill G=12",
+        "non-causal",
+        "sliding window",
+        "alibi",
+    )
+    wide = [c for c in wide_cases(rng) if c.name != "wide chunked prefill split-KV"]  # (9,000 keys:
+    # the slowest exact answer; "chunked prefill mma split-KV" below splits too)
+    # head_dim 64 without a window (the first H200 run failed "wide window d64 bs64": ptxas
+    # reused the registers holding Q); windows smaller than a tile and not tile-aligned, at
+    # both head dims and block sizes 16 and 64
+    windows = [
+        make_case(
+            "d64 bs64 no window", rng, seq_lens=[500, 200], q_lens=[500, 200], head_dim=64,
+            block_size=64,
+        ),
+        make_case(
+            "window d64 bs16 W=50 fp16", rng, seq_lens=[700, 130], q_lens=[600, 130],
+            head_dim=64, block_size=16, dtype="float16", sliding_window=50,
+        ),
+        make_case(
+            "window d128 bs64 W=129", rng, seq_lens=[900, 260], q_lens=[700, 260],
+            block_size=64, sliding_window=129,
+        ),
+        make_case(
+            "window d128 bs16 W=29 G=7", rng, seq_lens=[500, 90], q_lens=[450, 90],
+            num_q_heads=14, block_size=16, sliding_window=29,
+        ),
+    ]
+    return [*wide, *(c for c in correctness_cases(rng) if c.name in keep), *windows]
+
+
+def check_wgmma(backend: CupyBackend, rng: np.random.Generator) -> list[tuple[str, bool, str]]:
+    """The wgmma layout check, then :func:`wgmma_cases` and the determinism check with
+    PAGEDATTN_CUPY_PREFILL=wgmma; each case also says whether the Hopper kernel took it (it
+    must, except for fp8 caches, which must fall back)."""
+    from pagedattn.backends.cupy import specializations
+
+    results = check_wgmma_layout(backend)
+    taken: list[Any] = []
+    original = specializations.wgmma_attention
+
+    def counting(*args: Any) -> Any:
+        taken.append(args)
+        return original(*args)
+
+    keys = ("PAGEDATTN_CUPY_PREFILL", "PAGEDATTN_CUPY_WGMMA_SCHEDULE")
+    saved = {key: os.environ.get(key) for key in keys}
+    os.environ["PAGEDATTN_CUPY_PREFILL"] = "wgmma"
+    specializations.wgmma_attention = counting  # type: ignore[assignment]
+    try:
+        cases = wgmma_cases(rng)
+        exact = [exact_case(case) for case in cases]
+        for schedule in ("overlap", "serial"):
+            os.environ["PAGEDATTN_CUPY_WGMMA_SCHEDULE"] = schedule
+            for index, (case, answer) in enumerate(zip(cases, exact, strict=True)):
+                d128 = case.query.shape[-1] == 128
+                if schedule == "overlap" and not d128:
+                    continue  # head_dim 64 has the serial schedule only: checked once
+                if (
+                    schedule == "serial" and d128 and index >= 4
+                    and "G=12" not in case.name and "window" not in case.name
+                ):
+                    continue  # the serial schedule at d = 128: the four layouts, G=12, windows
+                taken.clear()
+                fp8 = "fp8" in case.name
+                try:
+                    ok, summary = check_case(backend, case, answer)
+                    used = bool(taken)
+                    if used == fp8:
+                        ok = False
+                    summary += "; wgmma kernel" if used else "; mma.sync kernel"
+                except Exception as error:
+                    ok, summary = False, f"{type(error).__name__}: {error}"
+                name = f"wgmma {schedule} {case.name}"
+                results.append((name, ok, summary))
+                print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
+            try:
+                ok, summary = check_determinism(backend, rng)
+            except Exception as error:
+                ok, summary = False, f"{type(error).__name__}: {error}"
+            results.append((f"wgmma {schedule} determinism", ok, summary))
+            print(f"{'ok  ' if ok else 'FAIL'} wgmma {schedule} determinism: {summary}", flush=True)
+    finally:
+        specializations.wgmma_attention = original  # type: ignore[assignment]
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return results
 
 
 def sanitize_main(only_decode: bool = False) -> int:
@@ -1001,7 +1171,8 @@ def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
 #: Shapes of the tensor-core prefill kernels that ``--measure shapes`` compares: "64" is the
 #: 64-row kernel (paged_attention_mma.cu), "WxMxS" the 128-row one (paged_attention_mma_wide.cu)
 #: with W warps of M m-tiles (16 rows each) and S stages (specializations.mma_wide_shape's
-#: measurement switch)
+#: measurement switch), "wgmma" / "wgmma-serial" the Hopper kernel (paged_attention_wgmma.cu)
+#: with its overlap or serial schedule
 PREFILL_SHAPES: tuple[str, ...] = ("64", "4x2x2", "4x2x3", "8x1x2", "8x1x3")
 
 
@@ -1018,16 +1189,32 @@ def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPE
         if cudnn_ms
         else note
     ]
-    saved = {k: os.environ.get(k) for k in ("PAGEDATTN_CUPY_MMA_ROWS", "PAGEDATTN_CUPY_MMA_SHAPE")}
+    keys = (
+        "PAGEDATTN_CUPY_MMA_ROWS",
+        "PAGEDATTN_CUPY_MMA_SHAPE",
+        "PAGEDATTN_CUPY_PREFILL",
+        "PAGEDATTN_CUPY_WGMMA_SCHEDULE",
+    )
+    saved = {k: os.environ.get(k) for k in keys}
     try:
         for shape in shapes:
+            wgmma = shape.startswith("wgmma")
+            os.environ["PAGEDATTN_CUPY_PREFILL"] = "wgmma" if wgmma else "mma"
+            os.environ["PAGEDATTN_CUPY_WGMMA_SCHEDULE"] = (
+                "serial" if shape == "wgmma-serial" else "overlap"
+            )
             os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = "64" if shape == "64" else "128"
-            if shape != "64":
+            if shape != "64" and not wgmma:
                 os.environ["PAGEDATTN_CUPY_MMA_SHAPE"] = shape
             rows = 64 if shape == "64" else 128
             for bs in (16, 32, 64):
                 try:
-                    compiled = runtime.kernel(specializations.attention("bfloat16", 128, bs, rows))
+                    spec = (
+                        specializations.wgmma_attention("bfloat16", 128, bs)
+                        if wgmma
+                        else specializations.attention("bfloat16", 128, bs, rows)
+                    )
+                    compiled = runtime.kernel(spec)
                     ms = time_paged(backend, 8, 4096, bs, 4096, 2)
                     vs = f", {cudnn_ms / ms:.2f}x cuDNN" if cudnn_ms else ""
                     lines.append(
@@ -1037,7 +1224,7 @@ def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPE
                 except Exception as error:  # a measurement: report and go on
                     lines.append(f"shape {shape} bs{bs}: {type(error).__name__}: {error}")
                 print(lines[-1], flush=True)
-            if shape != "64":
+            if shape != "64" and not wgmma:  # (check_wgmma checks the Hopper kernel)
                 cases = wide_cases(np.random.default_rng(7))
                 for case in (cases[0], cases[6], cases[10]):
                     try:
@@ -1211,9 +1398,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the tensor-core prefill cases (both tile heights), determinism, torch inputs; no ops",
     )
     parser.add_argument(
+        "--only-wgmma",
+        action="store_true",
+        help="the Hopper kernel only: its layout check, its cases (PAGEDATTN_CUPY_PREFILL=wgmma)"
+        " and determinism; no other cases, no ops",
+    )
+    parser.add_argument(
         "--shapes",
         default=",".join(PREFILL_SHAPES),
-        help="comma list of kernel shapes for --measure shapes (64 or WxMxS)",
+        help="comma list of kernel shapes for --measure shapes (64, WxMxS, wgmma, wgmma-serial)",
     )
     parser.add_argument("--sanitizer-timeout", type=float, default=110.0)
     args = parser.parse_args(argv)
@@ -1227,7 +1420,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(2026)
     checks: list[tuple[str, bool, str]] = []
     cases = (
-        prefill_cases(rng)
+        []
+        if args.only_wgmma
+        else prefill_cases(rng)
         if args.only_prefill
         else correctness_cases(rng, only_decode=args.only_decode)
     )
@@ -1239,12 +1434,18 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((f"attention {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention {case.name}: {summary}", flush=True)
     os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"  # the CUDA-core kernel on 16-bit decode too
-    for case in [] if args.only_decode or args.only_prefill else correctness_cases(rng)[:12:2]:
+    if args.only_wgmma or args.only_prefill:
+        checks += check_wgmma(backend, rng)
+    quick = args.only_decode or args.only_prefill or args.only_wgmma
+    for case in [] if quick else correctness_cases(rng)[:12:2]:
         ok, summary = check_case(backend, case)
         checks.append((f"attention (CUDA-core decode) {case.name}", ok, summary))
         print(f"{'ok  ' if ok else 'FAIL'} attention (CUDA-core decode) {case.name}: {summary}")
     del os.environ["PAGEDATTN_CUPY_DECODE"]
-    for name, fn in (("determinism", check_determinism), ("torch inputs", check_torch_inputs)):
+    for name, fn in () if args.only_wgmma else (
+        ("determinism", check_determinism),
+        ("torch inputs", check_torch_inputs),
+    ):
         try:
             ok, summary = fn(backend, rng)
         except Exception as error:
@@ -1254,7 +1455,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         op_results = (
             []
-            if args.only_prefill
+            if args.only_prefill or args.only_wgmma
             else ([] if args.only_decode else check_ops(backend, rng)) + check_fp8_ops(backend, rng)
         )
     except Exception as error:

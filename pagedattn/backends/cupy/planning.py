@@ -26,7 +26,12 @@ from pagedattn.backends.cupy.specializations import (
     MMA_ROWS,
     MMA_WIDE_ROWS,
     ROWS,
+    Specialization,
+    attention,
+    prefill_kernel,
     tile_n,
+    wgmma_attention,
+    wgmma_supports,
 )
 from pagedattn.spec.arrays import AttentionProblem
 
@@ -40,6 +45,7 @@ class WorkPlan:
     items: np.ndarray
     merges: np.ndarray
     num_partials: int
+    kernel: str = "mma"  # "wgmma": paged_attention_wgmma takes the 128-row items
 
 
 #: rows (query tokens x query heads of a KV head) per sequence, on average, from which the
@@ -51,19 +57,56 @@ WIDE_MIN_ROWS_PER_SEQ = 4 * MMA_WIDE_ROWS
 MMA_ROWS_DEFAULT = "64"
 
 
+def device_has_wgmma() -> bool:
+    """Whether the current device runs sm_90a code (compute capability 9.0: H100, H200)."""
+    from pagedattn.backends.cupy.runtime import device_arch
+
+    return device_arch() == "90"
+
+
+def wide_enough(problem: AttentionProblem) -> bool:
+    """Whether the sequences hold at least ``WIDE_MIN_ROWS_PER_SEQ`` rows on average."""
+    rows_per_seq = problem.num_tokens * min(problem.group_size, MMA_WIDE_ROWS)
+    return rows_per_seq >= WIDE_MIN_ROWS_PER_SEQ * max(1, problem.num_seqs)
+
+
+def uses_wgmma(problem: AttentionProblem) -> bool:
+    """Whether the Hopper kernel (paged_attention_wgmma) takes this problem: a prefill batch the
+    tensor-core prefill kernels take (at least 8 queries per sequence on average), 16-bit
+    queries and caches at head_dim 64 or 128, a compute capability 9.0 device, and
+    ``PAGEDATTN_CUPY_PREFILL`` "wgmma", or "auto" with :func:`wide_enough` rows. Anything else
+    (fp8 caches, other head dims, other devices) stays on the mma.sync kernels."""
+    switch = prefill_kernel()
+    if switch == "mma" or not wgmma_supports(problem.dtype, problem.head_dim, problem.cache_dtype):
+        return False
+    if problem.is_decode or problem.num_tokens < 8 * problem.num_seqs:
+        return False
+    if switch == "auto" and not wide_enough(problem):
+        return False
+    return device_has_wgmma()
+
+
+def attention_spec(problem: AttentionProblem, rows: int) -> Specialization:
+    """The attention kernel for ``problem`` at ``rows`` rows per CTA (:func:`choose_rows`)."""
+    if rows == MMA_WIDE_ROWS and uses_wgmma(problem):
+        return wgmma_attention(problem.dtype, problem.head_dim, problem.block_size)
+    return attention(problem.dtype, problem.head_dim, problem.block_size, rows, problem.cache_dtype)
+
+
 def prefill_rows(problem: AttentionProblem) -> int:
-    """``MMA_WIDE_ROWS`` or ``MMA_ROWS`` rows for the tensor-core prefill kernels, as
+    """``MMA_WIDE_ROWS`` or ``MMA_ROWS`` rows for the tensor-core prefill kernels:
+    ``MMA_WIDE_ROWS`` where the Hopper kernel takes the problem (:func:`uses_wgmma`), else as
     ``PAGEDATTN_CUPY_MMA_ROWS`` says (default ``MMA_ROWS_DEFAULT``): "64" or "128" forces one
     height; "auto" takes the wide kernel when the sequences hold at least
     ``WIDE_MIN_ROWS_PER_SEQ`` rows on average."""
+    if uses_wgmma(problem):
+        return MMA_WIDE_ROWS
     switch = os.environ.get("PAGEDATTN_CUPY_MMA_ROWS", MMA_ROWS_DEFAULT)
     if switch in (str(MMA_ROWS), str(MMA_WIDE_ROWS)):
         return int(switch)
     if switch != "auto":
         raise ValueError(f"PAGEDATTN_CUPY_MMA_ROWS={switch!r}: expected 64, 128 or auto")
-    rows_per_seq = problem.num_tokens * min(problem.group_size, MMA_WIDE_ROWS)
-    wide = rows_per_seq >= WIDE_MIN_ROWS_PER_SEQ * max(1, problem.num_seqs)
-    return MMA_WIDE_ROWS if wide else MMA_ROWS
+    return MMA_WIDE_ROWS if wide_enough(problem) else MMA_ROWS
 
 
 def choose_rows(problem: AttentionProblem) -> int:
@@ -226,5 +269,10 @@ def build_work(
         .reshape(-1, MERGE_FIELDS)
     )
     return WorkPlan(
-        rows=rows, tile_n=TILE_N, items=items, merges=merges, num_partials=int(split.sum())
+        rows=rows,
+        tile_n=TILE_N,
+        items=items,
+        merges=merges,
+        num_partials=int(split.sum()),
+        kernel="wgmma" if rows == MMA_WIDE_ROWS and uses_wgmma(problem) else "mma",
     )

@@ -9,8 +9,10 @@ after each launch to surface asynchronous faults at the launch that caused them.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
+import tempfile
 from typing import Any
 
 from pagedattn.backends.cupy.specializations import COMPILE_OPTIONS, Specialization, source
@@ -22,9 +24,14 @@ class KernelLaunchError(RuntimeError):
 
 @functools.cache
 def kernel(spec: Specialization) -> Any:
-    """Compile ``spec`` with NVRTC (once per process) and return its ``cupy.RawKernel``."""
+    """Compile ``spec`` with NVRTC (once per process) and return its ``cupy.RawKernel``.
+
+    A specialization with an ``arch`` (sm_90a for wgmma) is compiled to a cubin for that
+    architecture here (cupy would add the device's own ``-arch``) and loaded from a file."""
     import cupy
 
+    if spec.arch is not None:
+        return _kernel_for_arch(spec)
     try:
         module = cupy.RawModule(
             code=source(spec.module),
@@ -34,6 +41,63 @@ def kernel(spec: Specialization) -> Any:
         return module.get_function(spec.name_expression)
     except Exception as error:  # CompileException, CUDADriverError
         raise KernelLaunchError(f"compiling {spec.name_expression}: {error}") from error
+
+
+def compile_cubin(module: str, name_expressions: list[str], arch: str,
+                  extra_options: tuple[str, ...] = ()) -> tuple[bytes, dict[str, str], str]:
+    """NVRTC-compile ``module`` for ``arch``: (cubin, lowered name of each name expression, log).
+    Raises KernelLaunchError with NVRTC's log on a compile error."""
+    from cupy.cuda import nvrtc
+
+    program = nvrtc.createProgram(source(module), f"{module}.cu", [], [])
+    try:
+        for name in name_expressions:
+            nvrtc.addNameExpression(program, name)
+        try:
+            nvrtc.compileProgram(program, [f"-arch={arch}", *COMPILE_OPTIONS, *extra_options])
+        except nvrtc.NVRTCError as error:
+            raise KernelLaunchError(
+                f"compiling {module}.cu for {arch}: {error}\n{nvrtc.getProgramLog(program)}"
+            ) from None
+        log = nvrtc.getProgramLog(program)
+        lowered = {name: nvrtc.getLoweredName(program, name) for name in name_expressions}
+        cubin = nvrtc.getCUBIN(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    if not cubin:
+        raise KernelLaunchError(f"compiling {module}.cu: NVRTC produced no cubin for {arch}")
+    return cubin, lowered, log
+
+
+def _kernel_for_arch(spec: Specialization) -> Any:
+    import cupy
+
+    assert spec.arch is not None
+    cubin, lowered, _ = compile_cubin(spec.module, [spec.name_expression], spec.arch)
+    digest = hashlib.sha256(cubin).hexdigest()[:24]
+    path = os.path.join(tempfile.gettempdir(), f"pagedattn-cupy-{digest}.cubin")
+    if not os.path.exists(path):
+        with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
+            f.write(cubin)
+        os.replace(f.name, path)
+    try:
+        return cupy.RawModule(path=path).get_function(lowered[spec.name_expression])
+    except Exception as error:  # CUDADriverError (e.g. sm_90a code on another device)
+        raise KernelLaunchError(f"loading {spec.name_expression} ({spec.arch}): {error}") from error
+
+
+@functools.cache
+def _device_arch(device: int) -> str:
+    import cupy
+
+    return str(cupy.cuda.Device(device).compute_capability)
+
+
+def device_arch() -> str:
+    """The current device's compute capability as cupy spells it ("90" for H100/H200)."""
+    import cupy
+
+    return _device_arch(cupy.cuda.Device().id)
 
 
 #: cupy views of torch streams, by (device, stream handle): made once, not on every launch

@@ -3,7 +3,8 @@
 One source (``kernels/*.cu`` plus ``kernels/common.cuh``) per module; a specialization is a
 name expression such as ``paged_attention<bfloat16_t, 128, 16, 4>``. The same list is what
 :mod:`pagedattn.backends.cupy.compile_check` compiles for sm_90 in CI, so whatever the backend
-can launch has been compiled without a GPU first.
+can launch has been compiled without a GPU first. The wgmma kernel is compiled for sm_90a
+(its Specialization's ``arch``), the rest for the device's own architecture.
 """
 
 from __future__ import annotations
@@ -34,6 +35,19 @@ MMA_TILE_N = 64
 #: MMA_WIDE_ROWS rows as (warps, m-tiles of 16 rows per warp, K/V stages)
 MMA_WIDE_ROWS = 128
 MMA_WIDE_SHAPE: tuple[int, int, int] = (4, 2, 2)
+#: The Hopper prefill kernel (kernels/paged_attention_wgmma.cu, sm_90a): the 128-row kernel's
+#: work items (MMA_WIDE_ROWS rows, MMA_TILE_N-key tiles), 2 warpgroups, WGMMA_STAGES K/V
+#: stages, 16-bit caches at these head dims; taken as PAGEDATTN_CUPY_PREFILL says
+#: (:func:`prefill_kernel`), on compute capability 9.0 only
+WGMMA_THREADS = 256
+WGMMA_STAGES = 4
+WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
+WGMMA_OVERLAP_HEAD_DIMS: tuple[int, ...] = (128,)
+WGMMA_ARCH = "sm_90a"
+WGMMA_MODULE = "paged_attention_wgmma"
+#: PAGEDATTN_CUPY_PREFILL when unset (see :func:`prefill_kernel`)
+PREFILL_DEFAULT = "mma"
+PREFILL_CHOICES: tuple[str, ...] = ("mma", "wgmma", "auto")
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 4 warps
@@ -54,10 +68,75 @@ COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17", f"-I{KERNEL_DIR}")
 
 @dataclass(frozen=True)
 class Specialization:
-    """One kernel instantiation: which module (``.cu`` file stem) and its name expression."""
+    """One kernel instantiation: which module (``.cu`` file stem), its name expression, and
+    the architecture it must be compiled for (``None``: the device's own, through cupy)."""
 
     module: str
     name_expression: str
+    arch: str | None = None
+
+
+def prefill_kernel() -> str:
+    """``PAGEDATTN_CUPY_PREFILL`` (default ``PREFILL_DEFAULT``): "mma" (the mma.sync kernels
+    only), "wgmma" (the Hopper kernel for every prefill it supports) or "auto" (the Hopper
+    kernel where planning would take 128-row tiles, see planning.prefill_rows)."""
+    switch = os.environ.get("PAGEDATTN_CUPY_PREFILL", PREFILL_DEFAULT)
+    if switch not in PREFILL_CHOICES:
+        raise ValueError(f"PAGEDATTN_CUPY_PREFILL={switch!r}: expected one of {PREFILL_CHOICES}")
+    return switch
+
+
+def wgmma_supports(dtype: str, head_dim: int, cache_dtype: str | None = None) -> bool:
+    """Whether paged_attention_wgmma has an instantiation for these dtypes and head_dim (16-bit
+    queries and the same 16-bit cache; fp8 caches stay on the mma.sync kernels)."""
+    return (
+        dtype in MMA_DTYPES and head_dim in WGMMA_HEAD_DIMS and (cache_dtype or dtype) == dtype
+    )
+
+
+def wgmma_overlap(head_dim: int) -> bool:
+    """Whether the wgmma kernel leaves P V running into the next tile's copies and S (its
+    ``OVERLAP`` schedule): ``PAGEDATTN_CUPY_WGMMA_SCHEDULE`` "overlap" (default) or "serial";
+    head_dim 128 only (at 64 ptxas serialises that schedule's wgmmas, warning C7515)."""
+    schedule = os.environ.get("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "overlap")
+    if schedule not in ("overlap", "serial"):
+        raise ValueError(
+            f"PAGEDATTN_CUPY_WGMMA_SCHEDULE={schedule!r}: expected overlap or serial"
+        )
+    return schedule == "overlap" and head_dim in WGMMA_OVERLAP_HEAD_DIMS
+
+
+def wgmma_attention(
+    dtype: str, head_dim: int, block_size: int, overlap: bool | None = None
+) -> Specialization:
+    """``paged_attention_wgmma<T, head_dim, block_size, OVERLAP>`` (``overlap`` None: as
+    :func:`wgmma_overlap` says), compiled for ``WGMMA_ARCH``."""
+    if overlap is None:
+        overlap = wgmma_overlap(head_dim)
+    return Specialization(
+        WGMMA_MODULE,
+        f"paged_attention_wgmma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size},"
+        f" {'true' if overlap else 'false'}>",
+        WGMMA_ARCH,
+    )
+
+
+def wgmma_layout_check(dtype: str, head_dim: int) -> Specialization:
+    """``wgmma_layout_check<T, head_dim>``: one warpgroup's S = Q K^T and O = P V (gpu_check)."""
+    return Specialization(
+        WGMMA_MODULE, f"wgmma_layout_check<{CUDA_TYPES[dtype]}, {head_dim}>", WGMMA_ARCH
+    )
+
+
+def wgmma_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of ``paged_attention_wgmma`` (as ``wgmma_smem_bytes`` in the .cu):
+    1,024 for aligning the swizzle atoms, the K/V stages, the Q tile, three ints/floats per row."""
+    return (
+        1024
+        + WGMMA_STAGES * 2 * MMA_TILE_N * head_dim * 2
+        + MMA_WIDE_ROWS * head_dim * 2
+        + 3 * MMA_WIDE_ROWS * 4
+    )
 
 
 def mma_wide_shape() -> tuple[int, int, int]:
@@ -82,8 +161,10 @@ def tile_n(dtype: str, rows: int = ROWS[0]) -> int:
     return {DECODE_ROWS: DECODE_WARPS * DECODE_SUB_N}.get(rows, 32)
 
 
-def threads(rows: int) -> int:
-    """Threads per CTA of the attention kernel used for ``rows``."""
+def threads(rows: int, spec: Specialization | None = None) -> int:
+    """Threads per CTA of the attention kernel used for ``rows`` (``spec``: that kernel)."""
+    if spec is not None and spec.module == WGMMA_MODULE:
+        return WGMMA_THREADS
     if rows == MMA_WIDE_ROWS:
         return 32 * mma_wide_shape()[0]
     return DECODE_THREADS if rows == DECODE_ROWS else NUM_THREADS
@@ -144,9 +225,17 @@ def decode_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
     )
 
 
-def smem_bytes(dtype: str, head_dim: int, rows: int, cache_dtype: str | None = None) -> int:
-    """Dynamic shared memory of the attention kernel used for ``rows``."""
+def smem_bytes(
+    dtype: str,
+    head_dim: int,
+    rows: int,
+    cache_dtype: str | None = None,
+    spec: Specialization | None = None,
+) -> int:
+    """Dynamic shared memory of the attention kernel used for ``rows`` (``spec``: that kernel)."""
     cache_dtype = cache_dtype or dtype
+    if spec is not None and spec.module == WGMMA_MODULE:
+        return wgmma_smem_bytes(head_dim)
     if rows == DECODE_ROWS:
         return decode_smem_bytes(head_dim, cache_dtype)
     if rows == MMA_ROWS:
@@ -234,6 +323,12 @@ def all_specializations() -> list[Specialization]:
                             attention(dtype, head_dim, bs, rows, cache) for bs in BLOCK_SIZES
                         )
                     specs.append(merge_partials(dtype, head_dim, rows))
+            if wgmma_supports(dtype, head_dim):
+                for overlap in {False, head_dim in WGMMA_OVERLAP_HEAD_DIMS}:
+                    specs.extend(
+                        wgmma_attention(dtype, head_dim, bs, overlap) for bs in BLOCK_SIZES
+                    )
+                specs.append(wgmma_layout_check(dtype, head_dim))
         specs.extend(kv_op(kernel, dtype) for kernel in KV_OP_KERNELS)
         specs.extend(write_kv_fp8(dtype, cache) for cache in FP8_TYPES)
     for cache in FP8_TYPES:

@@ -1,0 +1,492 @@
+// Paged attention on Hopper warpgroup MMA (wgmma.mma_async, sm_90a; float32 accumulation) for
+// float16 and bfloat16 queries and caches: long prefill, issue #5. One CTA of two warpgroups
+// takes WGMMA_ROWS = 128 query rows (query tokens x the query heads of one KV head: the work
+// items of the 128-row mma kernel); each warpgroup owns 64 rows, and both read every K/V tile
+// staged in shared memory.
+//
+// Must match pagedattn.spec.exact.exact_attention within the error model (P is rounded to the
+// input dtype before P V, which the model allows). Same work items, skeleton and names as the
+// mma.sync kernels (paged_attention_mma.cu) and the NumPy reference:
+//   setup:      rows' p_q and ALiBi slopes; the Q tile staged in its own shared memory, read
+//               into registers (ldmatrix, the wgmma A fragments) afresh for each tile's S
+//   inner loop: for each tile of WGMMA_TILE_N logical positions: look up physical blocks (only
+//               p < L), stage K and V (16-byte cp.async into the 128-byte-swizzled layout wgmma
+//               reads, zero-filled beyond L so no garbage reaches P V, WGMMA_STAGES deep),
+//               S = Q K^T (wgmma, K as a K-major shared-memory operand), mask (replace, never
+//               add; no mask on tiles every row of the warpgroup sees whole), update m, l in
+//               registers,
+//               O = O * alpha + P V (wgmma, P from the S registers, V as an MN-major operand)
+//   epilogue:   O / l, lse = m + log l (0 and -inf for an empty row), to out or a partial.
+// A thread holds rows g and g + 8 of its warp's 16 (g = lane / 4), as in the mma.sync kernels.
+// 16-bit caches only (fp8 caches stay on the mma.sync kernels: planning never picks this one).
+#include "common.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+constexpr int WGMMA_THREADS = 256;  // 2 warpgroups
+constexpr int WGMMA_ROWS = 128;     // 64 rows per warpgroup
+constexpr int WGMMA_TILE_N = 64;    // keys per tile
+constexpr int WGMMA_STAGES = 4;     // K/V tiles in shared memory: three load while one is computed
+constexpr int WGMMA_ITEM_FIELDS = 9;
+
+// Shared-memory bytes of paged_attention_wgmma (the host computes the same): 1,024 for
+// aligning the swizzle atoms, WGMMA_STAGES stages of K and V, the Q tile, three ints/floats
+// per row.
+template <int HEAD_DIM> __host__ __device__ constexpr int wgmma_smem_bytes() {
+  return 1024 + WGMMA_STAGES * 2 * WGMMA_TILE_N * HEAD_DIM * 2 + WGMMA_ROWS * HEAD_DIM * 2 + 3 * WGMMA_ROWS * 4;
+}
+
+// 16-byte asynchronous copy global -> shared at a 32-bit shared address; valid == false fills
+// 16 zero bytes and reads nothing
+__device__ __forceinline__ void cp_async_16_at(unsigned dst, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+// exp2 on the MUFU unit, subnormal results flushed to zero (they weigh nothing beside the row
+// maximum's 1); exp2(-inf) = 0
+__device__ __forceinline__ float wg_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T, int HEAD_DIM, int BLOCK_SIZE, bool OVERLAP>
+__global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
+    const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
+    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
+    float* __restrict__ partial_lse,  //
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
+    const int* __restrict__ query_start_loc, const float* __restrict__ alibi_slopes,
+    const int* __restrict__ items,  //
+    long long k_stride_block, long long k_stride_slot, long long k_stride_head,
+    long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
+    int max_blocks_per_seq, int num_q_heads, int group_size,                      //
+    float scale, float softcap, int sliding_window, int causal, int has_alibi, float v_scale) {
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "wgmma kernel: head_dim 64 or 128");
+  constexpr int STAGES = WGMMA_STAGES;
+  constexpr int TILE_N = WGMMA_TILE_N;
+  constexpr int ROWS = WGMMA_ROWS;
+  constexpr int THREADS = WGMMA_THREADS;
+  constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;               // 16-byte chunks of 8 elements
+  constexpr int TILE_BYTES = TILE_N * HEAD_DIM * 2;          // one K (or V) tile
+  constexpr int PANEL_BYTES = TILE_N * 128;                  // 64 columns of a tile
+  constexpr int LOADS_PER_THREAD = TILE_N * CHUNKS_PER_ROW / THREADS;
+  static_assert(TILE_N * CHUNKS_PER_ROW % THREADS == 0, "tile loads must divide among the threads");
+  constexpr int BLOCKS_PER_TILE = TILE_N > BLOCK_SIZE ? TILE_N / BLOCK_SIZE : 1;
+  constexpr int ROWS_PER_PASS = THREADS / CHUNKS_PER_ROW;
+  static_assert(TILE_N % BLOCK_SIZE == 0 || BLOCK_SIZE % TILE_N == 0, "tiles and blocks nest");
+  constexpr int Q_LOADS_PER_THREAD = ROWS * CHUNKS_PER_ROW / THREADS;
+  constexpr int K_STEPS = HEAD_DIM / 16;  // k-steps of S = Q K^T
+  constexpr int S_REGS = TILE_N / 2;      // accumulators of a 64 x TILE_N S per thread
+  constexpr int O_REGS = HEAD_DIM / 2;    // accumulators of a 64 x HEAD_DIM O per thread
+  constexpr int PV_STEPS = TILE_N / 16;   // k-steps of O += P V
+  // tiles loaded ahead: into the stage read one iteration before, or (OVERLAP: P V still
+  // running into the next iteration) two iterations before
+  constexpr int AHEAD = OVERLAP ? STAGES - 2 : STAGES - 1;
+  static_assert(AHEAD >= 1, "at least one tile in flight");
+  using Mma = MmaType<T>;
+  using Wg = Wgmma<T>;
+  (void)v_scale;  // 16-bit caches: the value used is the cache
+
+  // ---- shared memory: [pad to 1,024] STAGES x (K tile | V tile) | Q tile | p_q | slope |
+  // row_valid. Q: chunk c of row r at r * CHUNKS_PER_ROW + (c ^ (r % 8)), read by ldmatrix.
+  extern __shared__ uint4 smem[];
+  if (dynamic_smem_size() < (unsigned)wgmma_smem_bytes<HEAD_DIM>()) __trap();
+  const unsigned smem_base = smem_address(smem);
+  const unsigned pad = (1024u - (smem_base & 1023u)) & 1023u;
+  unsigned char* tiles = reinterpret_cast<unsigned char*>(smem) + pad;
+  const unsigned tiles_addr = smem_base + pad;  // 1,024-aligned
+  uint4* q_tile = reinterpret_cast<uint4*>(tiles + STAGES * 2 * TILE_BYTES);
+  int* p_q = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(smem) + 1024 + STAGES * 2 * TILE_BYTES +
+                                    ROWS * HEAD_DIM * 2);
+  float* slope = reinterpret_cast<float*>(p_q + ROWS);
+  int* row_valid = reinterpret_cast<int*>(slope + ROWS);
+  auto q_swizzle = [](int r, int c) { return r * CHUNKS_PER_ROW + (c ^ (r % 8)); };
+
+  // ---- setup
+  const int* item = items + (long long)blockIdx.x * WGMMA_ITEM_FIELDS;
+  const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];
+  const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];
+  const int partial = item[8];
+  const int num_rows = num_tokens * num_groups;
+  const int L = seq_lens[seq];
+  const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];
+  const int* table_row = block_tables + (long long)seq * max_blocks_per_seq;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the fragments
+  const int wg = warp / 4;                 // warpgroup: rows 64 * wg .. 64 * wg + 63
+
+  for (int r = threadIdx.x; r < ROWS; r += THREADS) {
+    const int t = token_start + r / num_groups;
+    const int h = kv_head * group_size + group_start + r % num_groups;
+    row_valid[r] = r < num_rows;
+    p_q[r] = L - q_len + (t - query_start_loc[seq]);
+    slope[r] = (has_alibi && r < num_rows) ? alibi_slopes[h] : 0.f;
+  }
+  // Q rows (zeros for rows past num_rows)
+#pragma unroll
+  for (int i = 0; i < Q_LOADS_PER_THREAD; ++i) {
+    const int idx = threadIdx.x + i * THREADS;
+    const int r = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
+    const bool valid = r < num_rows;
+    const T* src = query;
+    if (valid) {
+      const long long t = token_start + r / num_groups;
+      const int h = kv_head * group_size + group_start + r % num_groups;
+      src = query + (t * num_q_heads + h) * HEAD_DIM + c * 8;
+    }
+    cp_async_16(q_tile + q_swizzle(r, c), src, valid);
+  }
+  cp_async_commit();
+
+  // The physical blocks of tile `tile` (entries only below ceil(L / BLOCK_SIZE)), loaded a tile
+  // before the copies that use them.
+  auto fetch_blocks = [&](int tile, int (&blocks)[BLOCKS_PER_TILE]) {
+    const int p0 = kv_begin + tile * TILE_N;
+#pragma unroll
+    for (int b = 0; b < BLOCKS_PER_TILE; ++b) {
+      const int p = p0 + b * BLOCK_SIZE;
+      blocks[b] = p < L ? table_row[p / BLOCK_SIZE] : 0;
+    }
+  };
+  auto pick = [](const int (&blocks)[BLOCKS_PER_TILE], int j) {
+    int block = blocks[0];
+#pragma unroll
+    for (int b = 1; b < BLOCKS_PER_TILE; ++b) block = j == b ? blocks[b] : block;
+    return block;
+  };
+  // K and V rows p0 .. p0 + TILE_N - 1 into `stage`, 128-byte swizzled (wgmma_tile_offset);
+  // rows at p >= L are zero-filled and never read. Every tile starts at a multiple of TILE_N, so
+  // the row n of a thread's i-th copy sits at slot n % BLOCK_SIZE of its block: the in-block
+  // source offsets and the swizzled destinations are per-thread constants (k_row, v_row, dst).
+  const int copy_c = threadIdx.x % CHUNKS_PER_ROW, copy_n = threadIdx.x / CHUNKS_PER_ROW;
+  const T* k_row[LOADS_PER_THREAD];
+  const T* v_row[LOADS_PER_THREAD];
+  unsigned copy_dst[LOADS_PER_THREAD];
+#pragma unroll
+  for (int i = 0; i < LOADS_PER_THREAD; ++i) {
+    const int n = copy_n + i * ROWS_PER_PASS;
+    k_row[i] = key_cache + (n % BLOCK_SIZE) * k_stride_slot + kv_head * k_stride_head + copy_c * 8;
+    v_row[i] = value_cache + (n % BLOCK_SIZE) * v_stride_slot + kv_head * v_stride_head + copy_c * 8;
+    copy_dst[i] = wgmma_tile_offset<TILE_N>(n, copy_c);
+  }
+  auto load_tile = [&](int stage, int p0, const int (&blocks)[BLOCKS_PER_TILE]) {
+    const unsigned k_dst = tiles_addr + stage * 2 * TILE_BYTES, v_dst = k_dst + TILE_BYTES;
+#pragma unroll
+    for (int i = 0; i < LOADS_PER_THREAD; ++i) {
+      const int n = copy_n + i * ROWS_PER_PASS;
+      const bool valid = p0 + n < L;
+      const int j = ROWS_PER_PASS <= BLOCK_SIZE ? (ROWS_PER_PASS * i) / BLOCK_SIZE : n / BLOCK_SIZE;
+      const long long block = pick(blocks, BLOCKS_PER_TILE == 1 ? 0 : j);
+      const T* k_src = valid ? k_row[i] + block * k_stride_block : key_cache;
+      const T* v_src = valid ? v_row[i] + block * v_stride_block : value_cache;
+      cp_async_16_at(k_dst + copy_dst[i], k_src, valid);
+      cp_async_16_at(v_dst + copy_dst[i], v_src, valid);
+    }
+  };
+
+  // rows of this thread, and of its warpgroup (for whole-tile and skip tests)
+  const int row_lo = warp * 16 + g, row_hi = row_lo + 8;
+  const int pq_min = L - q_len + (token_start - query_start_loc[seq]);  // p_q of the CTA's first token
+  const int wg_first_row = 64 * wg, wg_last_row = min(64 * wg + 63, num_rows - 1);
+  const int wg_pq_lo = pq_min + wg_first_row / num_groups;                    // first row's p_q
+  const int wg_pq_hi = pq_min + max(wg_last_row, 0) / num_groups;  // last valid row's p_q
+  const bool plain = softcap <= 0.f && !has_alibi;  // scores are scale * q.k, nothing added
+  float m_i[2] = {PA_NEG_INF, PA_NEG_INF};
+  float l_i[2] = {0.f, 0.f};  // this thread's share of l; summed over the quad in the epilogue
+  float o[O_REGS];
+#pragma unroll
+  for (int j = 0; j < O_REGS; ++j) o[j] = 0.f;
+  const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + TILE_N - 1) / TILE_N : 0;
+  int blocks[BLOCKS_PER_TILE];             // of the next tile to load
+  int blocks_after[BLOCKS_PER_TILE] = {};  // of the tile after it
+
+  // -- scale, softcap, ALiBi, mask (replace, never add); update m_i, l_i; P = exp2(s - m) as
+  //    16-bit A fragments of P V; alpha rescales O (the caller applies it)
+  auto softmax_tile = [&](float (&s)[S_REGS], int p0, unsigned (&p_frag)[PV_STEPS][4], float (&alpha)[2]) {
+    float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
+    const bool whole = p0 + TILE_N <= L && (!causal || p0 + TILE_N - 1 <= wg_pq_lo) &&
+                       (sliding_window <= 0 || p0 > wg_pq_hi - sliding_window);
+    // every row of the warpgroup sees every key of the tile, and the scores are scale * q.k
+    // with scale > 0: no mask, the row max taken on the raw products (scaling keeps the order),
+    // and P = exp2(s * scale * log2 e - m) one FFMA and one ex2 below
+    const bool fast = plain && whole && scale > 0.f;
+    if (fast) {
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) m_ij[(e / 2) % 2] = fmaxf(m_ij[(e / 2) % 2], s[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) {
+        const int half = (e / 2) % 2;
+        const int r = half == 0 ? row_lo : row_hi;
+        const int p = p0 + 8 * (e / 4) + 2 * tig + (e & 1);
+        float x = s[e] * scale;
+        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+        const int distance = p - p_q[r];
+        if (has_alibi) x += slope[r] * (float)distance;
+        bool visible = row_valid[r] && p < L;
+        if (causal) visible = visible && distance <= 0;
+        if (sliding_window > 0) visible = visible && distance > -sliding_window;
+        s[e] = visible ? x * LOG2E : PA_NEG_INF;
+        m_ij[half] = fmaxf(m_ij[half], s[e]);
+      }
+    }
+    float m_safe[2];
+    const float score_log2 = scale * LOG2E;  // raw product -> log2 units (fast path)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
+      if (fast) m_ij[half] *= score_log2;
+      const float m_new = fmaxf(m_i[half], m_ij[half]);
+      m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;  // an all-masked row keeps p = 0
+      alpha[half] = wg_exp2(m_i[half] - m_safe[half]);
+      m_i[half] = m_new;
+      l_i[half] *= alpha[half];
+    }
+    if (fast) {
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) s[e] = wg_exp2(fmaf(s[e], score_log2, -m_safe[(e / 2) % 2]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) s[e] = wg_exp2(s[e] - m_safe[(e / 2) % 2]);
+    }
+#pragma unroll
+    for (int e = 0; e < S_REGS; ++e) l_i[(e / 2) % 2] += s[e];
+#pragma unroll
+    for (int kk = 0; kk < PV_STEPS; ++kk) {
+#pragma unroll
+      for (int a = 0; a < 4; ++a) p_frag[kk][a] = Mma::pack(s[8 * kk + 2 * a], s[8 * kk + 2 * a + 1]);
+    }
+  };
+  // -- issue S = Q K^T on the K tile at k_addr (K-major B: panel kk / 4, 32 bytes per k-step
+  //    inside it; the descriptors made before the first wgmma, see pv_descs). Every warpgroup
+  //    computes every tile (a branch around wgmma makes ptxas serialise them, warning C7518);
+  //    rows that see none of it are masked. The A fragments (Q rows 16 * warp ..) are read from
+  //    shared memory for every tile: held in registers across the loop, ptxas 13.0 gave them
+  //    to other values inside the loop at head_dim 64 (the SASS read P of the previous tile as
+  //    Q from the second tile on), which the H200 check caught as wrong output.
+  const unsigned q_ld_row = smem_address(q_tile) + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * CHUNKS_PER_ROW * 16;
+  auto issue_qk = [&](float (&s)[S_REGS], unsigned k_addr) {
+    unsigned q_frag[K_STEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk) ldmatrix_x4_at(q_frag[kk], q_ld_row + (((2 * kk + lane / 16) ^ (lane % 8)) << 4));
+    unsigned long long desc[K_STEPS];
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk) desc[kk] = wgmma_desc(k_addr + (kk / 4) * PANEL_BYTES + (kk % 4) * 32, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk) Wg::template m64n64<0>(s, q_frag[kk], desc[kk], kk > 0);
+  };
+  // -- O += P V on the V tile at v_addr (MN-major B: 8-key groups 1,024 bytes apart, 64-column
+  //    panels PANEL_BYTES apart; 16 keys = 2,048 bytes per k-step). The descriptors are made
+  //    before any wgmma of the step is issued: a register defined between the issue and the
+  //    wait of an earlier wgmma makes ptxas serialise them (warning C7513).
+  auto pv_descs = [&](unsigned v_addr, unsigned long long (&desc)[PV_STEPS]) {
+#pragma unroll
+    for (int kk = 0; kk < PV_STEPS; ++kk) desc[kk] = wgmma_desc(v_addr + kk * 2048, PANEL_BYTES, 1024);
+  };
+  auto issue_pv = [&](const unsigned (&p_frag)[PV_STEPS][4], const unsigned long long (&desc)[PV_STEPS]) {
+#pragma unroll
+    for (int kk = 0; kk < PV_STEPS; ++kk) {
+      if constexpr (HEAD_DIM == 128) Wg::template m64n128<1>(o, p_frag[kk], desc[kk], 1);
+      else Wg::template m64n64<1>(o, p_frag[kk], desc[kk], 1);
+    }
+  };
+  // -- copies of tile `next` into its stage (an empty group past the last tile)
+  auto load_next = [&](int next) {
+    if (next + 1 < num_tiles) fetch_blocks(next + 1, blocks_after);
+    if (next < num_tiles) load_tile(next % STAGES, kv_begin + next * TILE_N, blocks);
+    cp_async_commit();
+#pragma unroll
+    for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = blocks_after[b];
+  };
+  auto stage_addr = [&](int tile) { return tiles_addr + (tile % STAGES) * 2 * TILE_BYTES; };
+  // -- O *= alpha, skipped when no row of the warp has a new maximum (alpha == 1 exactly: most
+  //    tiles of a long row)
+  auto rescale_o = [&](const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < O_REGS; ++j) o[j] *= alpha[(j / 2) % 2];
+    }
+  };
+
+  // ---- K/V tiles 0 .. AHEAD - 1 in flight (Q's copies went first: the first iteration's wait
+  //      covers them)
+  if (num_tiles > 0) fetch_blocks(0, blocks);
+#pragma unroll
+  for (int i = 0; i < AHEAD; ++i) load_next(i);
+
+  if constexpr (!OVERLAP) {
+    // ---- inner loop over tiles: S_i, softmax, P_i V_i, one after the other in each warpgroup
+    //      (the other warpgroup's products fill the gaps); tile i + AHEAD loads meanwhile into
+    //      the stage read in iteration i - 1
+    for (int i = 0; i < num_tiles; ++i) {
+      cp_async_wait<AHEAD - 1>();  // tile i has landed (this thread's copies)
+      fence_proxy_async();         // ... and is visible to the tensor cores' reads
+      __syncthreads();             // every thread's copies; stage (i - 1) % STAGES is free again
+      float s[S_REGS];
+      issue_qk(s, stage_addr(i));
+      wgmma_commit();
+      load_next(i + AHEAD);
+      wgmma_wait<0>();
+      wgmma_touch(s);
+      unsigned p_frag[PV_STEPS][4];
+      float alpha[2];
+      softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
+      rescale_o(alpha);
+      unsigned long long v_desc[PV_STEPS];
+      pv_descs(stage_addr(i) + TILE_BYTES, v_desc);
+      wgmma_touch(o);
+      wgmma_fence();
+      issue_pv(p_frag, v_desc);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_touch(o);
+    }
+  } else {
+    // ---- inner loop over tiles, P V left running: each step issues P_i V_i without waiting for
+    //      it, so it runs while the warpgroup passes the next barrier, issues the next tile's
+    //      copies and S_{i+1} = Q K_{i+1} (the tensor cores take them in order; the other
+    //      warpgroup's softmax fills the gap). Tile i + AHEAD loads into the stage of tile
+    //      i - 2, whose P V both warpgroups waited for in step i - 1. (Issuing S_{i+1} before
+    //      P_i V_i, FlashAttention-3's order, made ptxas serialise the wgmmas: the moves into
+    //      O's tied registers land between the two, warning C7513.)
+    unsigned p_frag[PV_STEPS][4];  // P of the tile whose P V is running
+    for (int i = 0; i < num_tiles; ++i) {
+      cp_async_wait<AHEAD - 1>();
+      fence_proxy_async();
+      __syncthreads();
+      float s[S_REGS];
+      issue_qk(s, stage_addr(i));
+      wgmma_commit();
+      load_next(i + AHEAD);
+      wgmma_wait<0>();  // S_i, and P_{i-1} V_{i-1} before it
+      wgmma_keep(p_frag);
+      wgmma_touch(s);
+      wgmma_touch(o);
+      float alpha[2];
+      softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
+      rescale_o(alpha);
+      unsigned long long v_desc[PV_STEPS];
+      pv_descs(stage_addr(i) + TILE_BYTES, v_desc);
+      wgmma_touch(o);
+      wgmma_fence();
+      issue_pv(p_frag, v_desc);
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    wgmma_keep(p_frag);
+    wgmma_touch(o);
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: l over the quad, O / l, lse = m + log l
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 1);
+    l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 2);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = half == 0 ? row_lo : row_hi;
+    if (r >= num_rows) continue;
+    const float l = l_i[half];
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    const float lse_final = l > 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
+    const long long t = token_start + r / num_groups;
+    const int h = kv_head * group_size + group_start + r % num_groups;
+#pragma unroll
+    for (int j = 0; j < HEAD_DIM / 8; ++j) {
+      const int d = 8 * j + 2 * tig;
+      const float o0 = o[4 * j + 2 * half] * inv_l, o1 = o[4 * j + 2 * half + 1] * inv_l;
+      if (partial >= 0) {
+        float* dst = partial_out + ((long long)partial * ROWS + r) * HEAD_DIM + d;
+        dst[0] = o0;
+        dst[1] = o1;
+      } else {
+        T* dst = out + (t * num_q_heads + h) * HEAD_DIM + d;
+        dst[0] = from_float<T>(o0);
+        dst[1] = from_float<T>(o1);
+      }
+    }
+    if (tig == 0) {
+      if (partial >= 0) partial_lse[(long long)partial * ROWS + r] = lse_final;
+      else lse[t * num_q_heads + h] = lse_final;
+    }
+  }
+}
+
+// Layout check of one warpgroup's wgmma products against the host (gpu_check runs it first):
+// S = Q K^T (64 x 64, K-major K) and O = P V (64 x HEAD_DIM, MN-major V) for one 64-row Q,
+// 64-key K and V and a 64 x 64 P, all of T; K and V staged exactly as paged_attention_wgmma
+// stages them, the A fragments of Q and P read straight from global memory (the m16n8k16 A
+// layout: registers 0..3 = rows g, g + 8, g, g + 8 at columns 2 * tig (+ 8 for 2 and 3)).
+// 128 threads; s_out float32 [64, 64], o_out float32 [64, HEAD_DIM].
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(128) wgmma_layout_check(const T* __restrict__ q, const T* __restrict__ k,
+                                                          const T* __restrict__ p, const T* __restrict__ v,
+                                                          float* __restrict__ s_out, float* __restrict__ o_out) {
+  constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;
+  constexpr int TILE_BYTES = 64 * HEAD_DIM * 2;
+  __shared__ __align__(1024) unsigned char buffer[1024 + 2 * TILE_BYTES];
+  const unsigned base = smem_address(buffer);
+  const unsigned pad = (1024u - (base & 1023u)) & 1023u;
+  unsigned char* k_tile = buffer + pad;
+  unsigned char* v_tile = k_tile + TILE_BYTES;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
+  for (int idx = threadIdx.x; idx < 64 * CHUNKS_PER_ROW; idx += 128) {
+    const int n = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
+    cp_async_16(k_tile + wgmma_tile_offset<64>(n, c), k + n * HEAD_DIM + c * 8, true);
+    cp_async_16(v_tile + wgmma_tile_offset<64>(n, c), v + n * HEAD_DIM + c * 8, true);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+  // A fragment of rows 16 * warp .. of a row-major matrix with `cols` columns, k-step kk
+  auto fragment = [&](const T* m, int cols, int kk, unsigned (&a)[4]) {
+    const unsigned* words = reinterpret_cast<const unsigned*>(m);
+    const int r0 = warp * 16 + g, c0 = 16 * kk + 2 * tig;
+    a[0] = words[(r0 * cols + c0) / 2];
+    a[1] = words[((r0 + 8) * cols + c0) / 2];
+    a[2] = words[(r0 * cols + c0 + 8) / 2];
+    a[3] = words[((r0 + 8) * cols + c0 + 8) / 2];
+  };
+  const unsigned k_addr = base + pad, v_addr = k_addr + TILE_BYTES;
+  float s[32];
+  float o[HEAD_DIM / 2];
+  for (int j = 0; j < 32; ++j) s[j] = 0.f;
+  for (int j = 0; j < HEAD_DIM / 2; ++j) o[j] = 0.f;
+  unsigned a[HEAD_DIM / 16][4];
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) fragment(q, HEAD_DIM, kk, a[kk]);
+  wgmma_touch(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+    Wgmma<T>::template m64n64<0>(s, a[kk], wgmma_desc(k_addr + (kk / 4) * 64 * 128 + (kk % 4) * 32, 16, 1024), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_touch(s);
+  unsigned b[4][4];
+  for (int kk = 0; kk < 4; ++kk) fragment(p, 64, kk, b[kk]);
+  wgmma_touch(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const unsigned long long desc = wgmma_desc(v_addr + kk * 2048, 64 * 128, 1024);
+    if constexpr (HEAD_DIM == 128) Wgmma<T>::template m64n128<1>(o, b[kk], desc, 1);
+    else Wgmma<T>::template m64n64<1>(o, b[kk], desc, 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_touch(o);
+  for (int e = 0; e < 32; ++e) {
+    const int row = warp * 16 + g + 8 * ((e / 2) % 2), col = 8 * (e / 4) + 2 * tig + (e & 1);
+    s_out[row * 64 + col] = s[e];
+  }
+  for (int e = 0; e < HEAD_DIM / 2; ++e) {
+    const int row = warp * 16 + g + 8 * ((e / 2) % 2), col = 8 * (e / 4) + 2 * tig + (e & 1);
+    o_out[row * HEAD_DIM + col] = o[e];
+  }
+}
