@@ -200,9 +200,15 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
     )
     assert decode.spill_store_bytes <= 64, f"decode kernel spills {decode.spill_store_bytes} bytes"
     wgmma = [r for r in results if r.name_expression.startswith("paged_attention_wgmma")]
-    # 2 dtypes x block sizes 16, 32, 64 x (head_dim 64 serial; 128 serial and overlap)
-    assert len(wgmma) == 18, [r.name_expression for r in wgmma]
-    assert all(r.spill_store_bytes == 0 and r.stack_bytes == 0 for r in wgmma), wgmma
+    # 2 dtypes x block sizes 16, 32, 64 x (1 CTA/SM: head_dim 64 serial, 128 serial and
+    # overlap; 2 CTAs/SM: serial at both head dims)
+    assert len(wgmma) == 30, [r.name_expression for r in wgmma]
+    one_cta = [r for r in wgmma if not r.name_expression.endswith(", 2>")]
+    assert all(r.spill_store_bytes == 0 and r.stack_bytes == 0 for r in one_cta), one_cta
+    # 2 CTAs/SM: at most 128 registers (two 256-thread CTAs in 64 K registers), a few spills
+    two_cta = [r for r in wgmma if r.name_expression.endswith(", 2>")]
+    assert len(two_cta) == 12 and all(r.registers <= 128 for r in two_cta), two_cta
+    assert all(r.spill_store_bytes <= 64 for r in two_cta), two_cta
 
 
 # -- the Hopper prefill kernel (wgmma): switch, sizing, predicates ----------------------------
@@ -294,6 +300,40 @@ def test_wgmma_kernel_launch_shape_and_shared_memory() -> None:
     assert sp.smem_bytes("float16", 64, sp.MMA_WIDE_ROWS, None, sp.wgmma_attention("float16", 64, 16)) == (
         1024 + 4 * 2 * 64 * 64 * 2 + 128 * 64 * 2 + 3 * 128 * 4
     )
+
+
+def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_off_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pagedattn.backends.cupy import specializations as sp
+
+    monkeypatch.delenv("PAGEDATTN_CUPY_WGMMA_CTAS", raising=False)
+    monkeypatch.delenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", raising=False)
+    assert sp.wgmma_ctas() == 1
+    assert sp.wgmma_attention("bfloat16", 128, 16).name_expression == (
+        "paged_attention_wgmma<bfloat16_t, 128, 16, true>"
+    )
+    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "2")
+    spec = sp.wgmma_attention("bfloat16", 128, 16)
+    # 2 stages at head_dim 128 leave no stage for the overlap schedule: serial
+    assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, false, 2>"
+    assert sp.wgmma_stages(128, 2) == 2 and sp.wgmma_stages(64, 2) == 3
+    sm_bytes = 228 * 1024  # an H100/H200 SM; each CTA also reserves 1 KB
+    for head_dim in (64, 128):
+        ctas2 = sp.smem_bytes(
+            "bfloat16", head_dim, sp.MMA_WIDE_ROWS, None, sp.wgmma_attention("bfloat16", head_dim, 32)
+        )
+        expected = (
+            1024 + sp.wgmma_stages(head_dim, 2) * 2 * 64 * head_dim * 2 + 128 * head_dim * 2 + 3 * 128 * 4
+        )
+        assert ctas2 == expected
+        assert 2 * (ctas2 + 1024) <= sm_bytes, f"two CTAs must fit one SM at head_dim {head_dim}"
+    assert 2 * (sp.wgmma_smem_bytes(128, 1) + 1024) > sm_bytes, "the 1-CTA kernel does not"
+    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "3")
+    with pytest.raises(ValueError, match="PAGEDATTN_CUPY_WGMMA_CTAS"):
+        sp.wgmma_ctas()
+    with pytest.raises(ValueError, match="overlap"):
+        sp.wgmma_attention("bfloat16", 128, 16, overlap=True, ctas=2)
 
 
 @pytest.mark.parametrize(

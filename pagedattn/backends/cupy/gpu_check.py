@@ -902,10 +902,17 @@ def wgmma_cases(rng: np.random.Generator) -> list[Case]:
     return [*wide, *(c for c in correctness_cases(rng) if c.name in keep), *windows]
 
 
-def check_wgmma(backend: CupyBackend, rng: np.random.Generator) -> list[tuple[str, bool, str]]:
+#: Passes of :func:`check_wgmma`: the schedules at 1 CTA/SM, and "2cta" (2 CTAs/SM,
+#: PAGEDATTN_CUPY_WGMMA_CTAS=2: the serial schedule, Q read from shared memory by wgmma)
+WGMMA_PASSES: tuple[str, ...] = ("overlap", "serial", "2cta")
+
+
+def check_wgmma(
+    backend: CupyBackend, rng: np.random.Generator, passes: tuple[str, ...] = WGMMA_PASSES
+) -> list[tuple[str, bool, str]]:
     """The wgmma layout check, then :func:`wgmma_cases` and the determinism check with
-    PAGEDATTN_CUPY_PREFILL=wgmma; each case also says whether the Hopper kernel took it (it
-    must, except for fp8 caches, which must fall back)."""
+    PAGEDATTN_CUPY_PREFILL=wgmma for each of ``passes``; each case also says whether the Hopper
+    kernel took it (it must, except for fp8 caches, which must fall back)."""
     from pagedattn.backends.cupy import specializations
 
     results = check_wgmma_layout(backend)
@@ -916,15 +923,16 @@ def check_wgmma(backend: CupyBackend, rng: np.random.Generator) -> list[tuple[st
         taken.append(args)
         return original(*args)
 
-    keys = ("PAGEDATTN_CUPY_PREFILL", "PAGEDATTN_CUPY_WGMMA_SCHEDULE")
+    keys = ("PAGEDATTN_CUPY_PREFILL", "PAGEDATTN_CUPY_WGMMA_SCHEDULE", "PAGEDATTN_CUPY_WGMMA_CTAS")
     saved = {key: os.environ.get(key) for key in keys}
     os.environ["PAGEDATTN_CUPY_PREFILL"] = "wgmma"
     specializations.wgmma_attention = counting  # type: ignore[assignment]
     try:
         cases = wgmma_cases(rng)
         exact = [exact_case(case) for case in cases]
-        for schedule in ("overlap", "serial"):
-            os.environ["PAGEDATTN_CUPY_WGMMA_SCHEDULE"] = schedule
+        for schedule in passes:
+            os.environ["PAGEDATTN_CUPY_WGMMA_SCHEDULE"] = "serial" if schedule == "2cta" else schedule
+            os.environ["PAGEDATTN_CUPY_WGMMA_CTAS"] = "2" if schedule == "2cta" else "1"
             for index, (case, answer) in enumerate(zip(cases, exact, strict=True)):
                 d128 = case.query.shape[-1] == 128
                 if schedule == "overlap" and not d128:
@@ -1172,7 +1180,7 @@ def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
 #: 64-row kernel (paged_attention_mma.cu), "WxMxS" the 128-row one (paged_attention_mma_wide.cu)
 #: with W warps of M m-tiles (16 rows each) and S stages (specializations.mma_wide_shape's
 #: measurement switch), "wgmma" / "wgmma-serial" the Hopper kernel (paged_attention_wgmma.cu)
-#: with its overlap or serial schedule
+#: with its overlap or serial schedule, "wgmma-2cta" its 2-CTA/SM variant
 PREFILL_SHAPES: tuple[str, ...] = ("64", "4x2x2", "4x2x3", "8x1x2", "8x1x3")
 
 
@@ -1194,6 +1202,7 @@ def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPE
         "PAGEDATTN_CUPY_MMA_SHAPE",
         "PAGEDATTN_CUPY_PREFILL",
         "PAGEDATTN_CUPY_WGMMA_SCHEDULE",
+        "PAGEDATTN_CUPY_WGMMA_CTAS",
     )
     saved = {k: os.environ.get(k) for k in keys}
     try:
@@ -1201,8 +1210,9 @@ def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPE
             wgmma = shape.startswith("wgmma")
             os.environ["PAGEDATTN_CUPY_PREFILL"] = "wgmma" if wgmma else "mma"
             os.environ["PAGEDATTN_CUPY_WGMMA_SCHEDULE"] = (
-                "serial" if shape == "wgmma-serial" else "overlap"
+                "serial" if shape in ("wgmma-serial", "wgmma-2cta") else "overlap"
             )
+            os.environ["PAGEDATTN_CUPY_WGMMA_CTAS"] = "2" if shape == "wgmma-2cta" else "1"
             os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = "64" if shape == "64" else "128"
             if shape != "64" and not wgmma:
                 os.environ["PAGEDATTN_CUPY_MMA_SHAPE"] = shape
@@ -1406,7 +1416,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shapes",
         default=",".join(PREFILL_SHAPES),
-        help="comma list of kernel shapes for --measure shapes (64, WxMxS, wgmma, wgmma-serial)",
+        help="comma list of kernel shapes for --measure shapes (64, WxMxS, wgmma, wgmma-serial,"
+        " wgmma-2cta)",
+    )
+    parser.add_argument(
+        "--wgmma-passes",
+        default=",".join(WGMMA_PASSES),
+        help="comma list of the wgmma kernel's checked variants (overlap, serial, 2cta)",
     )
     parser.add_argument("--sanitizer-timeout", type=float, default=110.0)
     args = parser.parse_args(argv)
@@ -1435,7 +1451,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'ok  ' if ok else 'FAIL'} attention {case.name}: {summary}", flush=True)
     os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"  # the CUDA-core kernel on 16-bit decode too
     if args.only_wgmma or args.only_prefill:
-        checks += check_wgmma(backend, rng)
+        checks += check_wgmma(backend, rng, tuple(args.wgmma_passes.split(",")))
     quick = args.only_decode or args.only_prefill or args.only_wgmma
     for case in [] if quick else correctness_cases(rng)[:12:2]:
         ok, summary = check_case(backend, case)

@@ -8,8 +8,9 @@
 #      the exact spec on poisoned pools, each saying whether the wgmma kernel took it (fp8 must
 #      fall back), windows at both head dims and block sizes 16 and 64, and determinism;
 #   3. causal prefill 8 x 4,096 (bf16, 32/8 heads, d = 128, shuffled NHD blocks) at block sizes
-#      16/32/64 for the wgmma kernel (overlap, serial) and the 64-row mma.sync kernel, beside
-#      cuDNN SDPA in the same run.
+#      16/32/64 for the wgmma kernel (overlap, serial, 2 CTAs/SM) and the 64-row mma.sync
+#      kernel, beside cuDNN SDPA in the same run.
+# SHAPES and PASSES (environment) narrow steps 3 and 2 (defaults: all).
 # The log folder is also packed into $OUT/cupy-wgmma-logs.tar.gz (the device tool returns at
 # most 8 files).
 set -uo pipefail
@@ -17,7 +18,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cupy-wgmma}
 mkdir -p "$OUT/logs"
 timeout "${TIMEOUT:-225}" python3 -m pagedattn.backends.cupy.gpu_check --only-wgmma \
-    --skip bench,sanitizer --measure shapes --shapes wgmma,wgmma-serial,64 --out "$OUT/logs" \
+    --skip bench,sanitizer --measure shapes --shapes "${SHAPES:-wgmma,wgmma-serial,wgmma-2cta,64}" \
+    --wgmma-passes "${PASSES:-overlap,serial,2cta}" --out "$OUT/logs" \
     > "$OUT/logs/wgmma.log" 2>&1
 rc=$?
 echo "gpu_check rc=$rc" | tee "$OUT/logs/summary.log"

@@ -41,6 +41,9 @@ MMA_WIDE_SHAPE: tuple[int, int, int] = (4, 2, 2)
 #: (:func:`prefill_kernel`), on compute capability 9.0 only
 WGMMA_THREADS = 256
 WGMMA_STAGES = 4
+#: CTAs per SM the wgmma kernel's launch bounds ask for (PAGEDATTN_CUPY_WGMMA_CTAS, default 1):
+#: 2 caps registers at 128 a thread and takes fewer K/V stages (:func:`wgmma_stages`)
+WGMMA_CTAS_CHOICES: tuple[int, ...] = (1, 2)
 WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 WGMMA_OVERLAP_HEAD_DIMS: tuple[int, ...] = (128,)
 WGMMA_ARCH = "sm_90a"
@@ -94,31 +97,69 @@ def wgmma_supports(dtype: str, head_dim: int, cache_dtype: str | None = None) ->
     )
 
 
-def wgmma_overlap(head_dim: int) -> bool:
+def wgmma_ctas() -> int:
+    """``PAGEDATTN_CUPY_WGMMA_CTAS`` (default 1): CTAs per SM of the wgmma kernel, 1 (up to
+    255 registers a thread, 4 K/V stages) or 2 (128 registers, :func:`wgmma_stages` stages)."""
+    switch = os.environ.get("PAGEDATTN_CUPY_WGMMA_CTAS", "1")
+    if switch not in tuple(str(c) for c in WGMMA_CTAS_CHOICES):
+        raise ValueError(f"PAGEDATTN_CUPY_WGMMA_CTAS={switch!r}: expected 1 or 2")
+    return int(switch)
+
+
+def wgmma_stages(head_dim: int, ctas: int = 1) -> int:
+    """K/V stages of the wgmma kernel (``wgmma_stages`` in the .cu): WGMMA_STAGES at one CTA per
+    SM; at two, what fits two CTAs' shared memory: 2 at head_dim 128, 3 at 64."""
+    if ctas == 1:
+        return WGMMA_STAGES
+    return 2 if head_dim == 128 else 3
+
+
+def wgmma_overlap(head_dim: int, ctas: int = 1) -> bool:
     """Whether the wgmma kernel leaves P V running into the next tile's copies and S (its
     ``OVERLAP`` schedule): ``PAGEDATTN_CUPY_WGMMA_SCHEDULE`` "overlap" (default) or "serial";
-    head_dim 128 only (at 64 ptxas serialises that schedule's wgmmas, warning C7515)."""
+    head_dim 128 only (at 64 ptxas serialises that schedule's wgmmas, warning C7515), and at
+    least 3 stages (it loads into the stage read two tiles before)."""
     schedule = os.environ.get("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "overlap")
     if schedule not in ("overlap", "serial"):
         raise ValueError(
             f"PAGEDATTN_CUPY_WGMMA_SCHEDULE={schedule!r}: expected overlap or serial"
         )
-    return schedule == "overlap" and head_dim in WGMMA_OVERLAP_HEAD_DIMS
+    return schedule == "overlap" and wgmma_overlap_possible(head_dim, ctas)
 
 
 def wgmma_attention(
-    dtype: str, head_dim: int, block_size: int, overlap: bool | None = None
+    dtype: str,
+    head_dim: int,
+    block_size: int,
+    overlap: bool | None = None,
+    ctas: int | None = None,
 ) -> Specialization:
-    """``paged_attention_wgmma<T, head_dim, block_size, OVERLAP>`` (``overlap`` None: as
-    :func:`wgmma_overlap` says), compiled for ``WGMMA_ARCH``."""
+    """``paged_attention_wgmma<T, head_dim, block_size, OVERLAP[, CTAS]>`` (``ctas`` None: as
+    :func:`wgmma_ctas` says; ``overlap`` None: as :func:`wgmma_overlap` says), compiled for
+    ``WGMMA_ARCH``. CTAS is named only when it is 2 (1 is the template's default)."""
+    if ctas is None:
+        ctas = wgmma_ctas()
     if overlap is None:
-        overlap = wgmma_overlap(head_dim)
+        overlap = wgmma_overlap(head_dim, ctas)
+    if overlap and not wgmma_overlap_possible(head_dim, ctas):
+        raise ValueError(f"wgmma kernel: no overlap schedule at head_dim {head_dim}, {ctas} CTAs/SM")
+    suffix = "" if ctas == 1 else f", {ctas}"
     return Specialization(
         WGMMA_MODULE,
         f"paged_attention_wgmma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size},"
-        f" {'true' if overlap else 'false'}>",
+        f" {'true' if overlap else 'false'}{suffix}>",
         WGMMA_ARCH,
     )
+
+
+def wgmma_overlap_possible(head_dim: int, ctas: int) -> bool:
+    """Whether the overlap schedule exists at this head_dim and CTAs per SM."""
+    return head_dim in WGMMA_OVERLAP_HEAD_DIMS and wgmma_stages(head_dim, ctas) >= 3
+
+
+def wgmma_spec_ctas(spec: Specialization) -> int:
+    """CTAs per SM of a ``paged_attention_wgmma`` specialization (from its name expression)."""
+    return 2 if spec.name_expression.endswith(", 2>") else 1
 
 
 def wgmma_layout_check(dtype: str, head_dim: int) -> Specialization:
@@ -128,12 +169,12 @@ def wgmma_layout_check(dtype: str, head_dim: int) -> Specialization:
     )
 
 
-def wgmma_smem_bytes(head_dim: int) -> int:
+def wgmma_smem_bytes(head_dim: int, ctas: int = 1) -> int:
     """Dynamic shared memory of ``paged_attention_wgmma`` (as ``wgmma_smem_bytes`` in the .cu):
     1,024 for aligning the swizzle atoms, the K/V stages, the Q tile, three ints/floats per row."""
     return (
         1024
-        + WGMMA_STAGES * 2 * MMA_TILE_N * head_dim * 2
+        + wgmma_stages(head_dim, ctas) * 2 * MMA_TILE_N * head_dim * 2
         + MMA_WIDE_ROWS * head_dim * 2
         + 3 * MMA_WIDE_ROWS * 4
     )
@@ -235,7 +276,7 @@ def smem_bytes(
     """Dynamic shared memory of the attention kernel used for ``rows`` (``spec``: that kernel)."""
     cache_dtype = cache_dtype or dtype
     if spec is not None and spec.module == WGMMA_MODULE:
-        return wgmma_smem_bytes(head_dim)
+        return wgmma_smem_bytes(head_dim, wgmma_spec_ctas(spec))
     if rows == DECODE_ROWS:
         return decode_smem_bytes(head_dim, cache_dtype)
     if rows == MMA_ROWS:
@@ -324,10 +365,12 @@ def all_specializations() -> list[Specialization]:
                         )
                     specs.append(merge_partials(dtype, head_dim, rows))
             if wgmma_supports(dtype, head_dim):
-                for overlap in {False, head_dim in WGMMA_OVERLAP_HEAD_DIMS}:
-                    specs.extend(
-                        wgmma_attention(dtype, head_dim, bs, overlap) for bs in BLOCK_SIZES
-                    )
+                for ctas in WGMMA_CTAS_CHOICES:
+                    for overlap in {False, wgmma_overlap_possible(head_dim, ctas)}:
+                        specs.extend(
+                            wgmma_attention(dtype, head_dim, bs, overlap, ctas)
+                            for bs in BLOCK_SIZES
+                        )
                 specs.append(wgmma_layout_check(dtype, head_dim))
         specs.extend(kv_op(kernel, dtype) for kernel in KV_OP_KERNELS)
         specs.extend(write_kv_fp8(dtype, cache) for cache in FP8_TYPES)

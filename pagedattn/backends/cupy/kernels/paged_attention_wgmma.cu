@@ -26,14 +26,22 @@
 constexpr int WGMMA_THREADS = 256;  // 2 warpgroups
 constexpr int WGMMA_ROWS = 128;     // 64 rows per warpgroup
 constexpr int WGMMA_TILE_N = 64;    // keys per tile
-constexpr int WGMMA_STAGES = 4;     // K/V tiles in shared memory: three load while one is computed
+constexpr int WGMMA_STAGES = 4;     // K/V tiles in shared memory at 1 CTA/SM: three load while one is computed
 constexpr int WGMMA_ITEM_FIELDS = 9;
 
+// K/V stages for CTAS CTAs per SM (the host computes the same): 4 at one CTA; at two, as many
+// as fit two CTAs' shared memory (Q tile + stages + rows under ~113 KB each): 2 at head_dim
+// 128 (98.5 KB), 3 at 64.
+template <int HEAD_DIM, int CTAS> __host__ __device__ constexpr int wgmma_stages() {
+  return CTAS == 1 ? WGMMA_STAGES : (HEAD_DIM == 128 ? 2 : 3);
+}
+
 // Shared-memory bytes of paged_attention_wgmma (the host computes the same): 1,024 for
-// aligning the swizzle atoms, WGMMA_STAGES stages of K and V, the Q tile, three ints/floats
+// aligning the swizzle atoms, wgmma_stages stages of K and V, the Q tile, three ints/floats
 // per row.
-template <int HEAD_DIM> __host__ __device__ constexpr int wgmma_smem_bytes() {
-  return 1024 + WGMMA_STAGES * 2 * WGMMA_TILE_N * HEAD_DIM * 2 + WGMMA_ROWS * HEAD_DIM * 2 + 3 * WGMMA_ROWS * 4;
+template <int HEAD_DIM, int CTAS = 1> __host__ __device__ constexpr int wgmma_smem_bytes() {
+  return 1024 + wgmma_stages<HEAD_DIM, CTAS>() * 2 * WGMMA_TILE_N * HEAD_DIM * 2 + WGMMA_ROWS * HEAD_DIM * 2 +
+         3 * WGMMA_ROWS * 4;
 }
 
 // 16-byte asynchronous copy global -> shared at a 32-bit shared address; valid == false fills
@@ -50,8 +58,10 @@ __device__ __forceinline__ float wg_exp2(float x) {
   return y;
 }
 
-template <typename T, int HEAD_DIM, int BLOCK_SIZE, bool OVERLAP>
-__global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
+// CTAS: CTAs per SM the launch bounds ask for (1: up to 255 registers a thread; 2: at most
+// 128, so that two CTAs fit an SM's register file, with wgmma_stages<HEAD_DIM, 2> stages).
+template <typename T, int HEAD_DIM, int BLOCK_SIZE, bool OVERLAP, int CTAS = 1>
+__global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
     const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
     float* __restrict__ partial_lse,  //
@@ -63,7 +73,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
     int max_blocks_per_seq, int num_q_heads, int group_size,                      //
     float scale, float softcap, int sliding_window, int causal, int has_alibi, float v_scale) {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "wgmma kernel: head_dim 64 or 128");
-  constexpr int STAGES = WGMMA_STAGES;
+  static_assert(CTAS == 1 || CTAS == 2, "wgmma kernel: 1 or 2 CTAs per SM");
+  constexpr int STAGES = wgmma_stages<HEAD_DIM, CTAS>();
   constexpr int TILE_N = WGMMA_TILE_N;
   constexpr int ROWS = WGMMA_ROWS;
   constexpr int THREADS = WGMMA_THREADS;
@@ -84,6 +95,10 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   // running into the next iteration) two iterations before
   constexpr int AHEAD = OVERLAP ? STAGES - 2 : STAGES - 1;
   static_assert(AHEAD >= 1, "at least one tile in flight");
+  // Q read by the S wgmma straight from shared memory (a descriptor, 128-byte-swizzled panels
+  // like K's) at 2 CTAs/SM: the ldmatrix'd A fragments (4 K_STEPS registers) do not fit 128
+  // registers beside S and O (ptxas serialised the wgmmas, C7512); at 1 CTA/SM as before
+  constexpr bool Q_SHARED = CTAS == 2;
   using Mma = MmaType<T>;
   using Wg = Wgmma<T>;
   (void)v_scale;  // 16-bit caches: the value used is the cache
@@ -91,7 +106,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   // ---- shared memory: [pad to 1,024] STAGES x (K tile | V tile) | Q tile | p_q | slope |
   // row_valid. Q: chunk c of row r at r * CHUNKS_PER_ROW + (c ^ (r % 8)), read by ldmatrix.
   extern __shared__ uint4 smem[];
-  if (dynamic_smem_size() < (unsigned)wgmma_smem_bytes<HEAD_DIM>()) __trap();
+  if (dynamic_smem_size() < (unsigned)wgmma_smem_bytes<HEAD_DIM, CTAS>()) __trap();
   const unsigned smem_base = smem_address(smem);
   const unsigned pad = (1024u - (smem_base & 1023u)) & 1023u;
   unsigned char* tiles = reinterpret_cast<unsigned char*>(smem) + pad;
@@ -135,7 +150,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
       const int h = kv_head * group_size + group_start + r % num_groups;
       src = query + (t * num_q_heads + h) * HEAD_DIM + c * 8;
     }
-    cp_async_16(q_tile + q_swizzle(r, c), src, valid);
+    if constexpr (Q_SHARED) cp_async_16_at(smem_address(q_tile) + wgmma_tile_offset<ROWS>(r, c), src, valid);
+    else cp_async_16(q_tile + q_swizzle(r, c), src, valid);
   }
   cp_async_commit();
 
@@ -268,6 +284,20 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1) paged_attention_wgmma(
   //    Q from the second tile on), which the H200 check caught as wrong output.
   const unsigned q_ld_row = smem_address(q_tile) + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * CHUNKS_PER_ROW * 16;
   auto issue_qk = [&](float (&s)[S_REGS], unsigned k_addr) {
+    if constexpr (Q_SHARED) {
+      // rows 64 * wg .. of the Q tile: 8 swizzle atoms into each panel (ROWS * 128 bytes)
+      const unsigned q_addr = smem_address(q_tile) + wg * 64 * 128;
+      unsigned long long a_desc[K_STEPS], desc[K_STEPS];
+#pragma unroll
+      for (int kk = 0; kk < K_STEPS; ++kk) {
+        a_desc[kk] = wgmma_desc(q_addr + (kk / 4) * (ROWS * 128) + (kk % 4) * 32, 16, 1024);
+        desc[kk] = wgmma_desc(k_addr + (kk / 4) * PANEL_BYTES + (kk % 4) * 32, 16, 1024);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < K_STEPS; ++kk) Wg::m64n64_ss(s, a_desc[kk], desc[kk], kk > 0);
+      return;
+    }
     unsigned q_frag[K_STEPS][4];
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk) ldmatrix_x4_at(q_frag[kk], q_ld_row + (((2 * kk + lane / 16) ^ (lane % 8)) << 4));
