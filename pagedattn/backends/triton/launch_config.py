@@ -35,7 +35,7 @@ class DecodeTiles(NamedTuple):
     num_stages: int  # Triton gives the block-table load its own stage: K/V get fewer buffers
     resident: int  # programs per multiprocessor (registers, shared memory of the sm_90a build)
     keys_major: bool  # scores as [keys, rows]: K and V feed warpgroup MMA from shared memory
-    table_by_block: bool = True  # one block-table read per tile where the tile lies in one block
+    table_by_block: bool = True  # one block-table read per tile or per block, not per key (Tiles.table_mode)
 
 
 # Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
