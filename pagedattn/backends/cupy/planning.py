@@ -143,22 +143,36 @@ def choose_rows(problem: AttentionProblem) -> int:
 
 
 def choose_split(
-    base_tiles: np.ndarray, slots: int, *, min_tiles: int = 4, overhead: float = 2.0
+    base_tiles: np.ndarray,
+    slots: int,
+    *,
+    min_tiles: int = 4,
+    overhead: float = 2.0,
+    partial_overhead: float = 0.0,
 ) -> int:
     """Tiles per split-KV part minimising the estimated time of ``base_tiles`` on ``slots`` CTAs.
 
-    Estimate: waves (``ceil(items / slots)``) times the longest part plus ``overhead`` tiles of
-    per-CTA setup and epilogue; candidates are about 48 geometrically spaced part lengths.
+    An item of ``t`` tiles costs ``t + overhead`` (set-up, epilogue), plus ``partial_overhead``
+    when its range is split (its partial written, then read by the merge). Items run longest
+    first; the estimate is the largest of three lower bounds on that schedule: the total cost
+    over ``slots``, the costliest item, and the waves (``ceil(items / slots)``) times the
+    cheapest item (exact for equal items). So splitting pays where a few long ranges would
+    leave CTAs idle (long decode), not where the items already fill the device many times
+    (prefill). Candidates: no split, and about 48 geometrically spaced part lengths from
+    ``min_tiles``.
     """
     longest = int(base_tiles.max(initial=0))
     if longest <= min_tiles:
         return max(1, longest)
     candidates = np.unique(np.geomspace(min_tiles, longest, 48).astype(np.int64))
     best, best_time = longest, np.inf
-    for per_split in candidates:
+    for per_split in [longest, *candidates[::-1].tolist()]:
         splits = np.maximum(1, -(-base_tiles // per_split))
-        part = int((-(-base_tiles // splits)).max())
-        estimate = -(-int(splits.sum()) // slots) * (part + overhead)
+        cost = -(-base_tiles // splits) + overhead + np.where(splits > 1, partial_overhead, 0.0)
+        waves = -(-int(splits.sum()) // slots)
+        estimate = max(
+            float((splits * cost).sum()) / slots, float(cost.max()), waves * float(cost.min())
+        )
         if estimate < best_time:
             best, best_time = int(per_split), estimate
     return best
@@ -216,7 +230,15 @@ def build_work(
     base_groups = np.minimum(num_groups, G - group_starts[g_idx])
 
     # -- split-KV: parts of about equal length
-    per_split = choose_split(base_tiles, max(1, slots), min_tiles=min_tiles_per_split)
+    # a split part's partial (float32 rows x head_dim, written, then read by the merge) in
+    # tiles of K/V traffic (2 x TILE_N x head_dim elements of 16 bits: an estimate)
+    partial_tiles = (2 * rows * 4) / (2 * TILE_N * 2)
+    per_split = choose_split(
+        base_tiles,
+        max(1, slots),
+        min_tiles=min_tiles_per_split,
+        partial_overhead=partial_tiles,
+    )
     splits = np.maximum(1, -(-base_tiles // per_split))
     item_base = np.repeat(np.arange(base_tiles.size), splits)
     first_item = (
@@ -248,8 +270,11 @@ def build_work(
         .astype(np.int32)
         .reshape(-1, ITEM_FIELDS)
     )
-    # longest ranges first, so the last wave is made of short items
-    items = items[np.argsort(-(items[:, 7] - items[:, 6]), kind="stable")]
+    # sequence by sequence, longest ranges first within each: the CTAs resident together read
+    # the K/V of one or two sequences, which the L2 cache then holds (longest first over the
+    # whole batch spread them over every sequence: 45 % L2 hits against 95 %, ncu on prefill
+    # 8 x 4,096), and each sequence's last items, like the batch's, are short
+    items = items[np.lexsort((-(items[:, 7] - items[:, 6]), items[:, 0]))]
 
     merged = splits > 1
     merges = (

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   static_assert(TILE_N * CHUNKS_PER_ROW % THREADS == 0, "tile loads must divide among the threads");
   constexpr int BLOCKS_PER_TILE = TILE_N > BLOCK_SIZE ? TILE_N / BLOCK_SIZE : 1;
   constexpr int ROWS_PER_PASS = THREADS / CHUNKS_PER_ROW;
-  static_assert(TILE_N % BLOCK_SIZE == 0 || BLOCK_SIZE % TILE_N == 0, "tiles and blocks nest");
+  static_assert(TILE_N % BLOCK_SIZE == 0, "a tile holds whole blocks (the copies' slot arithmetic)");
   constexpr int Q_LOADS_PER_THREAD = ROWS * CHUNKS_PER_ROW / THREADS;
   constexpr int K_STEPS = HEAD_DIM / 16;  // k-steps of S = Q K^T
   constexpr int S_REGS = TILE_N / 2;      // accumulators of a 64 x TILE_N S per thread
@@ -155,7 +155,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   }
   cp_async_commit();
 
-  // The physical blocks of tile `tile` (entries only below ceil(L / BLOCK_SIZE)), loaded a tile
+  // The physical blocks of tile `tile` (entries only below ceil(L / BLOCK_SIZE); 0, a block
+  // of the pool, past them, so every copy address below stays inside the pool), loaded a tile
   // before the copies that use them.
   auto fetch_blocks = [&](int tile, int (&blocks)[BLOCKS_PER_TILE]) {
     const int p0 = kv_begin + tile * TILE_N;
@@ -165,39 +166,41 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       blocks[b] = p < L ? table_row[p / BLOCK_SIZE] : 0;
     }
   };
+  // K and V rows p0 .. p0 + TILE_N - 1 into `stage`, 128-byte swizzled (wgmma_tile_offset);
+  // rows at p >= L are zero-filled and never read. A thread copies chunk copy_c of rows
+  // n_i = copy_n + i * ROWS_PER_PASS. Every tile starts at a multiple of TILE_N and block sizes
+  // and ROWS_PER_PASS are powers of two, so row n_i sits in the tile's block
+  // copy_block + (i * ROWS_PER_PASS) / BLOCK_SIZE at slot copy_slot + (i * ROWS_PER_PASS) %
+  // BLOCK_SIZE (copy_block = 0 where ROWS_PER_PASS <= BLOCK_SIZE): one 64-bit base per
+  // thread, one block offset per block and tile, and per copy a constant slot offset.
+  const int copy_c = threadIdx.x % CHUNKS_PER_ROW, copy_n = threadIdx.x / CHUNKS_PER_ROW;
+  static_assert(ROWS_PER_PASS % 8 == 0, "a pass is whole swizzle atoms");
+  static_assert((BLOCK_SIZE & (BLOCK_SIZE - 1)) == 0 && (ROWS_PER_PASS & (ROWS_PER_PASS - 1)) == 0,
+                "block sizes and rows per pass are powers of two");
+  const int copy_slot = copy_n % BLOCK_SIZE, copy_block = copy_n / BLOCK_SIZE;
+  const T* k_thread = key_cache + copy_slot * k_stride_slot + kv_head * k_stride_head + copy_c * 8;
+  const T* v_thread = value_cache + copy_slot * v_stride_slot + kv_head * v_stride_head + copy_c * 8;
+  // row copy_n + step (step a multiple of 8) keeps copy_n's swizzle: its offset is step * 128 on
+  const unsigned copy_dst = wgmma_tile_offset<TILE_N>(copy_n, copy_c);
   auto pick = [](const int (&blocks)[BLOCKS_PER_TILE], int j) {
     int block = blocks[0];
 #pragma unroll
     for (int b = 1; b < BLOCKS_PER_TILE; ++b) block = j == b ? blocks[b] : block;
     return block;
   };
-  // K and V rows p0 .. p0 + TILE_N - 1 into `stage`, 128-byte swizzled (wgmma_tile_offset);
-  // rows at p >= L are zero-filled and never read. Every tile starts at a multiple of TILE_N, so
-  // the row n of a thread's i-th copy sits at slot n % BLOCK_SIZE of its block: the in-block
-  // source offsets and the swizzled destinations are per-thread constants (k_row, v_row, dst).
-  const int copy_c = threadIdx.x % CHUNKS_PER_ROW, copy_n = threadIdx.x / CHUNKS_PER_ROW;
-  const T* k_row[LOADS_PER_THREAD];
-  const T* v_row[LOADS_PER_THREAD];
-  unsigned copy_dst[LOADS_PER_THREAD];
-#pragma unroll
-  for (int i = 0; i < LOADS_PER_THREAD; ++i) {
-    const int n = copy_n + i * ROWS_PER_PASS;
-    k_row[i] = key_cache + (n % BLOCK_SIZE) * k_stride_slot + kv_head * k_stride_head + copy_c * 8;
-    v_row[i] = value_cache + (n % BLOCK_SIZE) * v_stride_slot + kv_head * v_stride_head + copy_c * 8;
-    copy_dst[i] = wgmma_tile_offset<TILE_N>(n, copy_c);
-  }
   auto load_tile = [&](int stage, int p0, const int (&blocks)[BLOCKS_PER_TILE]) {
     const unsigned k_dst = tiles_addr + stage * 2 * TILE_BYTES, v_dst = k_dst + TILE_BYTES;
+    const int rows_left = L - p0 - copy_n;  // copy i is valid when i * ROWS_PER_PASS < rows_left
 #pragma unroll
     for (int i = 0; i < LOADS_PER_THREAD; ++i) {
-      const int n = copy_n + i * ROWS_PER_PASS;
-      const bool valid = p0 + n < L;
-      const int j = ROWS_PER_PASS <= BLOCK_SIZE ? (ROWS_PER_PASS * i) / BLOCK_SIZE : n / BLOCK_SIZE;
-      const long long block = pick(blocks, BLOCKS_PER_TILE == 1 ? 0 : j);
-      const T* k_src = valid ? k_row[i] + block * k_stride_block : key_cache;
-      const T* v_src = valid ? v_row[i] + block * v_stride_block : value_cache;
-      cp_async_16_at(k_dst + copy_dst[i], k_src, valid);
-      cp_async_16_at(v_dst + copy_dst[i], v_src, valid);
+      const int step = i * ROWS_PER_PASS;
+      const long long block =
+          ROWS_PER_PASS <= BLOCK_SIZE ? blocks[step / BLOCK_SIZE] : pick(blocks, copy_block + step / BLOCK_SIZE);
+      const int slot_step = ROWS_PER_PASS <= BLOCK_SIZE ? step % BLOCK_SIZE : 0;
+      const bool valid = step < rows_left;
+      const unsigned dst = copy_dst + step * 128;
+      cp_async_16_at(k_dst + dst, k_thread + block * k_stride_block + slot_step * k_stride_slot, valid);
+      cp_async_16_at(v_dst + dst, v_thread + block * v_stride_block + slot_step * v_stride_slot, valid);
     }
   };
 
@@ -275,52 +278,46 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       for (int a = 0; a < 4; ++a) p_frag[kk][a] = Mma::pack(s[8 * kk + 2 * a], s[8 * kk + 2 * a + 1]);
     }
   };
-  // -- issue S = Q K^T on the K tile at k_addr (K-major B: panel kk / 4, 32 bytes per k-step
-  //    inside it; the descriptors made before the first wgmma, see pv_descs). Every warpgroup
+  // -- issue S = Q K^T on the K tile `stage_bytes` past stage 0's (K-major B: panel kk / 4,
+  //    32 bytes per k-step inside it). Every warpgroup
   //    computes every tile (a branch around wgmma makes ptxas serialise them, warning C7518);
   //    rows that see none of it are masked. The A fragments (Q rows 16 * warp ..) are read from
   //    shared memory for every tile: held in registers across the loop, ptxas 13.0 gave them
   //    to other values inside the loop at head_dim 64 (the SASS read P of the previous tile as
   //    Q from the second tile on), which the H200 check caught as wrong output.
   const unsigned q_ld_row = smem_address(q_tile) + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * CHUNKS_PER_ROW * 16;
-  auto issue_qk = [&](float (&s)[S_REGS], unsigned k_addr) {
+  // descriptors of stage 0's K tile and of this warpgroup's 64 Q rows (8 swizzle atoms into
+  // each panel of ROWS * 128 bytes), made once: each wgmma's is one of them plus a constant
+  const unsigned long long k_desc0 = wgmma_desc(tiles_addr, 16, 1024);
+  const unsigned long long q_desc0 = wgmma_desc(smem_address(q_tile) + wg * 64 * 128, 16, 1024);
+  auto issue_qk = [&](float (&s)[S_REGS], unsigned stage_bytes) {
     if constexpr (Q_SHARED) {
-      // rows 64 * wg .. of the Q tile: 8 swizzle atoms into each panel (ROWS * 128 bytes)
-      const unsigned q_addr = smem_address(q_tile) + wg * 64 * 128;
-      unsigned long long a_desc[K_STEPS], desc[K_STEPS];
-#pragma unroll
-      for (int kk = 0; kk < K_STEPS; ++kk) {
-        a_desc[kk] = wgmma_desc(q_addr + (kk / 4) * (ROWS * 128) + (kk % 4) * 32, 16, 1024);
-        desc[kk] = wgmma_desc(k_addr + (kk / 4) * PANEL_BYTES + (kk % 4) * 32, 16, 1024);
-      }
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < K_STEPS; ++kk) Wg::m64n64_ss(s, a_desc[kk], desc[kk], kk > 0);
+      for (int kk = 0; kk < K_STEPS; ++kk) {
+        Wg::m64n64_ss(s, wgmma_desc_plus(q_desc0, (kk / 4) * (ROWS * 128) + (kk % 4) * 32),
+                      wgmma_desc_plus(k_desc0, stage_bytes + (kk / 4) * PANEL_BYTES + (kk % 4) * 32), kk > 0);
+      }
       return;
     }
     unsigned q_frag[K_STEPS][4];
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk) ldmatrix_x4_at(q_frag[kk], q_ld_row + (((2 * kk + lane / 16) ^ (lane % 8)) << 4));
-    unsigned long long desc[K_STEPS];
-#pragma unroll
-    for (int kk = 0; kk < K_STEPS; ++kk) desc[kk] = wgmma_desc(k_addr + (kk / 4) * PANEL_BYTES + (kk % 4) * 32, 16, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < K_STEPS; ++kk) Wg::template m64n64<0>(s, q_frag[kk], desc[kk], kk > 0);
+    for (int kk = 0; kk < K_STEPS; ++kk)
+      Wg::template m64n64<0>(s, q_frag[kk], wgmma_desc_plus(k_desc0, stage_bytes + (kk / 4) * PANEL_BYTES + (kk % 4) * 32),
+                             kk > 0);
   };
-  // -- O += P V on the V tile at v_addr (MN-major B: 8-key groups 1,024 bytes apart, 64-column
-  //    panels PANEL_BYTES apart; 16 keys = 2,048 bytes per k-step). The descriptors are made
-  //    before any wgmma of the step is issued: a register defined between the issue and the
-  //    wait of an earlier wgmma makes ptxas serialise them (warning C7513).
-  auto pv_descs = [&](unsigned v_addr, unsigned long long (&desc)[PV_STEPS]) {
-#pragma unroll
-    for (int kk = 0; kk < PV_STEPS; ++kk) desc[kk] = wgmma_desc(v_addr + kk * 2048, PANEL_BYTES, 1024);
-  };
-  auto issue_pv = [&](const unsigned (&p_frag)[PV_STEPS][4], const unsigned long long (&desc)[PV_STEPS]) {
+  // -- O += P V on the V tile `stage_bytes` past stage 0's (MN-major B: 8-key groups 1,024
+  //    bytes apart, 64-column panels PANEL_BYTES apart; 16 keys = 2,048 bytes per k-step).
+  const unsigned long long v_desc0 = wgmma_desc(tiles_addr + TILE_BYTES, PANEL_BYTES, 1024);
+  auto issue_pv = [&](const unsigned (&p_frag)[PV_STEPS][4], unsigned stage_bytes) {
 #pragma unroll
     for (int kk = 0; kk < PV_STEPS; ++kk) {
-      if constexpr (HEAD_DIM == 128) Wg::template m64n128<1>(o, p_frag[kk], desc[kk], 1);
-      else Wg::template m64n64<1>(o, p_frag[kk], desc[kk], 1);
+      const unsigned long long desc = wgmma_desc_plus(v_desc0, stage_bytes + kk * 2048);
+      if constexpr (HEAD_DIM == 128) Wg::template m64n128<1>(o, p_frag[kk], desc, 1);
+      else Wg::template m64n64<1>(o, p_frag[kk], desc, 1);
     }
   };
   // -- copies of tile `next` into its stage (an empty group past the last tile)
@@ -331,7 +328,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
 #pragma unroll
     for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = blocks_after[b];
   };
-  auto stage_addr = [&](int tile) { return tiles_addr + (tile % STAGES) * 2 * TILE_BYTES; };
+  auto stage_bytes = [&](int tile) { return (unsigned)((tile % STAGES) * 2 * TILE_BYTES); };
   // -- O *= alpha, skipped when no row of the warp has a new maximum (alpha == 1 exactly: most
   //    tiles of a long row)
   auto rescale_o = [&](const float (&alpha)[2]) {
@@ -356,7 +353,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       fence_proxy_async();         // ... and is visible to the tensor cores' reads
       __syncthreads();             // every thread's copies; stage (i - 1) % STAGES is free again
       float s[S_REGS];
-      issue_qk(s, stage_addr(i));
+      issue_qk(s, stage_bytes(i));
       wgmma_commit();
       load_next(i + AHEAD);
       wgmma_wait<0>();
@@ -365,11 +362,9 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       float alpha[2];
       softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
       rescale_o(alpha);
-      unsigned long long v_desc[PV_STEPS];
-      pv_descs(stage_addr(i) + TILE_BYTES, v_desc);
       wgmma_touch(o);
       wgmma_fence();
-      issue_pv(p_frag, v_desc);
+      issue_pv(p_frag, stage_bytes(i));
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_touch(o);
@@ -388,7 +383,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       fence_proxy_async();
       __syncthreads();
       float s[S_REGS];
-      issue_qk(s, stage_addr(i));
+      issue_qk(s, stage_bytes(i));
       wgmma_commit();
       load_next(i + AHEAD);
       wgmma_wait<0>();  // S_i, and P_{i-1} V_{i-1} before it
@@ -398,11 +393,9 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       float alpha[2];
       softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
       rescale_o(alpha);
-      unsigned long long v_desc[PV_STEPS];
-      pv_descs(stage_addr(i) + TILE_BYTES, v_desc);
       wgmma_touch(o);
       wgmma_fence();
-      issue_pv(p_frag, v_desc);
+      issue_pv(p_frag, stage_bytes(i));
       wgmma_commit();
     }
     wgmma_wait<0>();
@@ -412,38 +405,58 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   cp_async_wait<0>();
 
   // ---- epilogue: l over the quad, O / l, lse = m + log l
+  float inv_l[2], lse_final[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 1);
-    l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 2);
+    float l = l_i[half];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv_l[half] = l > 0.f ? 1.f / l : 0.f;
+    lse_final[half] = l > 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
   }
+  if (partial >= 0) {  // (the same for every thread of the CTA) a split range: float32 partials
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = half == 0 ? row_lo : row_hi;
+      if (r >= num_rows) continue;
+#pragma unroll
+      for (int j = 0; j < HEAD_DIM / 8; ++j) {
+        float* dst = partial_out + ((long long)partial * ROWS + r) * HEAD_DIM + 8 * j + 2 * tig;
+        dst[0] = o[4 * j + 2 * half] * inv_l[half];
+        dst[1] = o[4 * j + 2 * half + 1] * inv_l[half];
+      }
+      if (tig == 0) partial_lse[(long long)partial * ROWS + r] = lse_final[half];
+    }
+    return;
+  }
+  // O / l rounded to T, staged in shared memory (the K/V stages, free once both warpgroups'
+  // last P V has read them) in rows of OUT_STRIDE elements (the pad puts a warp's 4-byte writes
+  // on 32 distinct banks), then written to out 16 bytes a thread: whole rows, coalesced.
+  constexpr int OUT_STRIDE = HEAD_DIM + 8;
+  static_assert(ROWS * OUT_STRIDE * 2 <= STAGES * 2 * TILE_BYTES, "the output tile fits the K/V stages");
+  T* staged = reinterpret_cast<T*>(tiles);
+  __syncthreads();
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half == 0 ? row_lo : row_hi;
-    if (r >= num_rows) continue;
-    const float l = l_i[half];
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    const float lse_final = l > 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
-    const long long t = token_start + r / num_groups;
-    const int h = kv_head * group_size + group_start + r % num_groups;
 #pragma unroll
     for (int j = 0; j < HEAD_DIM / 8; ++j) {
-      const int d = 8 * j + 2 * tig;
-      const float o0 = o[4 * j + 2 * half] * inv_l, o1 = o[4 * j + 2 * half + 1] * inv_l;
-      if (partial >= 0) {
-        float* dst = partial_out + ((long long)partial * ROWS + r) * HEAD_DIM + d;
-        dst[0] = o0;
-        dst[1] = o1;
-      } else {
-        T* dst = out + (t * num_q_heads + h) * HEAD_DIM + d;
-        dst[0] = from_float<T>(o0);
-        dst[1] = from_float<T>(o1);
-      }
+      *reinterpret_cast<unsigned*>(staged + r * OUT_STRIDE + 8 * j + 2 * tig) =
+          Mma::pack(o[4 * j + 2 * half] * inv_l[half], o[4 * j + 2 * half + 1] * inv_l[half]);
     }
-    if (tig == 0) {
-      if (partial >= 0) partial_lse[(long long)partial * ROWS + r] = lse_final;
-      else lse[t * num_q_heads + h] = lse_final;
+    if (tig == 0 && r < num_rows) {
+      const long long t = token_start + r / num_groups;
+      lse[t * num_q_heads + kv_head * group_size + group_start + r % num_groups] = lse_final[half];
     }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < ROWS * CHUNKS_PER_ROW; idx += THREADS) {
+    const int r = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
+    if (r >= num_rows) break;  // rows grow with idx
+    const long long t = token_start + r / num_groups;
+    const int h = kv_head * group_size + group_start + r % num_groups;
+    *reinterpret_cast<uint4*>(out + (t * num_q_heads + h) * HEAD_DIM + c * 8) =
+        *reinterpret_cast<const uint4*>(staged + r * OUT_STRIDE + c * 8);
   }
 }
 

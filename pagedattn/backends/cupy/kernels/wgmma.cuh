@@ -26,6 +26,14 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, uns
          ((unsigned long long)((sbo >> 4) & 0x3fffu) << 32) | (1ull << 62);
 }
 
+// `desc` with its start address advanced by `bytes` (a multiple of 16): one 32-bit add to the
+// start-address field (address >> 4 in bits 0-13), which cannot carry out of it while the
+// address stays below 256 KB, as every shared-memory address on sm_90 does.
+__device__ __forceinline__ unsigned long long wgmma_desc_plus(unsigned long long desc, unsigned bytes) {
+  const unsigned lo = (unsigned)desc + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
