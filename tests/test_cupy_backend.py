@@ -220,15 +220,19 @@ def _long_prefill(**options):  # type: ignore[no-untyped-def]
     return _problem(case)
 
 
-@pytest.mark.parametrize("switch", ["wgmma", "auto"])
+@pytest.mark.parametrize("switch", ["wgmma", "auto", None])
 def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(
-    switch: str, monkeypatch: pytest.MonkeyPatch
+    switch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pagedattn.backends.cupy import planning
     from pagedattn.backends.cupy import specializations as sp
 
     monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
+    monkeypatch.delenv("PAGEDATTN_CUPY_WGMMA_CTAS", raising=False)
+    if switch is None:  # the default: "auto"
+        monkeypatch.delenv("PAGEDATTN_CUPY_PREFILL", raising=False)
+    else:
+        monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
     problem = _long_prefill()
     assert planning.uses_wgmma(problem)
     assert choose_rows(problem) == sp.MMA_WIDE_ROWS
@@ -237,7 +241,9 @@ def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(
     spec = planning.attention_spec(problem, work.rows)
     assert spec == sp.wgmma_attention("bfloat16", 128, 16)
     assert (spec.module, spec.arch) == ("paged_attention_wgmma", "sm_90a")
-    assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, true>"
+    assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, false, 2>"
+    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "1")  # the schedules of 1 CTA per SM
+    assert planning.attention_spec(problem, work.rows).name_expression.endswith("true>")
     monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "serial")
     assert planning.attention_spec(problem, work.rows).name_expression.endswith("false>")
     monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "overlap")
@@ -290,30 +296,28 @@ def test_wgmma_auto_leaves_short_prefill_and_decode_to_the_mma_kernels(
 def test_wgmma_kernel_launch_shape_and_shared_memory() -> None:
     from pagedattn.backends.cupy import specializations as sp
 
-    spec = sp.wgmma_attention("float16", 128, 32)
+    spec = sp.wgmma_attention("float16", 128, 32, ctas=1)
     assert sp.threads(sp.MMA_WIDE_ROWS, spec) == 256, "two warpgroups"
-    # alignment slack + 4 stages x (K + V tiles of 64 keys x 128 x 2 bytes) + the Q tile
+    # 1 CTA per SM: alignment slack + 4 stages x (K + V tiles of 64 keys x 128 x 2 bytes) + the Q tile
     # (128 rows x 128 x 2 bytes, its own region: read for every tile's S) + 3 words a row
     expected = 1024 + 4 * 2 * 64 * 128 * 2 + 128 * 128 * 2 + 3 * 128 * 4
     assert sp.smem_bytes("float16", 128, sp.MMA_WIDE_ROWS, "float16", spec) == expected
     assert expected <= 227 * 1024, "one CTA must fit the per-block shared-memory limit (227 KB)"
-    assert sp.smem_bytes("float16", 64, sp.MMA_WIDE_ROWS, None, sp.wgmma_attention("float16", 64, 16)) == (
+    assert sp.smem_bytes(
+        "float16", 64, sp.MMA_WIDE_ROWS, None, sp.wgmma_attention("float16", 64, 16, ctas=1)
+    ) == (
         1024 + 4 * 2 * 64 * 64 * 2 + 128 * 64 * 2 + 3 * 128 * 4
     )
 
 
-def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_off_by_default(
+def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from pagedattn.backends.cupy import specializations as sp
 
     monkeypatch.delenv("PAGEDATTN_CUPY_WGMMA_CTAS", raising=False)
     monkeypatch.delenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", raising=False)
-    assert sp.wgmma_ctas() == 1
-    assert sp.wgmma_attention("bfloat16", 128, 16).name_expression == (
-        "paged_attention_wgmma<bfloat16_t, 128, 16, true>"
-    )
-    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "2")
+    assert sp.wgmma_ctas() == 2
     spec = sp.wgmma_attention("bfloat16", 128, 16)
     # 2 stages at head_dim 128 leave no stage for the overlap schedule: serial
     assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, false, 2>"
@@ -329,6 +333,10 @@ def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_off_by_default(
         assert ctas2 == expected
         assert 2 * (ctas2 + 1024) <= sm_bytes, f"two CTAs must fit one SM at head_dim {head_dim}"
     assert 2 * (sp.wgmma_smem_bytes(128, 1) + 1024) > sm_bytes, "the 1-CTA kernel does not"
+    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "1")  # 4 stages: the overlap schedule
+    assert sp.wgmma_attention("bfloat16", 128, 16).name_expression == (
+        "paged_attention_wgmma<bfloat16_t, 128, 16, true>"
+    )
     monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "3")
     with pytest.raises(ValueError, match="PAGEDATTN_CUPY_WGMMA_CTAS"):
         sp.wgmma_ctas()
@@ -569,6 +577,43 @@ def test_long_decode_is_split_and_merged() -> None:
     problem = _problem(case)
     work = build_work(problem, slots=396)
     assert len(work.merges) == 16 and len(work.items) >= 4 * 16
+
+
+def test_long_prefill_that_fills_the_device_is_not_split_and_runs_sequence_by_sequence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "mma")
+    case = make_case(
+        "prefill",
+        np.random.default_rng(3),
+        seq_lens=[1024, 768, 1024],
+        q_lens=[1024, 768, 1024],
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype="float16",
+    )
+    problem = _problem(case)
+    work = build_work(problem, slots=16)
+    # 3 sequences x 2 KV heads x (up to 1,024 / 16) chunks: many times the 16 slots, so no part
+    # pays for a partial and a merge
+    assert len(work.merges) == 0 and work.num_partials == 0
+    assert (work.items[:, 8] == -1).all()
+    seqs, lengths = work.items[:, 0], work.items[:, 7] - work.items[:, 6]
+    assert (np.diff(seqs) >= 0).all(), "items run sequence by sequence (their K/V stays in L2)"
+    for s in range(3):
+        assert (np.diff(lengths[seqs == s]) <= 0).all(), "longest ranges first in each sequence"
+
+
+def test_choose_split_splits_only_where_long_ranges_leave_slots_idle() -> None:
+    from pagedattn.backends.cupy.planning import choose_split
+
+    few_long = np.full(16, 1024)  # 2 x 65,536 decode at 64-key tiles: 16 ranges, 264 slots
+    per_split = choose_split(few_long, 264)
+    assert 16 * -(-1024 // per_split) <= 264, "one wave of parts"
+    assert per_split <= 1024 // 8
+    many = np.tile(np.arange(1, 65), 128)  # causal prefill: 8,192 ranges of 1..64 tiles
+    assert choose_split(many, 264, partial_overhead=4.0) == 64, "no split"
 
 
 # -- GPU -------------------------------------------------------------------------------------

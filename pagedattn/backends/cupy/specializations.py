@@ -41,15 +41,19 @@ MMA_WIDE_SHAPE: tuple[int, int, int] = (4, 2, 2)
 #: (:func:`prefill_kernel`), on compute capability 9.0 only
 WGMMA_THREADS = 256
 WGMMA_STAGES = 4
-#: CTAs per SM the wgmma kernel's launch bounds ask for (PAGEDATTN_CUPY_WGMMA_CTAS, default 1):
-#: 2 caps registers at 128 a thread and takes fewer K/V stages (:func:`wgmma_stages`)
+#: CTAs per SM the wgmma kernel's launch bounds ask for (PAGEDATTN_CUPY_WGMMA_CTAS, default
+#: WGMMA_CTAS_DEFAULT): 2 caps registers at 128 a thread and takes fewer K/V stages
+#: (:func:`wgmma_stages`); it ran causal prefill 8 x 4,096 in 2.54-2.65 ms on an H200, 1 CTA
+#: in 3.49-3.52 ms (cupy/PERF_NOTES.md, version 10)
 WGMMA_CTAS_CHOICES: tuple[int, ...] = (1, 2)
+WGMMA_CTAS_DEFAULT = 2
 WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 WGMMA_OVERLAP_HEAD_DIMS: tuple[int, ...] = (128,)
 WGMMA_ARCH = "sm_90a"
 WGMMA_MODULE = "paged_attention_wgmma"
-#: PAGEDATTN_CUPY_PREFILL when unset (see :func:`prefill_kernel`)
-PREFILL_DEFAULT = "mma"
+#: PAGEDATTN_CUPY_PREFILL when unset (see :func:`prefill_kernel`): the Hopper kernel for long
+#: prefill (0.70-0.72x cuDNN on causal prefill 8 x 4,096, the mma.sync kernel 0.31-0.34x)
+PREFILL_DEFAULT = "auto"
 PREFILL_CHOICES: tuple[str, ...] = ("mma", "wgmma", "auto")
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
@@ -98,9 +102,10 @@ def wgmma_supports(dtype: str, head_dim: int, cache_dtype: str | None = None) ->
 
 
 def wgmma_ctas() -> int:
-    """``PAGEDATTN_CUPY_WGMMA_CTAS`` (default 1): CTAs per SM of the wgmma kernel, 1 (up to
-    255 registers a thread, 4 K/V stages) or 2 (128 registers, :func:`wgmma_stages` stages)."""
-    switch = os.environ.get("PAGEDATTN_CUPY_WGMMA_CTAS", "1")
+    """``PAGEDATTN_CUPY_WGMMA_CTAS`` (default ``WGMMA_CTAS_DEFAULT``): CTAs per SM of the wgmma
+    kernel, 1 (up to 255 registers a thread, 4 K/V stages) or 2 (128 registers,
+    :func:`wgmma_stages` stages)."""
+    switch = os.environ.get("PAGEDATTN_CUPY_WGMMA_CTAS", str(WGMMA_CTAS_DEFAULT))
     if switch not in tuple(str(c) for c in WGMMA_CTAS_CHOICES):
         raise ValueError(f"PAGEDATTN_CUPY_WGMMA_CTAS={switch!r}: expected 1 or 2")
     return int(switch)
