@@ -31,6 +31,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -907,62 +909,73 @@ def wgmma_cases(rng: np.random.Generator) -> list[Case]:
 WGMMA_PASSES: tuple[str, ...] = ("overlap", "serial", "2cta")
 
 
+@contextmanager
+def wgmma_calls() -> Iterator[list[Any]]:
+    """A list that collects the arguments of every ``specializations.wgmma_attention`` call
+    made inside the block (planning makes one when the Hopper kernel takes a problem)."""
+    from pagedattn.backends.cupy import specializations
+
+    taken: list[Any] = []
+    original = specializations.wgmma_attention
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        taken.append(args)
+        return original(*args, **kwargs)
+
+    specializations.wgmma_attention = counting  # type: ignore[assignment]
+    try:
+        yield taken
+    finally:
+        specializations.wgmma_attention = original  # type: ignore[assignment]
+
+
 def check_wgmma(
     backend: CupyBackend, rng: np.random.Generator, passes: tuple[str, ...] = WGMMA_PASSES
 ) -> list[tuple[str, bool, str]]:
     """The wgmma layout check, then :func:`wgmma_cases` and the determinism check with
     PAGEDATTN_CUPY_PREFILL=wgmma for each of ``passes``; each case also says whether the Hopper
     kernel took it (it must, except for fp8 caches, which must fall back)."""
-    from pagedattn.backends.cupy import specializations
 
     results = check_wgmma_layout(backend)
-    taken: list[Any] = []
-    original = specializations.wgmma_attention
-
-    def counting(*args: Any) -> Any:
-        taken.append(args)
-        return original(*args)
-
     keys = ("PAGEDATTN_CUPY_PREFILL", "PAGEDATTN_CUPY_WGMMA_SCHEDULE", "PAGEDATTN_CUPY_WGMMA_CTAS")
     saved = {key: os.environ.get(key) for key in keys}
     os.environ["PAGEDATTN_CUPY_PREFILL"] = "wgmma"
-    specializations.wgmma_attention = counting  # type: ignore[assignment]
     try:
-        cases = wgmma_cases(rng)
-        exact = [exact_case(case) for case in cases]
-        for schedule in passes:
-            os.environ["PAGEDATTN_CUPY_WGMMA_SCHEDULE"] = "serial" if schedule == "2cta" else schedule
-            os.environ["PAGEDATTN_CUPY_WGMMA_CTAS"] = "2" if schedule == "2cta" else "1"
-            for index, (case, answer) in enumerate(zip(cases, exact, strict=True)):
-                d128 = case.query.shape[-1] == 128
-                if schedule == "overlap" and not d128:
-                    continue  # head_dim 64 has the serial schedule only: checked once
-                if (
-                    schedule == "serial" and d128 and index >= 4
-                    and "G=12" not in case.name and "window" not in case.name
-                ):
-                    continue  # the serial schedule at d = 128: the four layouts, G=12, windows
-                taken.clear()
-                fp8 = "fp8" in case.name
+        with wgmma_calls() as taken:
+            cases = wgmma_cases(rng)
+            exact = [exact_case(case) for case in cases]
+            for schedule in passes:
+                os.environ["PAGEDATTN_CUPY_WGMMA_SCHEDULE"] = "serial" if schedule == "2cta" else schedule
+                os.environ["PAGEDATTN_CUPY_WGMMA_CTAS"] = "2" if schedule == "2cta" else "1"
+                for index, (case, answer) in enumerate(zip(cases, exact, strict=True)):
+                    d128 = case.query.shape[-1] == 128
+                    if schedule == "overlap" and not d128:
+                        continue  # head_dim 64 has the serial schedule only: checked once
+                    if (
+                        schedule == "serial" and d128 and index >= 4
+                        and "G=12" not in case.name and "window" not in case.name
+                    ):
+                        continue  # the serial schedule at d = 128: the four layouts, G=12, windows
+                    taken.clear()
+                    fp8 = "fp8" in case.name
+                    try:
+                        ok, summary = check_case(backend, case, answer)
+                        used = bool(taken)
+                        if used == fp8:
+                            ok = False
+                        summary += "; wgmma kernel" if used else "; mma.sync kernel"
+                    except Exception as error:
+                        ok, summary = False, f"{type(error).__name__}: {error}"
+                    name = f"wgmma {schedule} {case.name}"
+                    results.append((name, ok, summary))
+                    print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
                 try:
-                    ok, summary = check_case(backend, case, answer)
-                    used = bool(taken)
-                    if used == fp8:
-                        ok = False
-                    summary += "; wgmma kernel" if used else "; mma.sync kernel"
+                    ok, summary = check_determinism(backend, rng)
                 except Exception as error:
                     ok, summary = False, f"{type(error).__name__}: {error}"
-                name = f"wgmma {schedule} {case.name}"
-                results.append((name, ok, summary))
-                print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
-            try:
-                ok, summary = check_determinism(backend, rng)
-            except Exception as error:
-                ok, summary = False, f"{type(error).__name__}: {error}"
-            results.append((f"wgmma {schedule} determinism", ok, summary))
-            print(f"{'ok  ' if ok else 'FAIL'} wgmma {schedule} determinism: {summary}", flush=True)
+                results.append((f"wgmma {schedule} determinism", ok, summary))
+                print(f"{'ok  ' if ok else 'FAIL'} wgmma {schedule} determinism: {summary}", flush=True)
     finally:
-        specializations.wgmma_attention = original  # type: ignore[assignment]
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -980,9 +993,11 @@ def sanitize_main(only_decode: bool = False) -> int:
     rng = np.random.default_rng(7)
     failures = 0
     for case in correctness_cases(rng, small=True, only_decode=only_decode):
-        ok, summary = check_case(backend, case)
+        with wgmma_calls() as taken:
+            ok, summary = check_case(backend, case)
         failures += not ok
-        print(f"sanitize case {case.name}: {'ok' if ok else 'FAIL'} ({summary})", flush=True)
+        kernel = "; wgmma kernel" if taken else ""
+        print(f"sanitize case {case.name}: {'ok' if ok else 'FAIL'} ({summary}{kernel})", flush=True)
     ops = check_fp8_ops(backend, rng)[:2] + ([] if only_decode else check_ops(backend, rng)[:4])
     for name, ok, detail in ops:
         failures += not ok
