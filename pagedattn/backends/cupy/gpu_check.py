@@ -1264,6 +1264,15 @@ def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPE
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    # cuDNN again, after the shapes: how far the GPU's state (clocks, heat) moved the
+    # reference over the run (the ratios above are against the first figure)
+    again_ms, note = time_cudnn(8, 4096, 4096, 2, causal=True)
+    lines.append(
+        f"cuDNN causal prefill 8x4096 again, after the shapes: {again_ms:.3f} ms"
+        if again_ms
+        else note
+    )
+    print(lines[-1], flush=True)
     return lines
 
 

@@ -58,6 +58,26 @@ __device__ __forceinline__ float wg_exp2(float x) {
   return y;
 }
 
+// The max (MAX) or sum of the 16 values of a 64-key S tile a thread holds in row half `half`
+// (accumulators 4k + 2 half and 4k + 2 half + 1), as a tree: 4 dependent steps, not 15.
+// (A file-scope template: NVRTC treats a generic lambda as a host function.)
+template <bool MAX> __device__ __forceinline__ float row_reduce(const float (&s)[32], int half) {
+  float v[16];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    v[2 * k] = s[4 * k + 2 * half];
+    v[2 * k + 1] = s[4 * k + 2 * half + 1];
+  }
+  auto op = [](float a, float b) { return MAX ? fmaxf(a, b) : a + b; };
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = op(v[k], v[k + 8]);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = op(v[k], v[k + 4]);
+  v[0] = op(v[0], v[2]);
+  v[1] = op(v[1], v[3]);
+  return op(v[0], v[1]);
+}
+
 // CTAS: CTAs per SM the launch bounds ask for (1: up to 255 registers a thread; 2: at most
 // 128, so that two CTAs fit an SM's register file, with wgmma_stages<HEAD_DIM, 2> stages).
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, bool OVERLAP, int CTAS = 1>
@@ -89,6 +109,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   constexpr int Q_LOADS_PER_THREAD = ROWS * CHUNKS_PER_ROW / THREADS;
   constexpr int K_STEPS = HEAD_DIM / 16;  // k-steps of S = Q K^T
   constexpr int S_REGS = TILE_N / 2;      // accumulators of a 64 x TILE_N S per thread
+  static_assert(S_REGS == 32, "row_reduce takes a 64-key tile");
   constexpr int O_REGS = HEAD_DIM / 2;    // accumulators of a 64 x HEAD_DIM O per thread
   constexpr int PV_STEPS = TILE_N / 16;   // k-steps of O += P V
   // tiles loaded ahead: into the stage read one iteration before, or (OVERLAP: P V still
@@ -220,26 +241,6 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   int blocks[BLOCKS_PER_TILE];             // of the next tile to load
   int blocks_after[BLOCKS_PER_TILE] = {};  // of the tile after it
 
-  // -- the max (MAX) or sum of the S_REGS / 2 values of s this thread holds in row half `half`
-  //    (elements 4k + 2 half, 4k + 2 half + 1), as a tree: 4 dependent steps, not 15
-  auto row_reduce = [](const float (&s)[S_REGS], int half, auto op) {
-    float v[S_REGS / 2];
-#pragma unroll
-    for (int k = 0; k < S_REGS / 4; ++k) {
-      v[2 * k] = s[4 * k + 2 * half];
-      v[2 * k + 1] = s[4 * k + 2 * half + 1];
-    }
-    static_assert(S_REGS == 32, "the tree below is for 16 values");
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = op(v[k], v[k + 8]);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = op(v[k], v[k + 4]);
-    v[0] = op(v[0], v[2]);
-    v[1] = op(v[1], v[3]);
-    return op(v[0], v[1]);
-  };
-  auto max_op = [](float a, float b) { return fmaxf(a, b); };
-  auto add_op = [](float a, float b) { return a + b; };
   // -- scale, softcap, ALiBi, mask (replace, never add); update m_i, l_i; P = exp2(s - m) as
   //    16-bit A fragments of P V; alpha rescales O (the caller applies it)
   auto softmax_tile = [&](float (&s)[S_REGS], int p0, unsigned (&p_frag)[PV_STEPS][4], float (&alpha)[2]) {
@@ -251,8 +252,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
     // and P = exp2(s * scale * log2 e - m) one FFMA and one ex2 below
     const bool fast = plain && whole && scale > 0.f;
     if (fast) {
-      m_ij[0] = row_reduce(s, 0, max_op);
-      m_ij[1] = row_reduce(s, 1, max_op);
+      m_ij[0] = row_reduce<true>(s, 0);
+      m_ij[1] = row_reduce<true>(s, 1);
     } else {
 #pragma unroll
       for (int e = 0; e < S_REGS; ++e) {
@@ -290,8 +291,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
 #pragma unroll
       for (int e = 0; e < S_REGS; ++e) s[e] = wg_exp2(s[e] - m_safe[(e / 2) % 2]);
     }
-    l_i[0] += row_reduce(s, 0, add_op);
-    l_i[1] += row_reduce(s, 1, add_op);
+    l_i[0] += row_reduce<false>(s, 0);
+    l_i[1] += row_reduce<false>(s, 1);
 #pragma unroll
     for (int kk = 0; kk < PV_STEPS; ++kk) {
 #pragma unroll
