@@ -179,13 +179,15 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   // The physical blocks of tile `tile` (entries only below ceil(L / BLOCK_SIZE); 0, a block
   // of the pool, past them, so every copy address below stays inside the pool), loaded a tile
   // before the copies that use them.
+  // (kv_begin is a multiple of TILE_N, so of BLOCK_SIZE: tile t's entries are the
+  // BLOCKS_PER_TILE columns from kv_begin / BLOCK_SIZE + t * BLOCKS_PER_TILE, no division per
+  // entry; ptxas predicates each load on p < L)
+  const int* item_table = table_row + kv_begin / BLOCK_SIZE;
   auto fetch_blocks = [&](int tile, int (&blocks)[BLOCKS_PER_TILE]) {
     const int p0 = kv_begin + tile * TILE_N;
+    const int* entries = item_table + tile * BLOCKS_PER_TILE;
 #pragma unroll
-    for (int b = 0; b < BLOCKS_PER_TILE; ++b) {
-      const int p = p0 + b * BLOCK_SIZE;
-      blocks[b] = p < L ? table_row[p / BLOCK_SIZE] : 0;
-    }
+    for (int b = 0; b < BLOCKS_PER_TILE; ++b) blocks[b] = p0 + b * BLOCK_SIZE < L ? entries[b] : 0;
   };
   // K and V rows p0 .. p0 + TILE_N - 1 into `stage`, 128-byte swizzled (wgmma_tile_offset);
   // rows at p >= L are zero-filled and never read. A thread copies chunk copy_c of rows
