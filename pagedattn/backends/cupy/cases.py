@@ -1,7 +1,8 @@
 """Paged-attention cases with poisoned pools, shared by the cupy GPU check and its tests.
 
-A case holds host (NumPy) arrays: caches whose unused slots and blocks are NaN, block-table
-columns past ``ceil(L / block_size)`` set to -1 or 2**31-1, physical blocks in random order.
+A case holds host (NumPy) arrays from :func:`pagedattn.spec.pools.random_paged_inputs`:
+physical blocks in random order, NaN and +-inf in unused slots and blocks, wild ids (-1,
+2**31-1, -2**31) in block-table columns past ``ceil(L / block_size)``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.pools import random_paged_inputs
 
 
 @dataclass
@@ -50,47 +51,32 @@ def make_case(
 ) -> Case:
     """Build a case; ``q_lens`` None is decode (one query per sequence, ``L = 0`` allowed).
 
-    ``cache_dtype`` (default ``dtype``) may be an fp8 dtype; pass ``k_scale``/``v_scale`` in
-    ``options`` then."""
-    lens = np.asarray(seq_lens, dtype=np.int32)
-    blocks_per_seq = -(-lens // block_size)
-    max_blocks = max(1, int(blocks_per_seq.max(initial=0)) + 1)
-    num_blocks = int(blocks_per_seq.sum()) + 3
-    order = rng.permutation(num_blocks)
-    tables = np.where(np.arange(max_blocks) % 2 == 0, -1, 2**31 - 1)[None, :].repeat(len(lens), 0)
-    tables = tables.astype(np.int32)
-    kv_dtype = numpy_dtype(dtype)
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)  # NHD while filling
-    key = np.full(shape, np.nan, dtype=np.float32)
-    value = np.full(shape, np.nan, dtype=np.float32)
-    used = 0
-    for s, L in enumerate(lens):
-        for j in range(int(blocks_per_seq[s])):
-            block = order[used]
-            used += 1
-            tables[s, j] = block
-            slots = min(block_size, int(L) - j * block_size)
-            key[block, :slots] = rng.standard_normal((slots, num_kv_heads, head_dim))
-            value[block, :slots] = rng.standard_normal((slots, num_kv_heads, head_dim))
-    if kv_layout == "HND":
-        key, value = key.transpose(0, 2, 1, 3).copy(), value.transpose(0, 2, 1, 3).copy()
-    if q_lens is None:
-        starts = None
-        num_tokens = len(lens)
-    else:
-        starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-        num_tokens = int(starts[-1])
-    query = rng.standard_normal((num_tokens, num_q_heads, head_dim)).astype(kv_dtype)
-    options = {"kv_layout": kv_layout, **options}
+    The arrays are :func:`pagedattn.spec.pools.random_paged_inputs` with ``"wild"`` garbage
+    (NaN and +-inf in every slot a backend must not read, wild ids in unused block-table
+    columns), seeded from ``rng``. ``cache_dtype`` (default ``dtype``) may be an fp8 dtype; pass
+    ``k_scale``/``v_scale`` in ``options`` then."""
+    inputs = random_paged_inputs(
+        seq_lens,
+        q_lens,
+        block_size=block_size,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        cache_dtype=cache_dtype,
+        kv_layout=kv_layout,
+        seed=int(rng.integers(2**31)),
+        garbage="wild",
+    )
     return Case(
         name,
-        query,
-        key.astype(numpy_dtype(cache_dtype or dtype)),
-        value.astype(numpy_dtype(cache_dtype or dtype)),
-        tables,
-        lens,
-        starts,
-        options,
+        inputs.query,
+        inputs.key_cache,
+        inputs.value_cache,
+        inputs.block_tables,
+        inputs.seq_lens,
+        inputs.query_start_loc,
+        {"kv_layout": kv_layout, **options},
         pool_view,
         split_kv,
     )
