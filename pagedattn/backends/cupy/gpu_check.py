@@ -4,7 +4,8 @@
 
 1. correctness against :func:`pagedattn.spec.exact.exact_attention` within
    :func:`pagedattn.spec.error_model.tolerance` on a range of cases with poisoned pools
-   (NaN in unused slots and blocks, -1 / 2**31-1 in unused table columns), plus write_kv,
+   (NaN and +-inf in unused slots and blocks, -1 / 2**31-1 / -2**31 in unused table columns:
+   ``cases.make_case``), plus write_kv,
    copy_blocks, merge_states, bit-for-bit determinism and torch (DLPack) inputs;
 2. ``compute-sanitizer`` memcheck and racecheck on a few small cases (``--sanitize`` mode,
    run as a child process without cupy's memory pool);
