@@ -1,8 +1,8 @@
 // Paged attention on Hopper warpgroup MMA (wgmma.mma_async, sm_90a; float32 accumulation) for
 // float16 and bfloat16 queries and caches: long prefill, issue #5. One CTA of two warpgroups
-// takes WGMMA_ROWS = 128 query rows (query tokens x the query heads of one KV head: the work
-// items of the 128-row mma kernel); each warpgroup owns 64 rows, and both read every K/V tile
-// staged in shared memory.
+// takes WGMMA_ROWS = 128 query rows (query tokens x the query heads of one KV head: a work
+// item of planning.build_work at 128 rows); each warpgroup owns 64 rows, and both read every
+// K/V tile staged in shared memory.
 //
 // Must match pagedattn.spec.exact.exact_attention within the error model (P is rounded to the
 // input dtype before P V, which the model allows). Same work items, skeleton and names as the
