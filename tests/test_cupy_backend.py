@@ -124,45 +124,53 @@ def test_prefill_tile_height_follows_the_rows_per_sequence(
     seq_lens: list[int], q_lens: list[int], num_q_heads: int, rows: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "auto")
+    """On an sm_90 device with PAGEDATTN_CUPY_PREFILL=auto (the default): the Hopper kernel's
+    128 rows from 512 rows per sequence on average, else the 64-row mma.sync kernel."""
+    from pagedattn.backends.cupy import planning
+
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
+    monkeypatch.delenv("PAGEDATTN_CUPY_PREFILL", raising=False)
     case = make_case(
         "rows", np.random.default_rng(0), seq_lens=seq_lens, q_lens=q_lens,
         num_q_heads=num_q_heads, head_dim=64,
     )
     assert choose_rows(_problem(case)) == rows
+    assert build_work(_problem(case), slots=132).kernel == ("wgmma" if rows == 128 else "mma")
 
 
-def test_the_unmeasured_wide_kernel_is_off_unless_switched_on(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    "why, options, switch, sm90",
+    [
+        ("switch mma", {}, "mma", True),
+        ("not an sm_90 device", {}, "auto", False),
+        ("fp8 cache", {"cache_dtype": "float8_e4m3fn"}, "wgmma", True),
+    ],
+)
+def test_mma_sync_prefill_always_takes_64_rows(
+    why: str, options: dict, switch: str, sm90: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    case = make_case(
-        "rows", np.random.default_rng(0), seq_lens=[4096], q_lens=[4096], num_q_heads=32,
-        head_dim=64,
-    )
-    monkeypatch.delenv("PAGEDATTN_CUPY_MMA_ROWS", raising=False)
-    assert choose_rows(_problem(case)) == 64
-    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "128")
-    assert choose_rows(_problem(case)) == 128
-    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "wide")
-    with pytest.raises(ValueError, match="64, 128 or auto"):
-        choose_rows(_problem(case))
-
-
-def test_wide_prefill_kernel_shape_and_shared_memory() -> None:
+    """Long prefill the Hopper kernel does not take goes to the 64-row mma.sync kernel: no
+    other height exists for it."""
+    from pagedattn.backends.cupy import planning
     from pagedattn.backends.cupy import specializations as sp
 
-    warps, m_tiles, stages = sp.mma_wide_shape()
-    assert warps * 16 * m_tiles == sp.MMA_WIDE_ROWS
-    assert sp.threads(sp.MMA_WIDE_ROWS) == 32 * warps
-    assert sp.tile_n("bfloat16", sp.MMA_WIDE_ROWS) == 64
-    # Q (128 rows x 128 x 2 bytes) + stages x (K + V tiles of 64 x 128 x 2) + 3 words a row
-    expected = 128 * 128 * 2 + stages * 2 * 64 * 128 * 2 + 3 * 128 * 4
-    assert sp.smem_bytes("bfloat16", 128, sp.MMA_WIDE_ROWS) == expected
-    assert expected + 1024 <= 228 * 1024, "one CTA must fit an SM's shared memory"
-    name = sp.attention("bfloat16", 128, 16, sp.MMA_WIDE_ROWS).name_expression
-    assert name == (
-        f"paged_attention_mma_wide<bfloat16_t, 128, 16, bfloat16_t, {warps}, {m_tiles}, {stages}>"
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: sm90)
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
+    case = make_case(
+        "rows", np.random.default_rng(0), seq_lens=[4096], q_lens=[4096], num_q_heads=32,
+        head_dim=64, **options,
     )
+    problem = _problem(case)
+    assert choose_rows(problem) == sp.MMA_ROWS, why
+    work = build_work(problem, slots=132)
+    assert (work.kernel, work.rows, work.tile_n) == ("mma", 64, 64), why
+    spec = planning.attention_spec(problem, work.rows)
+    assert spec.module == "paged_attention_mma", why
+    assert sp.smem_bytes(problem.dtype, 64, work.rows, problem.cache_dtype, spec) == sp.mma_smem_bytes(
+        64, problem.cache_dtype
+    )
+    with pytest.raises(ValueError, match="wgmma_attention"):
+        sp.attention("bfloat16", 64, 16, sp.WGMMA_ROWS)  # 128 rows: the Hopper kernel's only
 
 
 def test_two_decode_ctas_fit_on_an_sm() -> None:
@@ -235,7 +243,7 @@ def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(
         monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
     problem = _long_prefill()
     assert planning.uses_wgmma(problem)
-    assert choose_rows(problem) == sp.MMA_WIDE_ROWS
+    assert choose_rows(problem) == sp.WGMMA_ROWS
     work = build_work(problem, slots=132)
     assert (work.kernel, work.rows, work.tile_n) == ("wgmma", 128, 64)
     spec = planning.attention_spec(problem, work.rows)
@@ -297,14 +305,15 @@ def test_wgmma_kernel_launch_shape_and_shared_memory() -> None:
     from pagedattn.backends.cupy import specializations as sp
 
     spec = sp.wgmma_attention("float16", 128, 32, ctas=1)
-    assert sp.threads(sp.MMA_WIDE_ROWS, spec) == 256, "two warpgroups"
+    assert sp.threads(sp.WGMMA_ROWS, spec) == 256, "two warpgroups"
+    assert sp.tile_n("float16", sp.WGMMA_ROWS) == 64, "64-key tiles"
     # 1 CTA per SM: alignment slack + 4 stages x (K + V tiles of 64 keys x 128 x 2 bytes) + the Q tile
     # (128 rows x 128 x 2 bytes, its own region: read for every tile's S) + 3 words a row
     expected = 1024 + 4 * 2 * 64 * 128 * 2 + 128 * 128 * 2 + 3 * 128 * 4
-    assert sp.smem_bytes("float16", 128, sp.MMA_WIDE_ROWS, "float16", spec) == expected
+    assert sp.smem_bytes("float16", 128, sp.WGMMA_ROWS, "float16", spec) == expected
     assert expected <= 227 * 1024, "one CTA must fit the per-block shared-memory limit (227 KB)"
     assert sp.smem_bytes(
-        "float16", 64, sp.MMA_WIDE_ROWS, None, sp.wgmma_attention("float16", 64, 16, ctas=1)
+        "float16", 64, sp.WGMMA_ROWS, None, sp.wgmma_attention("float16", 64, 16, ctas=1)
     ) == (
         1024 + 4 * 2 * 64 * 64 * 2 + 128 * 64 * 2 + 3 * 128 * 4
     )
@@ -325,7 +334,7 @@ def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default(
     sm_bytes = 228 * 1024  # an H100/H200 SM; each CTA also reserves 1 KB
     for head_dim in (64, 128):
         ctas2 = sp.smem_bytes(
-            "bfloat16", head_dim, sp.MMA_WIDE_ROWS, None, sp.wgmma_attention("bfloat16", head_dim, 32)
+            "bfloat16", head_dim, sp.WGMMA_ROWS, None, sp.wgmma_attention("bfloat16", head_dim, 32)
         )
         expected = (
             1024 + sp.wgmma_stages(head_dim, 2) * 2 * 64 * head_dim * 2 + 128 * head_dim * 2 + 3 * 128 * 4
@@ -514,7 +523,7 @@ WORK_CASES = {
         seq_lens=[0, 1, 17, 900, 3000], num_q_heads=8, num_kv_heads=2, dtype="float16"
     ),
     "tensor-core rows": dict(seq_lens=[300, 129, 7], q_lens=[300, 50, 7], dtype="float16"),
-    "wide tensor-core rows": dict(
+    "wgmma rows": dict(
         seq_lens=[600, 300, 9], q_lens=[600, 200, 9], dtype="float16", num_q_heads=8,
         sliding_window=150,
     ),
@@ -539,16 +548,21 @@ WORK_CASES = {
 def test_work_items_cover_every_row_once_and_give_the_exact_answer(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PAGEDATTN_CUPY_MMA_ROWS", "auto")  # both heights (wide: behind a switch)
+    from pagedattn.backends.cupy import planning
+
+    # "wgmma rows": the Hopper kernel's 128-row items, planned as on an sm_90 device
+    monkeypatch.setattr(planning, "device_has_wgmma", lambda: name == "wgmma rows")
+    monkeypatch.delenv("PAGEDATTN_CUPY_PREFILL", raising=False)
     case = make_case(
         name, np.random.default_rng(1), head_dim=64, **{"dtype": "float32", **WORK_CASES[name]}
     )
     if name == "tensor-core rows":
         assert choose_rows(_problem(case)) == 64
-    if name == "wide tensor-core rows":
+    if name == "wgmma rows":
         assert choose_rows(_problem(case)) == 128
     problem = _problem(case)
     work = build_work(problem, slots=64, min_tiles_per_split=1)  # force split-KV
+    assert (work.kernel == "wgmma") == (name == "wgmma rows")
     out, lse = _model(problem, work, case.query, case.key_cache, case.value_cache)
     exact = exact_attention(
         case.query,
@@ -642,29 +656,20 @@ def test_gpu_cache_operations_match_the_spec() -> None:
     assert all(ok for _, ok, _ in results), [r for r in results if not r[1]]
 
 
-# -- the tensor-core prefill kernel's per-warp sub-tile predicates (kernels/paged_attention_mma.cu)
-def _warp_predicates(problem, item, warp_rows, warp, p0, sub_n):  # type: ignore[no-untyped-def]
-    """(none, whole) as attend_sub computes them for one warp and one sub-tile (plain scores)."""
-    seq, _, token_start, num_tokens, _, num_groups = (int(x) for x in item[:6])
+# -- the 64-row tensor-core prefill kernel's tile predicate (kernels/paged_attention_mma.cu)
+def _cta_tile_whole(problem, item, p0, tile_n):  # type: ignore[no-untyped-def]
+    """``whole`` as attend_tile computes it for one CTA and one tile: from the p_q of the item's
+    first and last token (plain scores then skip the mask)."""
+    seq, _, token_start, num_tokens = (int(x) for x in item[:4])
     L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
-    num_rows = num_tokens * num_groups
-    first_row = warp * warp_rows
-    last_row = max(first_row, min(first_row + warp_rows, num_rows) - 1)
-    pq_first = L - q_len + (token_start - int(problem.query_start_loc[seq]))
-    pq_min, pq_max = pq_first + first_row // num_groups, pq_first + last_row // num_groups
+    pq_min = L - q_len + (token_start - int(problem.query_start_loc[seq]))
+    pq_max = pq_min + num_tokens - 1
     W = problem.sliding_window or 0
-    none = (
-        first_row >= num_rows
-        or p0 >= L
-        or (problem.causal and p0 > pq_max)
-        or (W > 0 and p0 + sub_n - 1 <= pq_min - W)
-    )
-    whole = (
-        p0 + sub_n <= L
-        and (not problem.causal or p0 + sub_n - 1 <= pq_min)
+    return (
+        p0 + tile_n <= L
+        and (not problem.causal or p0 + tile_n - 1 <= pq_min)
         and (W <= 0 or p0 > pq_max - W)
     )
-    return none, whole
 
 
 @pytest.mark.parametrize(
@@ -673,51 +678,38 @@ def _warp_predicates(problem, item, warp_rows, warp, p0, sub_n):  # type: ignore
     ids=["causal", "non-causal", "window", "window non-causal"],
 )
 @pytest.mark.parametrize("num_q_heads", [8, 14, 24], ids=["G=4", "G=7", "G=12"])
-def test_mma_warp_skips_only_unseen_sub_tiles_and_unmasks_only_whole_ones(
-    options: dict, num_q_heads: int
+def test_mma_kernel_unmasks_only_tiles_all_its_rows_see_whole(
+    options: dict, num_q_heads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A sub-tile a warp skips holds no key any of its rows sees; one it leaves unmasked holds
-    only keys all its rows see (the kernel's predicates, checked against the contract's rule)."""
+    """Each tile of a 64-row work item is seen by some row of the item, and one the kernel
+    leaves unmasked holds only keys all its rows see (checked against the contract's rule)."""
     from pagedattn.backends.cupy import specializations as sp
 
+    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "mma")
     case = make_case(
         "predicates", np.random.default_rng(5), seq_lens=[700, 300, 64], q_lens=[650, 130, 64],
         num_q_heads=num_q_heads, head_dim=64, **options,
     )
     problem = _problem(case)
-    for rows in (sp.MMA_ROWS, sp.MMA_WIDE_ROWS):
-        # the wide kernel walks 32-key sub-tiles with two m-tiles per warp (the 64-row kernel
-        # masks per CTA, a stricter rule than per warp: its tiles pass these checks too)
-        warps, m_tiles, _ = sp.mma_wide_shape() if rows == sp.MMA_WIDE_ROWS else (4, 1, 3)
-        sub_n = 32 if m_tiles > 1 else 64
-        os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = str(rows)
-        try:
-            work = build_work(problem, slots=64)
-        finally:
-            os.environ.pop("PAGEDATTN_CUPY_MMA_ROWS")
-        assert work.rows == rows
-        skipped = unmasked = 0
-        for item in work.items:
-            seq, token_start, num_groups = int(item[0]), int(item[2]), int(item[5])
-            L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
-            num_rows = int(item[3]) * num_groups
-            for warp in range(warps):
-                rows_ = np.arange(warp * 16 * m_tiles, min((warp + 1) * 16 * m_tiles, num_rows))
-                p_q = L - q_len + (token_start - int(problem.query_start_loc[seq])) + rows_ // num_groups
-                for p0 in range(int(item[6]), int(item[7]), sub_n):
-                    p = np.arange(p0, p0 + sub_n)[None, :]
-                    visible = (p < L) & np.ones((rows_.size, 1), bool)
-                    if problem.causal:
-                        visible &= p <= p_q[:, None]
-                    if problem.sliding_window:
-                        visible &= p > p_q[:, None] - problem.sliding_window
-                    none, whole = _warp_predicates(problem, item, 16 * m_tiles, warp, p0, sub_n)
-                    if none:
-                        skipped += 1
-                        assert not visible.any(), (rows, tuple(item), warp, p0)
-                    elif whole:
-                        unmasked += 1
-                        assert visible.all(), (rows, tuple(item), warp, p0)
-        # (a window narrower than two sub-tiles leaves no sub-tile whole)
-        assert unmasked > 0 or (problem.sliding_window or 10**9) < 2 * sub_n
-        assert skipped > 0 or not problem.causal
+    work = build_work(problem, slots=64)
+    assert (work.kernel, work.rows, work.tile_n) == ("mma", sp.MMA_ROWS, sp.MMA_TILE_N)
+    tile_n = work.tile_n
+    unmasked = 0
+    for item in work.items:
+        seq, token_start, num_groups = int(item[0]), int(item[2]), int(item[5])
+        L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
+        rows = np.arange(int(item[3]) * num_groups)
+        p_q = L - q_len + (token_start - int(problem.query_start_loc[seq])) + rows // num_groups
+        for p0 in range(int(item[6]), int(item[7]), tile_n):
+            p = np.arange(p0, p0 + tile_n)[None, :]
+            visible = (p < L) & np.ones((rows.size, 1), bool)
+            if problem.causal:
+                visible &= p <= p_q[:, None]
+            if problem.sliding_window:
+                visible &= p > p_q[:, None] - problem.sliding_window
+            assert visible.any(), f"tile {p0} of {tuple(item)} is seen by no row"
+            if _cta_tile_whole(problem, item, p0, tile_n):
+                unmasked += 1
+                assert visible.all(), (tuple(item), p0)
+    # (a window narrower than two tiles leaves no tile whole)
+    assert unmasked > 0 or (problem.sliding_window or 10**9) < 2 * tile_n

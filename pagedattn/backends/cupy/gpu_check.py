@@ -14,8 +14,8 @@
    measured in the same run and cuDNN SDPA on contiguous K/V, and of causal prefill 8 x 4096
    against cuDNN's FLOP rate. A short table is printed last; logs go to ``--out``.
 
-``--only-prefill`` keeps the tensor-core prefill cases (64 and 128 rows, and the Hopper
-kernel's); ``--only-wgmma`` only the Hopper kernel's (a one-warpgroup layout check of its
+``--only-prefill`` keeps the tensor-core prefill cases (the 64-row mma.sync kernel's and the
+Hopper kernel's); ``--only-wgmma`` only the Hopper kernel's (a one-warpgroup layout check of its
 wgmma products, then its cases with ``PAGEDATTN_CUPY_PREFILL=wgmma``);
 ``--measure shapes`` times prefill 8 x 4,096 per kernel shape (``--shapes``) beside cuDNN.
 ``--only-decode`` keeps the decode cases (16-bit and fp8), fp8 ops and one case per other
@@ -215,8 +215,9 @@ def fp8_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
 
 
 def wide_cases(rng: np.random.Generator, small: bool = False) -> list[Case]:
-    """Cases aimed at the 128-row tensor-core prefill kernel (at least 512 rows per sequence
-    on average): whole, diagonal and edge tiles, every mask, GQA ratios that leave rows of a
+    """Long prefill (at least 512 rows per sequence on average: the Hopper kernel's on an sm_90
+    device, the 64-row mma.sync kernel's elsewhere, with PAGEDATTN_CUPY_PREFILL=mma and for
+    fp8 caches): whole, diagonal and edge tiles, every mask, GQA ratios that leave rows of a
     tile empty, fp8, split-KV partials."""
     if small:
         return [
@@ -527,10 +528,6 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
     if "alibi_slopes" in options:
         options["alibi_slopes"] = to_dev(options["alibi_slopes"])
     choose_split = planning.choose_split
-    # the "wide" cases are for the 128-row kernel, which planning takes only behind its switch
-    wide = case.name.startswith("wide ") and "PAGEDATTN_CUPY_MMA_ROWS" not in os.environ
-    if wide:
-        os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = "auto"
     if not case.split_kv:  # one part per range, however long
         planning.choose_split = lambda base_tiles, slots, **_: max(1, int(base_tiles.max()))  # type: ignore[assignment]
     try:
@@ -546,8 +543,6 @@ def run_case(backend: CupyBackend, case: Case, inputs: tuple[Any, Any, Any] | No
         )
     finally:
         planning.choose_split = choose_split
-        if wide:
-            del os.environ["PAGEDATTN_CUPY_MMA_ROWS"]
     return backend.to_numpy(out), backend.to_numpy(lse)
 
 
@@ -785,7 +780,7 @@ def check_torch_inputs(backend: CupyBackend, rng: np.random.Generator) -> tuple[
 
 
 def prefill_cases(rng: np.random.Generator) -> list[Case]:
-    """The tensor-core prefill kernel's cases, both tile heights (``--only-prefill``): the wide
+    """The tensor-core prefill kernels' cases (``--only-prefill``): the wide (long prefill)
     cases, 64-row prefill at three block sizes, chunked prefill with split-KV, fp8 prefill."""
     keep = (
         "prefill mma bfloat16 bs16 NHD",
@@ -1193,19 +1188,21 @@ def benchmarks(backend: CupyBackend, log: dict) -> list[list[str]]:
 
 
 #: Shapes of the tensor-core prefill kernels that ``--measure shapes`` compares: "64" is the
-#: 64-row kernel (paged_attention_mma.cu), "WxMxS" the 128-row one (paged_attention_mma_wide.cu)
-#: with W warps of M m-tiles (16 rows each) and S stages (specializations.mma_wide_shape's
-#: measurement switch), "wgmma" / "wgmma-serial" the Hopper kernel (paged_attention_wgmma.cu)
-#: with its overlap or serial schedule, "wgmma-2cta" its 2-CTA/SM variant
-PREFILL_SHAPES: tuple[str, ...] = ("64", "4x2x2", "4x2x3", "8x1x2", "8x1x3")
+#: 64-row mma.sync kernel (paged_attention_mma.cu), "wgmma" / "wgmma-serial" the Hopper kernel
+#: (paged_attention_wgmma.cu) at 1 CTA/SM with its overlap or serial schedule, "wgmma-2cta"
+#: its 2-CTA/SM variant (the default)
+PREFILL_SHAPES: tuple[str, ...] = ("64", "wgmma", "wgmma-serial", "wgmma-2cta")
 
 
 def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPES) -> list[str]:
-    """Causal prefill 8 x 4,096 (bf16, GQA 32/8, d=128) per tensor-core kernel shape at block
-    sizes 16/32/64 beside cuDNN SDPA on contiguous K/V, with each 128-row shape's registers and
-    local memory (spills) and its answers on three wide cases: which shape planning should take."""
+    """Causal prefill 8 x 4,096 (bf16, GQA 32/8, d=128) per tensor-core kernel shape
+    (``PREFILL_SHAPES``) at block sizes 16/32/64 beside cuDNN SDPA on contiguous K/V, with each
+    shape's registers and local memory (spills): which shape planning should take."""
     from pagedattn.backends.cupy import runtime, specializations
 
+    unknown = [shape for shape in shapes if shape not in PREFILL_SHAPES]
+    if unknown:
+        raise ValueError(f"--shapes: unknown {unknown}; expected some of {PREFILL_SHAPES}")
     flops = 4 * 8 * 32 * 128 * (4096 * 4097 / 2)  # causal: QK^T and PV over the visible half
     cudnn_ms, note = time_cudnn(8, 4096, 4096, 2, causal=True)
     lines = [
@@ -1214,8 +1211,6 @@ def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPE
         else note
     ]
     keys = (
-        "PAGEDATTN_CUPY_MMA_ROWS",
-        "PAGEDATTN_CUPY_MMA_SHAPE",
         "PAGEDATTN_CUPY_PREFILL",
         "PAGEDATTN_CUPY_WGMMA_SCHEDULE",
         "PAGEDATTN_CUPY_WGMMA_CTAS",
@@ -1229,16 +1224,12 @@ def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPE
                 "serial" if shape in ("wgmma-serial", "wgmma-2cta") else "overlap"
             )
             os.environ["PAGEDATTN_CUPY_WGMMA_CTAS"] = "2" if shape == "wgmma-2cta" else "1"
-            os.environ["PAGEDATTN_CUPY_MMA_ROWS"] = "64" if shape == "64" else "128"
-            if shape != "64" and not wgmma:
-                os.environ["PAGEDATTN_CUPY_MMA_SHAPE"] = shape
-            rows = 64 if shape == "64" else 128
             for bs in (16, 32, 64):
                 try:
                     spec = (
                         specializations.wgmma_attention("bfloat16", 128, bs)
                         if wgmma
-                        else specializations.attention("bfloat16", 128, bs, rows)
+                        else specializations.attention("bfloat16", 128, bs, specializations.MMA_ROWS)
                     )
                     compiled = runtime.kernel(spec)
                     ms = time_paged(backend, 8, 4096, bs, 4096, 2)
@@ -1250,15 +1241,6 @@ def prefill_shapes(backend: CupyBackend, shapes: tuple[str, ...] = PREFILL_SHAPE
                 except Exception as error:  # a measurement: report and go on
                     lines.append(f"shape {shape} bs{bs}: {type(error).__name__}: {error}")
                 print(lines[-1], flush=True)
-            if shape != "64" and not wgmma:  # (check_wgmma checks the Hopper kernel)
-                cases = wide_cases(np.random.default_rng(7))
-                for case in (cases[0], cases[6], cases[10]):
-                    try:
-                        ok, summary = check_case(backend, case)
-                    except Exception as error:
-                        ok, summary = False, f"{type(error).__name__}: {error}"
-                    lines.append(f"shape {shape} {'ok' if ok else 'FAIL'} {case.name}: {summary}")
-                    print(lines[-1], flush=True)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -1430,7 +1412,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only-prefill",
         action="store_true",
-        help="the tensor-core prefill cases (both tile heights), determinism, torch inputs; no ops",
+        help="the tensor-core prefill cases (64-row and Hopper kernels), determinism, torch inputs;"
+        " no ops",
     )
     parser.add_argument(
         "--only-wgmma",
@@ -1441,8 +1424,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shapes",
         default=",".join(PREFILL_SHAPES),
-        help="comma list of kernel shapes for --measure shapes (64, WxMxS, wgmma, wgmma-serial,"
-        " wgmma-2cta)",
+        help="comma list of kernel shapes for --measure shapes (64, wgmma, wgmma-serial, wgmma-2cta)",
     )
     parser.add_argument(
         "--wgmma-passes",
@@ -1451,6 +1433,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sanitizer-timeout", type=float, default=110.0)
     args = parser.parse_args(argv)
+    unknown = set(args.shapes.split(",")) - set(PREFILL_SHAPES)
+    if unknown:
+        parser.error(f"--shapes: unknown {sorted(unknown)}; expected some of {','.join(PREFILL_SHAPES)}")
     if args.sanitize:
         return sanitize_main(args.only_decode)
     import torch
@@ -1519,11 +1504,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kernel time: {line}", flush=True)
     if "shapes" in measure:
         log["prefill_shapes"] = prefill_shapes(backend, tuple(args.shapes.split(",")))
-        checks += [
-            (line, False, "a shape's wide case failed")
-            for line in log["prefill_shapes"]
-            if " FAIL " in line
-        ]
     rows = benchmarks(backend, log) if "bench" not in skip else []
     if "sanitizer" not in skip:
         for name, ok, summary in run_sanitizer(

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One H200 call for the cupy backend (run from the repository root; logs under $OUT):
-#   1. gpu_check --only-decode: the decode, fp8, 64- and 128-row prefill kernels against the
-#      exact spec on poisoned pools, determinism, torch inputs, fp8 write_kv/copy_blocks; then
-#      (--measure shapes) prefill 8 x 4,096 per tensor-core kernel shape beside cuDNN;
-#   2. the official bench: `pagedattn bench --shapes targets --peers sdpa`, with the 128-row
-#      prefill kernel switched on (PAGEDATTN_CUPY_MMA_ROWS=auto unless set otherwise);
+#   1. gpu_check --only-decode: the decode, fp8, 64-row mma.sync and Hopper (wgmma) prefill
+#      kernels against the exact spec on poisoned pools, determinism, torch inputs, fp8
+#      write_kv/copy_blocks; then (--measure shapes) prefill 8 x 4,096 per tensor-core kernel
+#      shape (64, wgmma, wgmma-serial, wgmma-2cta) beside cuDNN;
+#   2. the official bench: `pagedattn bench --shapes targets --peers sdpa`, default planning;
 #   3. compute-sanitizer memcheck and racecheck on the small poisoned cases, in the time left.
 # Every step has its own timeout so the whole stays under TOTAL seconds (default 300).
 set -uo pipefail
@@ -18,7 +18,6 @@ left() { echo $((TOTAL - (SECONDS - start))); }
 timeout 160 python3 -m pagedattn.backends.cupy.gpu_check --only-decode --skip bench,sanitizer \
     --measure shapes --out "$OUT/logs" > "$OUT/gpu_check.log" 2>&1
 echo "gpu_check rc=$? at $((SECONDS - start)) s"
-PAGEDATTN_CUPY_MMA_ROWS=${PAGEDATTN_CUPY_MMA_ROWS:-auto} \
 timeout $(( $(left) > 110 ? 110 : $(left) )) python3 -m pagedattn bench --backend cupy \
     --shapes targets --peers sdpa --budget 0.1 --out "$OUT/logs/bench" > "$OUT/bench.log" 2>&1
 echo "bench rc=$? at $((SECONDS - start)) s"

@@ -24,8 +24,8 @@ from pagedattn.backends.cupy.specializations import (
     MMA_DTYPES,
     MMA_HEAD_DIMS,
     MMA_ROWS,
-    MMA_WIDE_ROWS,
     ROWS,
+    WGMMA_ROWS,
     Specialization,
     attention,
     prefill_kernel,
@@ -45,16 +45,13 @@ class WorkPlan:
     items: np.ndarray
     merges: np.ndarray
     num_partials: int
-    kernel: str = "mma"  # "wgmma": paged_attention_wgmma takes the 128-row items
+    kernel: str = "mma"  # "wgmma": paged_attention_wgmma takes the WGMMA_ROWS-row items
 
 
-#: rows (query tokens x query heads of a KV head) per sequence, on average, from which the
-#: tensor-core prefill kernel takes MMA_WIDE_ROWS rows per CTA when the wide kernel is on: 4
-#: wide tiles, so at most a quarter of a sequence's rows sit in its last, partly empty tile
-WIDE_MIN_ROWS_PER_SEQ = 4 * MMA_WIDE_ROWS
-#: PAGEDATTN_CUPY_MMA_ROWS when unset: "64". The wide kernel passed gpu_check on an H200
-#: (2026-11-30) but was not faster at block sizes 16 and 32 (PERF_NOTES.md, version 6)
-MMA_ROWS_DEFAULT = "64"
+#: rows (query tokens x query heads of a KV head) per sequence, on average, from which
+#: PAGEDATTN_CUPY_PREFILL=auto takes the Hopper kernel (WGMMA_ROWS rows per CTA): 4 of its
+#: tiles, so at most a quarter of a sequence's rows sit in its last, partly empty tile
+WGMMA_MIN_ROWS_PER_SEQ = 4 * WGMMA_ROWS
 
 
 def device_has_wgmma() -> bool:
@@ -70,49 +67,39 @@ def device_has_wgmma() -> bool:
         return False
 
 
-def wide_enough(problem: AttentionProblem) -> bool:
-    """Whether the sequences hold at least ``WIDE_MIN_ROWS_PER_SEQ`` rows on average."""
-    rows_per_seq = problem.num_tokens * min(problem.group_size, MMA_WIDE_ROWS)
-    return rows_per_seq >= WIDE_MIN_ROWS_PER_SEQ * max(1, problem.num_seqs)
+def enough_rows_for_wgmma(problem: AttentionProblem) -> bool:
+    """Whether the sequences hold at least ``WGMMA_MIN_ROWS_PER_SEQ`` rows on average."""
+    rows_per_seq = problem.num_tokens * min(problem.group_size, WGMMA_ROWS)
+    return rows_per_seq >= WGMMA_MIN_ROWS_PER_SEQ * max(1, problem.num_seqs)
 
 
 def uses_wgmma(problem: AttentionProblem) -> bool:
     """Whether the Hopper kernel (paged_attention_wgmma) takes this problem: a prefill batch the
     tensor-core prefill kernels take (at least 8 queries per sequence on average), 16-bit
     queries and caches at head_dim 64 or 128, a compute capability 9.0 device, and
-    ``PAGEDATTN_CUPY_PREFILL`` "wgmma", or "auto" with :func:`wide_enough` rows. Anything else
+    ``PAGEDATTN_CUPY_PREFILL`` "wgmma", or "auto" with :func:`enough_rows_for_wgmma`. Anything else
     (fp8 caches, other head dims, other devices) stays on the mma.sync kernels."""
     switch = prefill_kernel()
     if switch == "mma" or not wgmma_supports(problem.dtype, problem.head_dim, problem.cache_dtype):
         return False
     if problem.is_decode or problem.num_tokens < 8 * problem.num_seqs:
         return False
-    if switch == "auto" and not wide_enough(problem):
+    if switch == "auto" and not enough_rows_for_wgmma(problem):
         return False
     return device_has_wgmma()
 
 
 def attention_spec(problem: AttentionProblem, rows: int) -> Specialization:
     """The attention kernel for ``problem`` at ``rows`` rows per CTA (:func:`choose_rows`)."""
-    if rows == MMA_WIDE_ROWS and uses_wgmma(problem):
+    if rows == WGMMA_ROWS:
         return wgmma_attention(problem.dtype, problem.head_dim, problem.block_size)
     return attention(problem.dtype, problem.head_dim, problem.block_size, rows, problem.cache_dtype)
 
 
 def prefill_rows(problem: AttentionProblem) -> int:
-    """``MMA_WIDE_ROWS`` or ``MMA_ROWS`` rows for the tensor-core prefill kernels:
-    ``MMA_WIDE_ROWS`` where the Hopper kernel takes the problem (:func:`uses_wgmma`), else as
-    ``PAGEDATTN_CUPY_MMA_ROWS`` says (default ``MMA_ROWS_DEFAULT``): "64" or "128" forces one
-    height; "auto" takes the wide kernel when the sequences hold at least
-    ``WIDE_MIN_ROWS_PER_SEQ`` rows on average."""
-    if uses_wgmma(problem):
-        return MMA_WIDE_ROWS
-    switch = os.environ.get("PAGEDATTN_CUPY_MMA_ROWS", MMA_ROWS_DEFAULT)
-    if switch in (str(MMA_ROWS), str(MMA_WIDE_ROWS)):
-        return int(switch)
-    if switch != "auto":
-        raise ValueError(f"PAGEDATTN_CUPY_MMA_ROWS={switch!r}: expected 64, 128 or auto")
-    return MMA_WIDE_ROWS if wide_enough(problem) else MMA_ROWS
+    """Rows per CTA of the tensor-core prefill kernels: ``WGMMA_ROWS`` where the Hopper kernel
+    takes the problem (:func:`uses_wgmma`), else ``MMA_ROWS`` (the mma.sync kernel)."""
+    return WGMMA_ROWS if uses_wgmma(problem) else MMA_ROWS
 
 
 def choose_rows(problem: AttentionProblem) -> int:
@@ -121,7 +108,7 @@ def choose_rows(problem: AttentionProblem) -> int:
     ``DECODE_ROWS`` (tensor-core decode, keys split among warps) for float16/bfloat16 decode
     at head_dim 64 or 128 with up to 16 query heads per KV head, unless the environment sets
     ``PAGEDATTN_CUPY_DECODE=simt``; the tensor-core prefill kernel (:func:`prefill_rows`:
-    ``MMA_WIDE_ROWS`` or ``MMA_ROWS``) for float16/bfloat16 batches of at least 8 queries per
+    ``WGMMA_ROWS`` or ``MMA_ROWS``) for float16/bfloat16 batches of at least 8 queries per
     sequence on average at head_dim 64 or 128; else the CUDA-core kernel with 4 rows (decode
     with up to 4 query heads per KV head) or 8. fp8 caches go to the tensor-core kernels only
     (decode, else the prefill kernel whatever the batch); the backend refuses fp8 where
@@ -305,5 +292,5 @@ def build_work(
         items=items,
         merges=merges,
         num_partials=int(split.sum()),
-        kernel="wgmma" if rows == MMA_WIDE_ROWS and uses_wgmma(problem) else "mma",
+        kernel="wgmma" if rows == WGMMA_ROWS else "mma",
     )

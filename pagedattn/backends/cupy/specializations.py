@@ -30,15 +30,11 @@ ROWS: tuple[int, ...] = (4, 8)
 MMA_ROWS = 64
 MMA_STAGES = 3
 MMA_TILE_N = 64
-#: The taller tensor-core prefill kernel (kernels/paged_attention_mma_wide.cu; correct on an
-#: H200 but not faster, so planning.prefill_rows takes it only behind a switch):
-#: MMA_WIDE_ROWS rows as (warps, m-tiles of 16 rows per warp, K/V stages)
-MMA_WIDE_ROWS = 128
-MMA_WIDE_SHAPE: tuple[int, int, int] = (4, 2, 2)
-#: The Hopper prefill kernel (kernels/paged_attention_wgmma.cu, sm_90a): the 128-row kernel's
-#: work items (MMA_WIDE_ROWS rows, MMA_TILE_N-key tiles), 2 warpgroups, WGMMA_STAGES K/V
-#: stages, 16-bit caches at these head dims; taken as PAGEDATTN_CUPY_PREFILL says
-#: (:func:`prefill_kernel`), on compute capability 9.0 only
+#: The Hopper prefill kernel (kernels/paged_attention_wgmma.cu, sm_90a): work items of
+#: WGMMA_ROWS rows and MMA_TILE_N-key tiles, 2 warpgroups, WGMMA_STAGES K/V stages, 16-bit
+#: caches at these head dims; taken as PAGEDATTN_CUPY_PREFILL says (:func:`prefill_kernel`),
+#: on compute capability 9.0 only
+WGMMA_ROWS = 128
 WGMMA_THREADS = 256
 WGMMA_STAGES = 4
 #: CTAs per SM the wgmma kernel's launch bounds ask for (PAGEDATTN_CUPY_WGMMA_CTAS, default
@@ -86,7 +82,7 @@ class Specialization:
 def prefill_kernel() -> str:
     """``PAGEDATTN_CUPY_PREFILL`` (default ``PREFILL_DEFAULT``): "mma" (the mma.sync kernels
     only), "wgmma" (the Hopper kernel for every prefill it supports) or "auto" (the Hopper
-    kernel where planning would take 128-row tiles, see planning.prefill_rows)."""
+    kernel for long prefill, see planning.uses_wgmma)."""
     switch = os.environ.get("PAGEDATTN_CUPY_PREFILL", PREFILL_DEFAULT)
     if switch not in PREFILL_CHOICES:
         raise ValueError(f"PAGEDATTN_CUPY_PREFILL={switch!r}: expected one of {PREFILL_CHOICES}")
@@ -180,29 +176,15 @@ def wgmma_smem_bytes(head_dim: int, ctas: int = 1) -> int:
     return (
         1024
         + wgmma_stages(head_dim, ctas) * 2 * MMA_TILE_N * head_dim * 2
-        + MMA_WIDE_ROWS * head_dim * 2
-        + 3 * MMA_WIDE_ROWS * 4
+        + WGMMA_ROWS * head_dim * 2
+        + 3 * WGMMA_ROWS * 4
     )
 
 
-def mma_wide_shape() -> tuple[int, int, int]:
-    """(warps, m-tiles per warp, stages) of the ``MMA_WIDE_ROWS`` kernel.
-
-    ``PAGEDATTN_CUPY_MMA_SHAPE=WxMxS`` (a measurement switch) replaces ``MMA_WIDE_SHAPE`` by W
-    warps of M m-tiles with S stages (W * 16 * M must be 128).
-    """
-    override = os.environ.get("PAGEDATTN_CUPY_MMA_SHAPE")
-    if not override:
-        return MMA_WIDE_SHAPE
-    warps, m_tiles, stages = (int(x) for x in override.split("x"))
-    if warps * 16 * m_tiles != MMA_WIDE_ROWS or stages < 2:
-        raise ValueError(f"PAGEDATTN_CUPY_MMA_SHAPE={override}: W * 16 * M must be 128, S >= 2")
-    return warps, m_tiles, stages
-
-
 def tile_n(dtype: str, rows: int = ROWS[0]) -> int:
-    """Keys per K/V tile: ``Tile<T>::TILE_N`` (CUDA cores) or ``MMA_TILE_N`` (tensor cores)."""
-    if rows in (MMA_ROWS, MMA_WIDE_ROWS):
+    """Keys per K/V tile: ``Tile<T>::TILE_N`` (CUDA cores) or ``MMA_TILE_N`` (tensor-core
+    prefill: the mma.sync and the wgmma kernels)."""
+    if rows in (MMA_ROWS, WGMMA_ROWS):
         return MMA_TILE_N
     return {DECODE_ROWS: DECODE_WARPS * DECODE_SUB_N}.get(rows, 32)
 
@@ -211,8 +193,6 @@ def threads(rows: int, spec: Specialization | None = None) -> int:
     """Threads per CTA of the attention kernel used for ``rows`` (``spec``: that kernel)."""
     if spec is not None and spec.module == WGMMA_MODULE:
         return WGMMA_THREADS
-    if rows == MMA_WIDE_ROWS:
-        return 32 * mma_wide_shape()[0]
     return DECODE_THREADS if rows == DECODE_ROWS else NUM_THREADS
 
 
@@ -239,22 +219,15 @@ def cache_bytes(cache_dtype: str) -> int:
     return 1 if cache_dtype in FP8_TYPES else itemsize(cache_dtype)
 
 
-def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16", rows: int = MMA_ROWS,
-                   stages: int = MMA_STAGES) -> int:
-    """Dynamic shared memory of ``paged_attention_mma`` (as ``mma_smem_bytes`` in the .cu), or
-    with other ``rows`` and ``stages`` of ``paged_attention_mma_wide`` (``wide_smem_bytes``)."""
+def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
+    """Dynamic shared memory of ``paged_attention_mma`` (as ``mma_smem_bytes`` in the .cu)."""
     fp8 = cache_dtype in FP8_TYPES
     return (
-        rows * head_dim * 2
-        + stages * 2 * MMA_TILE_N * head_dim * cache_bytes(cache_dtype)
+        MMA_ROWS * head_dim * 2
+        + MMA_STAGES * 2 * MMA_TILE_N * head_dim * cache_bytes(cache_dtype)
         + (2 * MMA_TILE_N * head_dim * 2 if fp8 else 0)
-        + 3 * rows * 4
+        + 3 * MMA_ROWS * 4
     )
-
-
-def wide_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
-    """Dynamic shared memory of ``paged_attention_mma_wide`` at the chosen :func:`mma_wide_shape`."""
-    return mma_smem_bytes(head_dim, cache_dtype, MMA_WIDE_ROWS, mma_wide_shape()[2])
 
 
 def decode_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
@@ -286,16 +259,15 @@ def smem_bytes(
         return decode_smem_bytes(head_dim, cache_dtype)
     if rows == MMA_ROWS:
         return mma_smem_bytes(head_dim, cache_dtype)
-    if rows == MMA_WIDE_ROWS:
-        return wide_smem_bytes(head_dim, cache_dtype)
     return attention_smem_bytes(dtype, head_dim, rows)
 
 
 def attention(
     dtype: str, head_dim: int, block_size: int, rows: int, cache_dtype: str | None = None
 ) -> Specialization:
-    """The attention kernel for ``rows`` rows per CTA (``MMA_ROWS``, ``MMA_WIDE_ROWS``: the
-    tensor-core prefill kernels).
+    """The attention kernel for ``rows`` rows per CTA (``DECODE_ROWS``: tensor-core decode;
+    ``MMA_ROWS``: mma.sync prefill; ``ROWS``: the CUDA-core kernel). ``WGMMA_ROWS`` items go to
+    the Hopper kernel, :func:`wgmma_attention`.
 
     The tensor-core kernels take the cache's storage type too (``cache_dtype``, default the
     query's ``dtype``; fp8 only there); the CUDA-core kernel reads caches of ``dtype`` only.
@@ -311,13 +283,8 @@ def attention(
             "paged_attention_mma",
             f"paged_attention_mma<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {cache}>",
         )
-    if rows == MMA_WIDE_ROWS:
-        warps, m_tiles, stages = mma_wide_shape()
-        return Specialization(
-            "paged_attention_mma_wide",
-            f"paged_attention_mma_wide<{CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {cache},"
-            f" {warps}, {m_tiles}, {stages}>",
-        )
+    if rows not in ROWS:
+        raise ValueError(f"attention(): no kernel here takes {rows} rows ({WGMMA_ROWS}: wgmma_attention)")
     if cache_dtype not in (None, dtype):
         raise ValueError(f"the CUDA-core kernel has no {cache_dtype} caches")
     return Specialization(
@@ -363,7 +330,7 @@ def all_specializations() -> list[Specialization]:
                 specs.extend(attention(dtype, head_dim, bs, rows) for bs in BLOCK_SIZES)
                 specs.append(merge_partials(dtype, head_dim, rows))
             if dtype in MMA_DTYPES and head_dim in MMA_HEAD_DIMS:
-                for rows in (MMA_ROWS, MMA_WIDE_ROWS, DECODE_ROWS):
+                for rows in (MMA_ROWS, DECODE_ROWS):
                     for cache in (dtype, *FP8_TYPES):
                         specs.extend(
                             attention(dtype, head_dim, bs, rows, cache) for bs in BLOCK_SIZES
@@ -376,6 +343,8 @@ def all_specializations() -> list[Specialization]:
                             wgmma_attention(dtype, head_dim, bs, overlap, ctas)
                             for bs in BLOCK_SIZES
                         )
+                # its split-KV partials hold WGMMA_ROWS rows per part
+                specs.append(merge_partials(dtype, head_dim, WGMMA_ROWS))
                 specs.append(wgmma_layout_check(dtype, head_dim))
         specs.extend(kv_op(kernel, dtype) for kernel in KV_OP_KERNELS)
         specs.extend(write_kv_fp8(dtype, cache) for cache in FP8_TYPES)

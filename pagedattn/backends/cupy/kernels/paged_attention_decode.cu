@@ -23,6 +23,7 @@
 #include "common.cuh"
 #include "fp8.cuh"
 #include "mma.cuh"
+#include "work_item.cuh"
 
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_THREADS = DEC_WARPS * 32;
@@ -108,23 +109,14 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   const int pq_max = pq_min + num_tokens - 1;
   const bool plain = softcap <= 0.f && !has_alibi;  // scores are scale * q.k, nothing added
 
-  if (threadIdx.x < DEC_ROWS) {
-    const int r = threadIdx.x;
-    const int t = token_start + r / num_groups;
-    const int h = kv_head * group_size + group_start + r % num_groups;
-    row_valid[r] = r < num_rows;
-    p_q[r] = L - q_len + (t - query_start_loc[seq]);
-    slope[r] = (has_alibi && r < num_rows) ? alibi_slopes[h] : 0.f;
-  }
+  const ItemRows item_rows{token_start, num_groups, num_rows, kv_head, group_size, group_start};
+  if (threadIdx.x < DEC_ROWS)
+    set_row_state(item_rows, threadIdx.x, L, q_len, query_start_loc, seq, has_alibi, alibi_slopes, row_valid, p_q,
+                  slope);
   for (int idx = threadIdx.x; idx < DEC_ROWS * CHUNKS_PER_ROW; idx += DEC_THREADS) {
     const int r = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
-    const bool valid = r < num_rows;
-    const T* src = query;
-    if (valid) {
-      const long long t = token_start + r / num_groups;
-      const int h = kv_head * group_size + group_start + r % num_groups;
-      src = query + (t * num_q_heads + h) * HEAD_DIM + c * 8;
-    }
+    bool valid;
+    const T* src = query_chunk<HEAD_DIM>(query, item_rows, num_q_heads, r, c, valid);
     cp_async_16(q_tile + swizzle(r, c), src, valid);
   }
   cp_async_commit();

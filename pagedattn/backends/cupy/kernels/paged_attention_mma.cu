@@ -19,6 +19,7 @@
 #include "common.cuh"
 #include "fp8.cuh"
 #include "mma.cuh"
+#include "work_item.cuh"
 
 constexpr int MMA_THREADS = 128;  // 4 warps x 16 rows
 constexpr int MMA_ROWS = 64;
@@ -93,25 +94,16 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the mma fragments
 
-  for (int r = threadIdx.x; r < MMA_ROWS; r += MMA_THREADS) {
-    const int t = token_start + r / num_groups;
-    const int h = kv_head * group_size + group_start + r % num_groups;
-    row_valid[r] = r < num_rows;
-    p_q[r] = L - q_len + (t - query_start_loc[seq]);
-    slope[r] = (has_alibi && r < num_rows) ? alibi_slopes[h] : 0.f;
-  }
+  const ItemRows item_rows{token_start, num_groups, num_rows, kv_head, group_size, group_start};
+  for (int r = threadIdx.x; r < MMA_ROWS; r += MMA_THREADS)
+    set_row_state(item_rows, r, L, q_len, query_start_loc, seq, has_alibi, alibi_slopes, row_valid, p_q, slope);
   // Q rows (zeros for rows past num_rows)
 #pragma unroll
   for (int i = 0; i < Q_LOADS_PER_THREAD; ++i) {
     const int idx = threadIdx.x + i * MMA_THREADS;
     const int r = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
-    const bool valid = r < num_rows;
-    const T* src = query;
-    if (valid) {
-      const long long t = token_start + r / num_groups;
-      const int h = kv_head * group_size + group_start + r % num_groups;
-      src = query + (t * num_q_heads + h) * HEAD_DIM + c * 8;
-    }
+    bool valid;
+    const T* src = query_chunk<HEAD_DIM>(query, item_rows, num_q_heads, r, c, valid);
     cp_async_16(q_tile + swizzle(r, c), src, valid);
   }
   cp_async_commit();

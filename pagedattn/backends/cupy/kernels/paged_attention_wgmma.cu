@@ -1,8 +1,8 @@
 // Paged attention on Hopper warpgroup MMA (wgmma.mma_async, sm_90a; float32 accumulation) for
 // float16 and bfloat16 queries and caches: long prefill, issue #5. One CTA of two warpgroups
-// takes WGMMA_ROWS = 128 query rows (query tokens x the query heads of one KV head: the work
-// items of the 128-row mma kernel); each warpgroup owns 64 rows, and both read every K/V tile
-// staged in shared memory.
+// takes WGMMA_ROWS = 128 query rows (query tokens x the query heads of one KV head: a work
+// item of planning.build_work at 128 rows); each warpgroup owns 64 rows, and both read every
+// K/V tile staged in shared memory.
 //
 // Must match pagedattn.spec.exact.exact_attention within the error model (P is rounded to the
 // input dtype before P V, which the model allows). Same work items, skeleton and names as the
@@ -22,6 +22,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
+#include "work_item.cuh"
 
 constexpr int WGMMA_THREADS = 256;  // 2 warpgroups
 constexpr int WGMMA_ROWS = 128;     // 64 rows per warpgroup
@@ -152,25 +153,16 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the fragments
   const int wg = warp / 4;                 // warpgroup: rows 64 * wg .. 64 * wg + 63
 
-  for (int r = threadIdx.x; r < ROWS; r += THREADS) {
-    const int t = token_start + r / num_groups;
-    const int h = kv_head * group_size + group_start + r % num_groups;
-    row_valid[r] = r < num_rows;
-    p_q[r] = L - q_len + (t - query_start_loc[seq]);
-    slope[r] = (has_alibi && r < num_rows) ? alibi_slopes[h] : 0.f;
-  }
+  const ItemRows item_rows{token_start, num_groups, num_rows, kv_head, group_size, group_start};
+  for (int r = threadIdx.x; r < ROWS; r += THREADS)
+    set_row_state(item_rows, r, L, q_len, query_start_loc, seq, has_alibi, alibi_slopes, row_valid, p_q, slope);
   // Q rows (zeros for rows past num_rows)
 #pragma unroll
   for (int i = 0; i < Q_LOADS_PER_THREAD; ++i) {
     const int idx = threadIdx.x + i * THREADS;
     const int r = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
-    const bool valid = r < num_rows;
-    const T* src = query;
-    if (valid) {
-      const long long t = token_start + r / num_groups;
-      const int h = kv_head * group_size + group_start + r % num_groups;
-      src = query + (t * num_q_heads + h) * HEAD_DIM + c * 8;
-    }
+    bool valid;
+    const T* src = query_chunk<HEAD_DIM>(query, item_rows, num_q_heads, r, c, valid);
     if constexpr (Q_SHARED) cp_async_16_at(smem_address(q_tile) + wgmma_tile_offset<ROWS>(r, c), src, valid);
     else cp_async_16(q_tile + q_swizzle(r, c), src, valid);
   }
