@@ -14,6 +14,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -713,3 +714,19 @@ def test_mma_kernel_unmasks_only_tiles_all_its_rows_see_whole(
                 assert visible.all(), (tuple(item), p0)
     # (a window narrower than two tiles leaves no tile whole)
     assert unmasked > 0 or (problem.sliding_window or 10**9) < 2 * tile_n
+
+
+def test_kernel_source_changes_with_its_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cupy caches compiled modules by their source text: an edited header must change it."""
+    from pagedattn.backends.cupy import specializations as sp
+
+    (tmp_path / "kernel.cu").write_text('#include "common.cuh"\n__global__ void k() {}\n')
+    (tmp_path / "common.cuh").write_text("#pragma once\n")
+    monkeypatch.setattr(sp, "KERNEL_DIR", tmp_path)
+    before = sp.source("kernel")
+    assert before.startswith('#include "common.cuh"')
+    assert sp.source("kernel") == before, "the same files give the same text"
+    (tmp_path / "common.cuh").write_text("#pragma once\n#define CHANGED 1\n")
+    assert sp.source("kernel") != before

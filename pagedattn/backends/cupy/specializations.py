@@ -9,6 +9,7 @@ can launch has been compiled without a GPU first. The wgmma kernel is compiled f
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -354,5 +355,12 @@ def all_specializations() -> list[Specialization]:
 
 
 def source(module: str) -> str:
-    """The CUDA C++ source of ``module`` (``kernels/<module>.cu``)."""
-    return (KERNEL_DIR / f"{module}.cu").read_text()
+    """The CUDA C++ source of ``module`` (``kernels/<module>.cu``), ending in a comment with a
+    digest of every header in ``KERNEL_DIR``: cupy caches compiled modules on disk by their
+    source text, which names its headers but does not hold them, so an edited header must
+    change the text."""
+    headers = hashlib.sha256()
+    for header in sorted(KERNEL_DIR.glob("*.cuh")):
+        headers.update(header.name.encode() + b"\0" + header.read_bytes())
+    text = (KERNEL_DIR / f"{module}.cu").read_text()
+    return f"{text}\n// headers: {headers.hexdigest()}\n"
