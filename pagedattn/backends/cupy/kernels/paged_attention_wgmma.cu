@@ -359,60 +359,43 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
 #pragma unroll
   for (int i = 0; i < AHEAD; ++i) load_next(i);
 
-  if constexpr (!OVERLAP) {
-    // ---- inner loop over tiles: S_i, softmax, P_i V_i, one after the other in each warpgroup
-    //      (the other warpgroup's products fill the gaps); tile i + AHEAD loads meanwhile into
-    //      the stage read in iteration i - 1
-    for (int i = 0; i < num_tiles; ++i) {
-      cp_async_wait<AHEAD - 1>();  // tile i has landed (this thread's copies)
-      fence_proxy_async();         // ... and is visible to the tensor cores' reads
-      __syncthreads();             // every thread's copies; stage (i - 1) % STAGES is free again
-      float s[S_REGS];
-      issue_qk(s, stage_bytes(i));
-      wgmma_commit();
-      load_next(i + AHEAD);
-      wgmma_wait<0>();
-      wgmma_touch(s);
-      unsigned p_frag[PV_STEPS][4];
-      float alpha[2];
-      softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
-      rescale_o(alpha);
-      wgmma_touch(o);
-      wgmma_fence();
-      issue_pv(p_frag, stage_bytes(i));
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_touch(o);
-    }
-  } else {
-    // ---- inner loop over tiles, P V left running: each step issues P_i V_i without waiting for
-    //      it, so it runs while the warpgroup passes the next barrier, issues the next tile's
-    //      copies and S_{i+1} = Q K_{i+1} (the tensor cores take them in order; the other
-    //      warpgroup's softmax fills the gap). Tile i + AHEAD loads into the stage of tile
-    //      i - 2, whose P V both warpgroups waited for in step i - 1. (Issuing S_{i+1} before
-    //      P_i V_i, FlashAttention-3's order, made ptxas serialise the wgmmas: the moves into
-    //      O's tied registers land between the two, warning C7513.)
-    unsigned p_frag[PV_STEPS][4];  // P of the tile whose P V is running
-    for (int i = 0; i < num_tiles; ++i) {
-      cp_async_wait<AHEAD - 1>();
-      fence_proxy_async();
-      __syncthreads();
-      float s[S_REGS];
-      issue_qk(s, stage_bytes(i));
-      wgmma_commit();
-      load_next(i + AHEAD);
-      wgmma_wait<0>();  // S_i, and P_{i-1} V_{i-1} before it
+  // ---- inner loop over tiles. Serial schedule (!OVERLAP): S_i, softmax, P_i V_i, one after the
+  //      other in each warpgroup (the other warpgroup's products fill the gaps); tile i + AHEAD
+  //      loads meanwhile into the stage read in iteration i - 1. OVERLAP: P_i V_i is left
+  //      running, so it runs while the warpgroup passes the next barrier, issues the next
+  //      tile's copies and S_{i+1} = Q K_{i+1} (the tensor cores take them in order; the other
+  //      warpgroup's softmax fills the gap); tile i + AHEAD loads into the stage of tile i - 2,
+  //      whose P V both warpgroups waited for in step i - 1. (Issuing S_{i+1} before P_i V_i,
+  //      FlashAttention-3's order, made ptxas serialise the wgmmas: the moves into O's tied
+  //      registers land between the two, warning C7513.)
+  unsigned p_frag[PV_STEPS][4];  // P of tile i (OVERLAP: read by its P V until the next wait)
+  for (int i = 0; i < num_tiles; ++i) {
+    cp_async_wait<AHEAD - 1>();  // tile i has landed (this thread's copies)
+    fence_proxy_async();         // ... and is visible to the tensor cores' reads
+    __syncthreads();             // every thread's copies; the stage tile i + AHEAD loads into is free
+    float s[S_REGS];
+    issue_qk(s, stage_bytes(i));
+    wgmma_commit();
+    load_next(i + AHEAD);
+    wgmma_wait<0>();  // S_i (OVERLAP: and P_{i-1} V_{i-1} before it)
+    if constexpr (OVERLAP) {
       wgmma_keep(p_frag);
-      wgmma_touch(s);
       wgmma_touch(o);
-      float alpha[2];
-      softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
-      rescale_o(alpha);
-      wgmma_touch(o);
-      wgmma_fence();
-      issue_pv(p_frag, stage_bytes(i));
-      wgmma_commit();
     }
+    wgmma_touch(s);
+    float alpha[2];
+    softmax_tile(s, kv_begin + i * TILE_N, p_frag, alpha);
+    rescale_o(alpha);
+    wgmma_touch(o);
+    wgmma_fence();
+    issue_pv(p_frag, stage_bytes(i));
+    wgmma_commit();
+    if constexpr (!OVERLAP) {
+      wgmma_wait<0>();
+      wgmma_touch(o);
+    }
+  }
+  if constexpr (OVERLAP) {
     wgmma_wait<0>();
     wgmma_keep(p_frag);
     wgmma_touch(o);
