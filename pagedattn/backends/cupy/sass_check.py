@@ -55,23 +55,36 @@ def parse_functions(sass: str) -> dict[str, list[Instruction]]:
     return functions
 
 
-def s_wgmma_violations(instructions: list[Instruction]) -> tuple[int, list[str]]:
-    """Check the invariant on one function: (S wgmmas found inside loops, violations).
-
-    An S wgmma is an ``HGMMA`` without ``tnspB`` (P V reads V transposed) whose A operand is a
-    register; its loop is the innermost backward branch around it; an ``LDSM`` writing that A
-    register must lie between the loop's head and the wgmma."""
+def backward_branches(instructions: list[Instruction]) -> list[tuple[int, int]]:
+    """(branch address, target) of every branch back to an earlier address: the loops."""
     branches = []
     for ins in instructions:
         if ins.opcode.startswith("BRA") and ins.operands:
             target = ins.operands[-1].split()[-1]
-            if target.startswith("0x"):
+            if target.startswith("0x") and int(target, 16) <= ins.address:
                 branches.append((ins.address, int(target, 16)))
+    return branches
+
+
+def is_s_wgmma(ins: Instruction) -> bool:
+    """An S = Q K^T wgmma: an ``HGMMA`` without ``tnspB`` (P V reads V transposed)."""
+    return (
+        ins.opcode.startswith("HGMMA")
+        and len(ins.operands) >= 3
+        and not any("tnspB" in op for op in ins.operands)
+    )
+
+
+def s_wgmma_violations(instructions: list[Instruction]) -> tuple[int, list[str]]:
+    """Check the invariant on one function: (S wgmmas found inside loops, violations).
+
+    An S wgmma (:func:`is_s_wgmma`) whose A operand is a register is checked; its loop is the
+    innermost backward branch around it; an ``LDSM`` writing that A register must lie between
+    the loop's head and the wgmma."""
+    branches = backward_branches(instructions)
     checked, violations = 0, []
     for ins in instructions:
-        if not ins.opcode.startswith("HGMMA") or len(ins.operands) < 3:
-            continue
-        if any("tnspB" in op for op in ins.operands) or not ins.operands[1].startswith("R"):
+        if not is_s_wgmma(ins) or not ins.operands[1].startswith("R"):
             continue
         heads = [t for b, t in branches if t <= ins.address < b]
         if not heads:
@@ -95,18 +108,11 @@ def s_wgmma_violations(instructions: list[Instruction]) -> tuple[int, list[str]]
 def s_wgmma_shared_a(instructions: list[Instruction]) -> int:
     """S wgmmas inside a loop that read A from shared memory (a ``gdesc`` operand): the
     2-CTA/SM kernels (``..., 2>``), which have no Q registers for ptxas to reuse."""
-    branches = []
-    for ins in instructions:
-        if ins.opcode.startswith("BRA") and ins.operands:
-            target = ins.operands[-1].split()[-1]
-            if target.startswith("0x"):
-                branches.append((ins.address, int(target, 16)))
+    branches = backward_branches(instructions)
     return sum(
         1
         for ins in instructions
-        if ins.opcode.startswith("HGMMA")
-        and len(ins.operands) >= 3
-        and not any("tnspB" in op for op in ins.operands)
+        if is_s_wgmma(ins)
         and ins.operands[1].startswith("gdesc")
         and any(t <= ins.address < b for b, t in branches)
     )
