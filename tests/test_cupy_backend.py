@@ -730,3 +730,16 @@ def test_kernel_source_changes_with_its_headers(
     assert sp.source("kernel") == before, "the same files give the same text"
     (tmp_path / "common.cuh").write_text("#pragma once\n#define CHANGED 1\n")
     assert sp.source("kernel") != before
+
+
+def test_gpu_check_run_check_records_a_raising_check_as_failed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pagedattn.backends.cupy.gpu_check import run_check
+
+    def raising() -> tuple[bool, str]:
+        raise ValueError("boom")
+
+    assert run_check("fine", lambda: (True, "ok")) == ("fine", True, "ok")
+    assert run_check("broken", raising) == ("broken", False, "ValueError: boom")
+    assert capsys.readouterr().out.splitlines() == ["ok   fine: ok", "FAIL broken: ValueError: boom"]

@@ -32,8 +32,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -584,6 +585,17 @@ def check_case(backend: CupyBackend, case: Case, exact: Any = None) -> tuple[boo
     return not problems, summary + ("; " + "; ".join(problems) if problems else "")
 
 
+def run_check(name: str, check: Callable[[], tuple[bool, str]]) -> tuple[str, bool, str]:
+    """Run one check and print its line: ``(name, ok, summary)``; an exception fails it, with
+    its type and message as the summary."""
+    try:
+        ok, summary = check()
+    except Exception as error:
+        ok, summary = False, f"{type(error).__name__}: {error}"
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
+    return name, ok, summary
+
+
 def exact_case(case: Case) -> Any:
     """The spec's exact answer for ``case``."""
     return exact_attention(
@@ -965,12 +977,9 @@ def check_wgmma(
                     name = f"wgmma {schedule} {case.name}"
                     results.append((name, ok, summary))
                     print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
-                try:
-                    ok, summary = check_determinism(backend, rng)
-                except Exception as error:
-                    ok, summary = False, f"{type(error).__name__}: {error}"
-                results.append((f"wgmma {schedule} determinism", ok, summary))
-                print(f"{'ok  ' if ok else 'FAIL'} wgmma {schedule} determinism: {summary}", flush=True)
+                results.append(
+                    run_check(f"wgmma {schedule} determinism", partial(check_determinism, backend, rng))
+                )
     finally:
         for key, value in saved.items():
             if value is None:
@@ -1453,12 +1462,7 @@ def main(argv: list[str] | None = None) -> int:
         else correctness_cases(rng, only_decode=args.only_decode)
     )
     for case in cases:
-        try:
-            ok, summary = check_case(backend, case)
-        except Exception as error:
-            ok, summary = False, f"{type(error).__name__}: {error}"
-        checks.append((f"attention {case.name}", ok, summary))
-        print(f"{'ok  ' if ok else 'FAIL'} attention {case.name}: {summary}", flush=True)
+        checks.append(run_check(f"attention {case.name}", partial(check_case, backend, case)))
     os.environ["PAGEDATTN_CUPY_DECODE"] = "simt"  # the CUDA-core kernel on 16-bit decode too
     if args.only_wgmma or args.only_prefill:
         checks += check_wgmma(backend, rng, tuple(args.wgmma_passes.split(",")))
@@ -1472,12 +1476,7 @@ def main(argv: list[str] | None = None) -> int:
         ("determinism", check_determinism),
         ("torch inputs", check_torch_inputs),
     ):
-        try:
-            ok, summary = fn(backend, rng)
-        except Exception as error:
-            ok, summary = False, f"{type(error).__name__}: {error}"
-        checks.append((name, ok, summary))
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: {summary}", flush=True)
+        checks.append(run_check(name, partial(fn, backend, rng)))
     try:
         op_results = (
             []
