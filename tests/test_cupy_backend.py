@@ -101,15 +101,7 @@ def test_fp8_caches_go_to_the_tensor_core_kernels(
 
 
 def _problem(case):  # type: ignore[no-untyped-def]
-    return check_paged_attention(
-        case.query,
-        case.key_cache,
-        case.value_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.query_start_loc,
-        **case.options,
-    )
+    return check_paged_attention(*case.args(), **case.options)
 
 
 @pytest.mark.parametrize(
@@ -565,15 +557,7 @@ def test_work_items_cover_every_row_once_and_give_the_exact_answer(
     work = build_work(problem, slots=64, min_tiles_per_split=1)  # force split-KV
     assert (work.kernel == "wgmma") == (name == "wgmma rows")
     out, lse = _model(problem, work, case.query, case.key_cache, case.value_cache)
-    exact = exact_attention(
-        case.query,
-        case.key_cache,
-        case.value_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.query_start_loc,
-        **case.options,
-    )
+    exact = exact_attention(*case.args(), **case.options)
     assert not np.isnan(lse).any(), "some output row is written by no work item"
     np.testing.assert_allclose(out, exact.out, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(lse, exact.lse, rtol=1e-9, atol=1e-9)

@@ -31,6 +31,11 @@ class Case:
     #: False: plan without split-KV, so one CTA walks each whole (long) range
     split_kv: bool = True
 
+    def args(self) -> tuple[Any, ...]:
+        """The positional arguments of ``paged_attention`` / ``exact_attention``."""
+        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
+                self.query_start_loc)
+
 
 def make_case(
     name: str,

@@ -598,15 +598,7 @@ def run_check(name: str, check: Callable[[], tuple[bool, str]]) -> tuple[str, bo
 
 def exact_case(case: Case) -> Any:
     """The spec's exact answer for ``case``."""
-    return exact_attention(
-        case.query,
-        case.key_cache,
-        case.value_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.query_start_loc,
-        **case.options,
-    )
+    return exact_attention(*case.args(), **case.options)
 
 
 def check_determinism(backend: CupyBackend, rng: np.random.Generator) -> tuple[bool, str]:
