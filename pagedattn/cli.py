@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def backends_main(argv: Sequence[str]) -> int:
     """Print a table of every registered backend: name, version, availability, capabilities."""
     from pagedattn.backends.registry import backend_status, list_backends
-    from pagedattn.tables import print_table
+    from pagedattn.console import print_table
 
     if argv:
         print("usage: pagedattn backends", file=sys.stderr)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedattn.conformance.plugin import conformance_record, unsupported_reason
-from pagedattn.tables import print_table
+from pagedattn.console import print_table
 
 
 class RecordCollector:

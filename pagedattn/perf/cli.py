@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         save(partial=True)  # a run cut short still leaves its rows
 
     add_reference_ratios(results)
-    from pagedattn.tables import print_table
+    from pagedattn.console import print_table
 
     title = f"pagedattn bench: {where}; read ceiling {ceilings.read_bytes_per_s / 1e9:.0f} GB/s"
     print_table(HEADERS, table_rows(results), title=title)

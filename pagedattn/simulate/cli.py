@@ -244,8 +244,8 @@ def save_plot(results: Sequence[tuple[Summary, Meter]], path: str) -> str | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pagedattn simulate``; returns the exit status."""
+    from pagedattn.console import print_table
     from pagedattn.errors import PagedAttentionError
-    from pagedattn.tables import print_table
 
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.capacity_tokens is not None:

@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (sm_90a)")
     parser.add_argument("--ptx", type=Path, help="write each kernel's PTX (debug lines removed) here")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from pagedattn.tables import print_table
+    from pagedattn.console import print_table
 
     reports = check(arch=args.arch)
     rows = [(r.config, r.kernel, r.tiles, r.registers, r.spill_bytes, f"{r.shared_bytes / 1024:.0f} KB")
