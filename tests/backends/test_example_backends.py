@@ -1,4 +1,4 @@
-"""The README's minimal backend: the code shown is examples/tiny_backend.py, and it passes what it declares."""
+"""The example backends: the README shows examples/tiny_backend.py, and each example passes the cells it declares."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,11 +27,15 @@ def test_readme_shows_the_example_file() -> None:
     assert readme_backend_code() == body
 
 
-def test_readme_backend_passes_its_cells_and_reports_the_rest_unsupported() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")]), "PYTHONHASHSEED": "0"}
+@pytest.mark.parametrize(("folder", "backend"), [
+    ("examples", "tiny_backend:TinyBackend"),
+    ("examples/third_party_backend", "pagedattn_dense:DenseBackend"),
+])
+def test_example_passes_its_cells_and_reports_the_rest_unsupported(folder: str, backend: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / folder)]), "PYTHONHASHSEED": "0"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q",
-         "--pyargs", "pagedattn.conformance", "--backend", "tiny_backend:TinyBackend", "--hypothesis-profile=quick"],
+         "--pyargs", "pagedattn.conformance", "--backend", backend, "--hypothesis-profile=quick"],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )
     tail = result.stdout[-2000:] + result.stderr[-2000:]
