@@ -1,7 +1,8 @@
 """``pagedattn conform``: run the conformance suite on backends and print the matrix.
 
     pagedattn conform --backend NAME|all [--backend NAME ...] [--profile quick|ci|thorough]
-                      [--out DIR] [-n WORKERS] [-k EXPR] [--resume LEDGER]
+                      [--out DIR] [-n WORKERS | --gpus all|IDS [--workers-per-gpu N]]
+                      [-k EXPR] [--resume LEDGER]
 
 Prints pytest's progress, then per backend a matrix (feature x dtype x block size: pass,
 FAIL, unsupported; examples tried and the worst error as a fraction of the tolerance), writes
@@ -10,7 +11,8 @@ as ``DIR/cases/*.npz`` and prints the ``pagedattn replay`` command of each. Exit
 any failure (and when a backend passes nothing). ``--resume LEDGER`` records each settled
 cell in LEDGER as it finishes and skips the cells an earlier run on the same code, profile
 and backends already settled (:mod:`pagedattn.conformance.ledger`): a long profile can be
-run in pieces under a time limit; the matrix then shows only this piece's cells.
+run in pieces under a time limit; the matrix then shows only this piece's cells. ``--gpus``
+runs the cells on pytest-xdist workers pinned to those GPUs (:mod:`pagedattn.conformance.gpus`).
 """
 
 from __future__ import annotations
@@ -32,10 +34,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         choices=sorted(PROFILES), help=f"hypothesis profile (default {DEFAULT_PROFILE})")
     parser.add_argument("--out", default="conformance-report", type=Path, help="report directory")
     parser.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. auto)")
+    parser.add_argument("--gpus", default=None, metavar="all|IDS",
+                        help="xdist workers pinned to these GPUs: 'all' or ids such as 0,1 (instead of -n)")
+    parser.add_argument("--workers-per-gpu", type=int, default=1, metavar="N", help="workers per GPU (default 1)")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select cells")
     parser.add_argument("--resume", type=Path, default=None, metavar="LEDGER",
                         help="record settled cells in LEDGER and skip those it already holds (same code)")
-    return parser.parse_args(list(argv))
+    args = parser.parse_args(list(argv))
+    if args.gpus is not None:
+        from pagedattn.conformance.gpus import worker_specs
+        from pagedattn.errors import PagedAttentionError
+
+        if args.workers:
+            parser.error("--gpus starts one worker per GPU times --workers-per-gpu: leave out -n")
+        try:
+            worker_specs(args.gpus, args.workers_per_gpu)
+        except PagedAttentionError as error:
+            parser.error(str(error))
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers:
         # work stealing: cells differ a lot in time (a GPU backend's compiles), so idle workers take queued ones
         pytest_args += ["-n", str(args.workers), "--dist", "worksteal"]
+    if args.gpus:
+        pytest_args += ["--gpus", args.gpus, "--workers-per-gpu", str(args.workers_per_gpu)]
     if args.keyword:
         pytest_args += ["-k", args.keyword]
     settled: list[str] = []
