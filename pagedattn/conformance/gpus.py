@@ -138,6 +138,15 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.dist = "worksteal"
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    spec = config.getoption("pagedattn_gpus", default=None)
+    if not spec or hasattr(config, "workerinput"):
+        return []
+    pinned = [re.search(rf"env:{VISIBLE}=([^/]*)", tx) for tx in config.getoption("tx", default=None) or []]
+    return [f"pagedattn --gpus {spec}: {len(pinned)} pytest-xdist workers, "
+            + ", ".join(f"gw{i} on GPU {match.group(1) if match else '?'}" for i, match in enumerate(pinned))]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("pagedattn_gpus", default=None):
         return

@@ -110,7 +110,9 @@ def _cells(report: dict) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize(("backend", "keyword"), [("numpy", "bs16 and float32"),
-                                                  ("torch", "bs16 and float32 and NHD")])
+                                                  ("torch", "bs16 and float32 and NHD and (write_kv or copy_blocks"
+                                                            " or merge_states or decode- or varlen-)")],
+                         ids=["numpy", "torch"])
 def test_two_workers_pinned_to_one_gpu_give_the_single_process_matrix(monkeypatch, tmp_path, backend, keyword):
     if backend == "torch":
         pytest.importorskip("torch")
@@ -120,7 +122,7 @@ def test_two_workers_pinned_to_one_gpu_give_the_single_process_matrix(monkeypatc
     assert cli.main([*common, "--out", str(tmp_path / "two"), "--gpus", "0,0"]) == 0
     one = json.loads((tmp_path / "one" / "report.json").read_text())
     two = json.loads((tmp_path / "two" / "report.json").read_text())
-    assert len(one["records"]) > 10
+    assert len(one["records"]) >= 6
     assert _cells(two) == _cells(one)
     assert two["matrix"] == one["matrix"]
     assert {r["gpu"] for r in two["records"]} == {"0"}
