@@ -54,8 +54,8 @@ BAD_INPUTS: dict[str, BadInput] = {
     "table_entry_negative": BadInput("paged_attention", "block_tables", _table_entry(lambda c: -1)),
     "block_tables_float": BadInput("paged_attention", "block_tables",
                                    _set("block_tables", lambda c: c["block_tables"].astype(np.float32))),
-    "block_tables_past_int32": BadInput("paged_attention", "block_tables", _set(
-        "block_tables", lambda c: np.where(c["block_tables"] < 0, 2**31, c["block_tables"]).astype(np.int64))),
+    "block_tables_past_int32": BadInput("paged_attention", "block_tables", _set(  # in unneeded columns
+        "block_tables", lambda c: np.where(c["block_tables"] < 0, 2**31, c["block_tables"].astype(np.int64)))),
     "scale_string": BadInput("paged_attention", "scale", _set("scale", lambda c: "0.5")),
     "return_lse_string": BadInput("paged_attention", "return_lse", _set("return_lse", lambda c: "yes")),
     "seq_len_beyond_table": BadInput("paged_attention", "seq_lens", _set(
