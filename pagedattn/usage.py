@@ -12,6 +12,7 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 
@@ -70,6 +71,14 @@ def reports_usage_errors(prog: str) -> Callable[[Callable[..., int]], Callable[.
         return wrapper
 
     return decorate
+
+
+def make_folder(path: Path, option: str) -> None:
+    """Create the output folder ``path`` (and its parents) now; raise :class:`UsageError` if it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{option} {path}: cannot create this folder ({error.strerror or error})") from None
 
 
 def positive_float(text: str) -> float:

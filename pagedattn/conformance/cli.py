@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pagedattn.conformance.plugin import DEFAULT_PROFILE, PROFILES
-from pagedattn.usage import UsageError, make_parser, reports_usage_errors
+from pagedattn.usage import UsageError, make_folder, make_parser, reports_usage_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(pip install pytest-xdist, or pip install 'pagedattn[dev]'); without -n it runs in "
                          "one process")
     check_backends(args.backend)
+    make_folder(args.out, "--out")
     cases = args.out / "cases"
     pytest_args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-rfE",
                    f"--hypothesis-profile={args.profile}", "--conformance-cases", str(cases)]
@@ -98,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.resume is not None:
         from pagedattn.conformance import ledger
 
-        settled, note = ledger.open_ledger(args.resume, ledger.header(args.profile, args.backend))
+        try:
+            settled, note = ledger.open_ledger(args.resume, ledger.header(args.profile, args.backend))
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"--resume {args.resume}: cannot use this ledger ({error})") from None
         print(f"pagedattn conform: {note}", flush=True)
         pytest_args += ["--conformance-ledger", str(args.resume)]
         pytest_args += [f"--deselect={nodeid}" for nodeid in settled]

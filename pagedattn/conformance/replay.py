@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_name = args.check or check_name
     if check_name not in CHECKS:
         raise UsageError(f"unknown check {check_name!r}; checks: {', '.join(sorted(CHECKS))}")
+    takes = typing.get_type_hints(CHECKS[check_name]).get("case")
+    if isinstance(takes, type) and not isinstance(case, takes):
+        held = type(case).__name__
+        raise UsageError(f"check {check_name!r} replays {takes.__name__} files; {args.case} holds a {held}")
     try:
         backend = resolve(args.backend)
     except (BackendNotFoundError, BackendUnavailableError) as error:

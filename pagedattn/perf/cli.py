@@ -34,7 +34,14 @@ from pagedattn.perf.report import (
 )
 from pagedattn.perf.targets import VERDICT_HEADERS, evaluate
 from pagedattn.spec.dtypes import QUERY_DTYPES
-from pagedattn.usage import UsageError, make_parser, non_negative_float, positive_float, reports_usage_errors
+from pagedattn.usage import (
+    UsageError,
+    make_folder,
+    make_parser,
+    non_negative_float,
+    positive_float,
+    reports_usage_errors,
+)
 
 GPU_FLUSH_BYTES = 256 << 20  # rotated regions hold at least this much: several times a GPU's L2
 CPU_FLUSH_BYTES = 64 << 20
@@ -133,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PagedAttentionError as error:
         raise UsageError(str(error)) from None
     backends, notes = choose_backends(args.backend, on_gpu)
+    make_folder(args.out, "--out")
     peer_names = (["sdpa", "flex"] if args.peers is None else args.peers) if on_gpu else []
     if not on_gpu and args.peers:
         notes.append(f"--peers {' '.join(args.peers)}: ignored, peers are timed on a GPU only")

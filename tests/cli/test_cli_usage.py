@@ -8,6 +8,7 @@ import argparse
 import importlib
 import io
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,19 @@ def test_torch_unavailable_says_how_to_install(monkeypatch: pytest.MonkeyPatch) 
     real = importlib.util.find_spec
     monkeypatch.setattr(backend.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name))
     assert backend.TorchBackend.availability() == "torch is not installed (pip install 'pagedattn[torch]')"
+
+
+@pytest.mark.parametrize("command", [["conform", "--backend", "numpy"], ["bench", "--backend", "numpy"]])
+def test_an_output_folder_that_cannot_be_made(command: list[str], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert cli.main([*command, "--out", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot create this folder" in err
+
+
+def test_conform_ledger_that_cannot_be_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["conform", "--backend", "numpy", "--resume", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume" in err and "cannot use this ledger" in err

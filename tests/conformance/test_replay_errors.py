@@ -76,3 +76,8 @@ def test_unavailable_backend(case_file: Path, numpy_unavailable: None, capsys: p
 def test_unknown_check(case_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert replay.main([str(case_file), "--backend", "numpy", "--check", "nosuch"]) == 2
     one_error_line(capsys, "unknown check 'nosuch'", "merge_states_matches_spec")
+
+
+def test_a_check_for_another_kind_of_case(case_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert replay.main([str(case_file), "--backend", "numpy", "--check", "matches_spec"]) == 2
+    one_error_line(capsys, "'matches_spec' replays AttentionCase files", "holds a MergeCase")
