@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 PLAIN_WIDTH = 120  # columns of plain output when the width of the destination is unknown (a pipe, a file)
-MIN_COLUMN = 16  # a wrapped column keeps at least this many characters
+MIN_COLUMN = 40  # only columns wider than this wrap (long reasons and capability lists), never names or figures
 _BREAK_AFTER = re.compile(r"(?<=[ ,/])")  # cells break after a space, a comma or a slash
 
 
