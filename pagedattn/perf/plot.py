@@ -3,7 +3,8 @@
 A panel measured at several context lengths draws GB/s against context, one line per
 runner and block size (colour: runner, line style and marker: block size). A panel
 measured at one context length draws bars (one group per block size, one bar per runner).
-The read ceiling is the dashed line. Decode panels only when there are any (bandwidth is
+The read ceiling is the dashed line, or a note where every point lies far below it (a
+CPU), so that the points stay readable. Decode panels only when there are any (bandwidth is
 what decode is bound by). matplotlib is imported here only, with the file-only Agg backend.
 """
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 #: one (line style, marker) per block size, in increasing block size
 BLOCK_STYLES: tuple[tuple[Any, str], ...] = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"))
 
+CEILING_IN_VIEW = 0.25  # a panel whose best point is below this fraction of the ceiling scales to its data
 LEGEND_INCHES = 0.45  # below the panels: the legend shared by all of them
 
 Series = dict[tuple[str, int], list[tuple[int, float]]]
@@ -67,9 +69,12 @@ def save_plot(results: Sequence[Result], ceilings: Ceilings, path: Path, *, titl
     block_sizes = sorted({bs for series in data.values() for _, bs in series})
     colors = {runner: f"C{i}" for i, runner in enumerate(runners)}
     styles = {bs: BLOCK_STYLES[i % len(BLOCK_STYLES)] for i, bs in enumerate(block_sizes)}
+    drawn_styles: set[int] = set()  # block sizes drawn as lines (bars name theirs on the axis)
+    ceiling_drawn = False
     for ax, (panel, series) in zip(axes.flat, sorted(data.items()), strict=False):
         panel_contexts = contexts(series)
         if len(panel_contexts) > 1:
+            drawn_styles |= {bs for _, bs in series}
             for (runner, bs), points in sorted(series.items()):
                 xs, ys = zip(*points, strict=True)
                 linestyle, marker = styles[bs]
@@ -81,16 +86,24 @@ def save_plot(results: Sequence[Result], ceilings: Ceilings, path: Path, *, titl
         else:
             _bars(ax, series, runners, colors)
             ax.set_title(f"{panel} ctx{panel_contexts[0]}", fontsize=9)
-        ax.axhline(ceiling, linestyle="--", color="black", linewidth=1)
+        top = max(y for points in series.values() for _, y in points)
         ax.set_ylabel("GB/s")
-        ax.set_ylim(0, max([ceiling] + [y for points in series.values() for _, y in points]) * 1.1)
+        if top >= CEILING_IN_VIEW * ceiling:
+            ax.axhline(ceiling, linestyle="--", color="black", linewidth=1)
+            ceiling_drawn = True
+            ax.set_ylim(0, max(ceiling, top) * 1.1)
+        else:  # far below the ceiling (a CPU): scale to the data, state the ceiling in words
+            ax.set_ylim(0, top * 1.2)
+            ax.text(0.99, 0.97, f"read ceiling {format_rate(ceiling)} GB/s: off this scale", transform=ax.transAxes,
+                    ha="right", va="top", fontsize=7)
     for ax in list(axes.flat)[len(data):]:
         ax.axis("off")
     handles = [Line2D([], [], color=colors[r], linewidth=2, label=r) for r in runners]
     handles += [Line2D([], [], color="gray", linestyle=styles[bs][0], marker=styles[bs][1], label=f"block {bs}")
-                for bs in block_sizes]
-    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1,
-                          label=f"read ceiling {format_rate(ceiling)} GB/s"))
+                for bs in block_sizes if bs in drawn_styles]
+    if ceiling_drawn:
+        handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1,
+                              label=f"read ceiling {format_rate(ceiling)} GB/s"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, LEGEND_INCHES / (3.6 * nrows + LEGEND_INCHES), 1, 1))
