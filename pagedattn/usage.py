@@ -48,7 +48,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """An :class:`ArgumentParser` for ``prog`` that formats its help with :class:`HelpFormatter`."""
-    return ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
+    return ArgumentParser(prog=prog, description=description.replace("``", ""), formatter_class=HelpFormatter)
 
 
 def usage_error(prog: str, message: str) -> int:
