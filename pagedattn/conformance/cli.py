@@ -2,7 +2,7 @@
 
     pagedattn conform --backend NAME|all [--backend NAME ...] [--profile quick|ci|thorough]
                       [--out DIR] [-n WORKERS | --gpus all|IDS [--workers-per-gpu N]]
-                      [-k EXPR] [--resume LEDGER]
+                      [-k EXPR] [--seed N] [--resume LEDGER]
 
 Prints pytest's progress, then per backend a matrix (feature x dtype x block size: pass,
 FAIL, unsupported; examples tried and the worst error as a fraction of the tolerance), writes
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pytest-xdist workers pinned to these GPUs, instead of -n: 'all' or ids such as 0,1 "
                              "(default: none, no pinning)")
     parser.add_argument("--workers-per-gpu", type=int, default=1, metavar="N", help="workers per GPU with --gpus")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="hypothesis seed (pytest's --hypothesis-seed): each cell draws the same examples in "
+                             "every run (default: none; quick and ci are derandomized, thorough draws anew)")
     parser.add_argument("-k", dest="keyword", default=None,
                         help="pytest -k expression to select cells (default: every cell)")
     parser.add_argument("--resume", type=Path, default=None, metavar="LEDGER",
@@ -118,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pytest_args += ["-n", str(args.workers), "--dist", "worksteal"]
     if args.gpus:
         pytest_args += ["--gpus", args.gpus, "--workers-per-gpu", str(args.workers_per_gpu)]
+    if args.seed is not None:
+        pytest_args.append(f"--hypothesis-seed={args.seed}")
     if args.keyword:
         pytest_args += ["-k", args.keyword]
     settled: list[str] = []
