@@ -306,6 +306,7 @@ def plot_figure(results: Sequence[tuple[Summary, Meter]]) -> Any:
     """KV memory bars (% of the budget, labelled with the token state's share), concurrent
     requests and cumulative preemptions over time; legends sit outside the axes."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (bars, lines, preempts) = plt.subplots(
         1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [1.1, 1.0, 1.0]}
@@ -324,30 +325,37 @@ def plot_figure(results: Sequence[tuple[Summary, Meter]]) -> Any:
         color="tab:red",
         label="external fragmentation",
     )
-    for i in x:
-        top = used[i] + internal[i] + external[i]
-        bars.text(i, top + 1, f"{used[i]:.0f}%", ha="center", fontsize=8)
+    for i in x:  # the label sits in the green segment it measures
+        bars.text(i, max(used[i] - 1.5, 0.5), f"{used[i]:.0f}%", ha="center", va="top",
+                  fontsize=8, color="white", fontweight="bold")
     bars.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
     bars.set_ylabel("% of the KV budget (mean over loaded steps)")
     bars.set_ylim(0, 105)
-    bars.set_title("KV memory: token state (labelled) and fragmentation", fontsize=10)
+    bars.set_title("KV memory, % of the budget: token state (labelled) and fragmentation",
+                   fontsize=10)
     bars.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.08), ncol=3, frameon=False)
+    colors: dict[str, str] = {}  # a prefix-caching run takes its plain run's colour, dashed
     for i, (summary, meter) in enumerate(results):
         cached = PREFIX in summary.scheme
         label = summary.scheme
         if cached and _same_as_plain(results, i):
             label += f" (= plain: {100 * summary.cached_fraction:.0f}% of prompts cached)"
-        style = {"linestyle": "--", "linewidth": 1.6} if cached else {"linewidth": 1.0}
-        (line,) = lines.plot(meter.running, label=label, **style)
+        style: dict[str, Any] = {"linewidth": 1.0}
+        if cached:
+            style = {"linestyle": (0, (4, 3)), "linewidth": 1.8}
+        color = colors.get(summary.scheme.replace(PREFIX, ""), f"C{len(colors) % 10}")
+        colors.setdefault(summary.scheme, color)
+        lines.plot(meter.running, label=label, color=color, **style)
         total = list(itertools.accumulate(meter.preempted))
-        preempts.plot(total, color=line.get_color(), label=f"{summary.scheme}: {summary.preempted}",
-                      **style)
+        preempts.plot(total, color=color, label=f"{summary.scheme}: {summary.preempted}", **style)
     lines.set_xlabel("step")
     lines.set_ylabel("running requests")
-    lines.set_title("concurrent requests (dashed: prefix caching)", fontsize=10)
+    lines.set_title("concurrent requests (dashed: prefix caching, in its plain run's colour)",
+                    fontsize=10)
     preempts.set_xlabel("step")
     preempts.set_ylabel("requests preempted so far")
     preempts.set_title("preemptions (recomputation)", fontsize=10)
+    preempts.yaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (lines, preempts):
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12), ncol=2, frameon=False)
     fig.tight_layout()

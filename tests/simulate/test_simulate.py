@@ -247,11 +247,14 @@ def test_main_replays_a_csv_trace(tmp_path, capsys):
 
 def test_main_rejects_bad_input(tmp_path, capsys):
     assert cli.main(["--trace", str(tmp_path / "missing.csv"), "--no-plot"]) == 2
-    assert cli.main(["--capacity-tokens", "0", "--no-plot"]) == 2
-    assert cli.main(["--capacity-tokens", "100", "--rate", "-1", "--no-plot"]) == 2
-    assert "arrival_rate: must be > 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["--block-sizes", "16,x"])
+    assert "cannot read trace" in capsys.readouterr().err
+    for argv in (["--capacity-tokens", "0"], ["--rate", "-1"], ["--block-sizes", "16,x"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main([*argv, "--no-plot"])
+        assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rate: must be in (0, inf), received -1" in err
+    assert "Traceback" not in err
 
 
 def test_plot_is_skipped_with_a_message_without_matplotlib(monkeypatch, tmp_path):
@@ -260,3 +263,132 @@ def test_plot_is_skipped_with_a_message_without_matplotlib(monkeypatch, tmp_path
     reason = cli.save_plot([(summary, meter)], str(tmp_path / "x.png"))
     assert reason is not None and "matplotlib is not installed" in reason
     assert not (tmp_path / "x.png").exists()
+
+
+# -- the command's edges: help, errors, ranges -------------------------------------------
+
+
+def test_every_option_has_help_and_states_its_default():
+    parser = cli.build_parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, f"{action.option_strings} has no help"
+        text = formatter._get_help_string(action) % {"default": action.default}
+        assert "default" in text, f"{action.option_strings}: {text!r} states no default"
+    rendered = parser.format_help()
+    for option in ("--gpu-utilization", "--params", "--layers", "--requests", "--seed",
+                   "--block-sizes", "--beam-width"):
+        assert option in rendered
+    assert "(default: 16,32,64)" in rendered and "(default: 0.9)" in rendered
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--capacity-tokens", "10"], ["--capacity-tokens", "40", "--block-sizes", "16,64"],
+     ["--capacity-tokens", "8", "--beam-width", "2"]],
+)
+def test_a_budget_below_one_block_is_a_one_line_error(argv, capsys):
+    assert cli.main([*argv, "--no-plot"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "holds no block" in err[0], captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--gpu-utilization", "2"), ("--gpu-utilization", "-1"), ("--gpu-utilization", "0"),
+     ("--gpu-utilization", "nan"), ("--gpu-mib", "-5"), ("--layers", "0"), ("--rate", "0"),
+     ("--prefix-fraction", "1.5"), ("--beam-decay", "0"), ("--requests", "-3")],
+)
+def test_options_out_of_range_exit_2_with_one_line(option, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([option, value, "--no-plot"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and option in err[0] and "must be in" in err[0], err
+
+
+def test_gpu_utilization_range_is_stated():
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--gpu-utilization", "2"])
+    assert cli.build_parser().parse_args(["--gpu-utilization", "1"]).gpu_utilization == 1.0
+
+
+# -- the plot ---------------------------------------------------------------------------------
+
+
+def _figure(**kwargs):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    requests = generate(SMALL)
+    results = cli.run_schemes(requests, 3000, block_sizes=(16, 64), oracle=True, **kwargs)
+    figure = cli.plot_figure(results)
+    figure.canvas.draw()
+    return results, figure
+
+
+def test_plot_legends_cover_no_bar_or_label():
+    import matplotlib.pyplot as plt
+
+    _, figure = _figure()
+    renderer = figure.canvas.get_renderer()
+    bars = figure.axes[0]
+    boxes = [p.get_window_extent(renderer) for p in bars.patches]
+    boxes += [t.get_window_extent(renderer) for t in bars.texts]
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        frame = legend.get_window_extent(renderer)
+        for box in boxes:
+            assert not frame.overlaps(box), f"legend {frame} covers {box}"
+        for other in figure.axes:  # no legend sits on a plotting area
+            assert not frame.overlaps(other.get_window_extent(renderer)), (ax.get_title(), other.get_title())
+    plt.close(figure)
+
+
+def test_plot_bar_labels_use_the_bar_heights_denominator():
+    import matplotlib.pyplot as plt
+
+    results, figure = _figure()
+    bars = figure.axes[0]
+    green = bars.containers[0]  # the token-state segments, one per scheme
+    labels = [t.get_text() for t in bars.texts]
+    heights = [patch.get_height() for patch in green]
+    assert labels == [f"{h:.0f}%" for h in heights]
+    assert heights == pytest.approx([100 * s.used for s, _ in results])
+    plt.close(figure)
+
+
+def test_plot_says_why_prefix_cache_lines_sit_on_the_plain_ones():
+    import matplotlib.pyplot as plt
+
+    results, figure = _figure()  # SMALL shares no prefix: nothing is cached
+    lines = figure.axes[1].get_lines()
+    by_label = {line.get_label().split(" (")[0]: line for line in lines}
+    for summary, _ in results:
+        if cli.PREFIX not in summary.scheme:
+            continue
+        line = by_label[summary.scheme]
+        plain = by_label[summary.scheme.replace(cli.PREFIX, "")]
+        assert line.get_linestyle() != plain.get_linestyle()
+        assert line.get_color() == plain.get_color()
+        assert "= plain: 0% of prompts cached" in line.get_label()
+    plt.close(figure)
+
+
+def test_plot_shows_preemptions():
+    import matplotlib.pyplot as plt
+
+    results, figure = _figure()
+    preempts = figure.axes[2]
+    assert "preempt" in preempts.get_title()
+    finals = [line.get_ydata()[-1] for line in preempts.get_lines()]
+    assert finals == [s.preempted for s, _ in results]
+    assert max(finals) > 0, "the workload preempts nothing: the test shows nothing"
+    plt.close(figure)
