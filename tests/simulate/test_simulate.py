@@ -392,3 +392,143 @@ def test_plot_shows_preemptions():
     assert finals == [s.preempted for s, _ in results]
     assert max(finals) > 0, "the workload preempts nothing: the test shows nothing"
     plt.close(figure)
+
+
+# -- beam search: the survivor model, the paging run, the sharing study -------------------------
+
+
+def test_beam_model_is_seeded_sorted_and_skewed():
+    from pagedattn.simulate.beam import BeamModel
+
+    model = BeamModel(decay=0.5, seed=3)
+    rows = model.parents(index=7, width=4, steps=400)
+    assert rows.shape == (400, 4) and (rows[0] == 0).all()
+    assert (np.diff(rows, axis=1) >= 0).all(), "survivors are ranked by their parent's rank"
+    assert (rows == model.parents(7, 4, 400)).all() and not (rows == model.parents(8, 4, 400)).all()
+    share = np.bincount(rows[1:].ravel(), minlength=4) / rows[1:].size
+    assert share == pytest.approx(model.weights(4), abs=0.03)  # 8/15, 4/15, 2/15, 1/15
+    uniform = BeamModel(decay=1.0).parents(0, 4, 400)[1:]
+    distinct = lambda r: np.mean([len(set(row)) for row in r])  # noqa: E731
+    assert distinct(rows[1:]) < distinct(uniform), "a skew concentrates the parents"
+    for decay in (0.0, 1.5, float("nan")):
+        with pytest.raises(PagedAttentionError, match="decay"):
+            BeamModel(decay=decay)
+
+
+def test_beam_requests_from_the_generator_and_a_trace(tmp_path):
+    from dataclasses import replace
+
+    spec = replace(SMALL, beam_width=4, beam_fraction=0.5, parallel_n=3, parallel_fraction=0.5)
+    requests = generate(spec)
+    beams = [r for r in requests if r.beam_width == 4]
+    assert 30 < len(beams) < 90 and all(r.n == 1 and r.num_seqs == 4 for r in beams)
+    assert all(r.beam_width == 1 for r in requests if r.n == 3)
+    plain = generate(replace(spec, beam_fraction=0.0))
+    assert [r.prompt_len for r in plain] == [r.prompt_len for r in requests]
+    path = tmp_path / "beams.csv"
+    write_csv(requests, path)
+    assert [r.beam_width for r in read_csv(path)] == [r.beam_width for r in requests]
+    path.write_text("arrival,prompt_len,output_len,n,beam_width\n0,5,10,2,4\n")
+    with pytest.raises(PagedAttentionError, match="beam_width"):
+        read_csv(path)
+
+
+def _copies_expected(prompt: int, steps: int, rows: np.ndarray, block_size: int) -> int:
+    """Copy-on-write copies of one beam request: at step t each parent of c children copies its
+    partial last block c - 1 times; a full last block is never copied."""
+    from pagedattn.simulate.beam import children_per_parent
+
+    total, beams = 0, 1
+    for t in range(steps):
+        counts = children_per_parent(rows[t], beams)
+        if (prompt + t) % block_size:
+            total += sum(c - 1 for c in counts if c)
+        beams = rows.shape[1]
+    return total
+
+
+@pytest.mark.parametrize("width", [2, 4, 6])
+def test_one_beam_request_copies_exactly_the_partial_blocks_it_must(width):
+    from pagedattn.simulate.beam import BeamModel
+
+    request = Request(0.0, 21, (40,), 40, beam_width=width)
+    model = BeamModel(decay=0.5, seed=1)
+    summary, meter = simulate_paged([request], 4096, block_size=8, beam_model=model,
+                                    check_invariants=True)
+    assert summary.completed == 1 and summary.preempted == 0
+    assert sum(meter.copies) == _copies_expected(21, 40, model.parents(0, width, 40), 8)
+    assert max(meter.references) > max(meter.blocks), "beams share their full blocks"
+    # every beam ends with 61 tokens: 8 blocks each if copied
+    assert meter.references[-2] == 8 * width
+
+
+def test_beam_search_shares_more_than_parallel_sampling_and_copying_shares_nothing():
+    from dataclasses import replace
+
+    from pagedattn.simulate import sharing
+
+    spec = replace(SMALL, num_requests=60)
+    results = {}
+    for mode in sharing.MODES:
+        requests = sharing.workload(spec, mode, 4, 1.0)
+        shared = simulate_paged(requests, 40_000, block_size=16, check_invariants=True)
+        copied = simulate_paged(requests, 40_000, block_size=16, sharing=False,
+                                check_invariants=True)
+        # a budget nothing waits for: both runs make the same steps, and the copying run
+        # holds, step by step, exactly what the sharing run's tables name
+        assert max(copied[1].waiting) == 0 and copied[0].preempted == 0
+        assert shared[1].running == copied[1].running
+        assert copied[1].blocks == shared[1].references == copied[1].references
+        results[mode] = sharing.run_stats(*shared)
+        assert sharing.run_stats(*copied).saving == 0.0
+        assert sum(copied[1].copies) > sum(shared[1].copies)
+    assert results["beam"].saving > results["parallel"].saving > 0.0
+
+
+def test_less_memory_from_sharing_means_more_requests_and_fewer_steps_under_pressure():
+    from pagedattn.simulate import sharing
+
+    spec = WorkloadSpec(num_requests=150, arrival_rate=3.0, mean_prompt=19, mean_output=58,
+                        max_model_len=512, max_tokens_choices=(128,), seed=4)
+    result = sharing.compare_sharing(sharing.workload(spec, "beam", 4, 1.0), "beam", 4, 4000,
+                                     block_size=16)
+    shared, copied = result.shared, result.copied
+    assert shared.summary.completed == copied.summary.completed == 150
+    assert shared.saving > 0.3 and shared.copies_per_step < copied.copies_per_step
+    assert shared.mean_running > copied.mean_running and shared.steps < copied.steps
+    assert shared.preempted < copied.preempted
+
+
+def test_contiguous_reserves_one_range_per_beam():
+    request = Request(0.0, 10, (5,), 20, beam_width=3)
+    _, meter = simulate_contiguous([request], 1000)
+    assert meter.reserved[0] == 3 * (10 + 20)
+
+
+def test_main_beam_width_reports_savings_beside_the_paper_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "beam.png"
+    args = ["--capacity-tokens", "3000", "--requests", "40", "--rate", "2", "--mean-prompt", "19",
+            "--mean-output", "40", "--beam-width", "2,4", "--plot", str(plot)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    for name in ("beam K=2", "parallel n=2", "beam K=4", "parallel n=4", "37.6%", "8.5%"):
+        assert name in out, name
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_main_beam_width_on_a_trace(tmp_path, capsys):
+    path = tmp_path / "trace.csv"
+    write_csv(generate(SMALL)[:20], path)
+    assert cli.main(["--trace", str(path), "--capacity-tokens", "4000", "--beam-width", "3",
+                     "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "beam K=3" in out and "parallel n=3" in out
+
+
+def test_main_replays_a_trace_with_beam_requests(tmp_path, capsys):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival,prompt_len,output_len,beam_width\n0,20,30,4\n1,40,10,1\n2,8,50,2\n")
+    assert cli.main(["--trace", str(path), "--capacity-tokens", "2000", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "paged B=16" in out
