@@ -13,8 +13,7 @@ Averages are taken over the *loaded* steps, those with a request waiting (memory
 what limits the batch); if no request ever waited, over every step with one running.
 Utilization is ``sum(stored) / sum(reserved)`` over those steps; fragmentation is a
 share of the whole budget: internal ``(reserved - stored) / capacity``, external
-``external / capacity``. Sharing saves ``1 - sum(blocks) / sum(references)`` over those
-steps (the vLLM paper's measure: blocks saved by sharing over blocks without sharing).
+``external / capacity``. (What sharing saves is reduced in :mod:`pagedattn.simulate.sharing`.)
 """
 
 from __future__ import annotations
@@ -85,11 +84,6 @@ class Summary:
     blocks_held: float = 0.0  # mean blocks held (paging)
     blocks_unshared: float = 0.0  # mean blocks the same sequences would hold unshared
     copies_per_step: float = 0.0  # mean block copies per step
-
-    @property
-    def saving(self) -> float:
-        """Share of the blocks sharing saves: ``1 - blocks_held / blocks_unshared``."""
-        return 1.0 - self.blocks_held / self.blocks_unshared if self.blocks_unshared else 0.0
 
 
 def summarize(

@@ -447,14 +447,15 @@ def _copies_expected(prompt: int, steps: int, rows: np.ndarray, block_size: int)
     return total
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True])
 @pytest.mark.parametrize("width", [2, 4, 6])
-def test_one_beam_request_copies_exactly_the_partial_blocks_it_must(width):
+def test_one_beam_request_copies_exactly_the_partial_blocks_it_must(width, prefix_caching):
     from pagedattn.simulate.beam import BeamModel
 
     request = Request(0.0, 21, (40,), 40, beam_width=width)
     model = BeamModel(decay=0.5, seed=1)
     summary, meter = simulate_paged([request], 4096, block_size=8, beam_model=model,
-                                    check_invariants=True)
+                                    prefix_caching=prefix_caching, check_invariants=True)
     assert summary.completed == 1 and summary.preempted == 0
     assert sum(meter.copies) == _copies_expected(21, 40, model.parents(0, width, 40), 8)
     assert max(meter.references) > max(meter.blocks), "beams share their full blocks"
