@@ -339,7 +339,7 @@ def plot_figure(results: Sequence[tuple[Summary, Meter]]) -> Any:
         cached = PREFIX in summary.scheme
         label = summary.scheme
         if cached and _same_as_plain(results, i):
-            label += f" (= plain: {100 * summary.cached_fraction:.0f}% of prompts cached)"
+            label += f" (= plain, {100 * summary.cached_fraction:.0f}% cached)"
         style: dict[str, Any] = {"linewidth": 1.0}
         if cached:
             style = {"linestyle": (0, (4, 3)), "linewidth": 1.8}
@@ -356,8 +356,13 @@ def plot_figure(results: Sequence[tuple[Summary, Meter]]) -> Any:
     preempts.set_ylabel("requests preempted so far")
     preempts.set_title("preemptions (recomputation)", fontsize=10)
     preempts.yaxis.set_major_locator(MaxNLocator(integer=True))
+    most = max((s.preempted for s, _ in results), default=0)
+    preempts.set_ylim(0, max(most, 1) * 1.05)
+    if not most:
+        preempts.text(0.5, 0.5, "no request was preempted", transform=preempts.transAxes,
+                      ha="center", va="center", fontsize=10, color="gray")
     for ax in (lines, preempts):
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12), ncol=2, frameon=False)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12), frameon=False)
     fig.tight_layout()
     return fig
 

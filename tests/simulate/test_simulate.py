@@ -378,7 +378,7 @@ def test_plot_says_why_prefix_cache_lines_sit_on_the_plain_ones():
         plain = by_label[summary.scheme.replace(cli.PREFIX, "")]
         assert line.get_linestyle() != plain.get_linestyle()
         assert line.get_color() == plain.get_color()
-        assert "= plain: 0% of prompts cached" in line.get_label()
+        assert "= plain, 0% cached" in line.get_label()
     plt.close(figure)
 
 
