@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.errors import PagedAttentionError
 from pagedattn.simulate.beam import BeamModel
 from pagedattn.simulate.meter import Meter, Summary
 from pagedattn.simulate.paged import simulate_paged
@@ -32,7 +33,7 @@ PAPER_SAVING: dict[str, dict[int, float]] = {
     "parallel": {2: 6.1, 4: 8.5, 6: 9.8},
     "beam": {2: 37.6, 4: 53.1, 6: 55.2},
 }
-MODES = ("beam", "parallel")
+MODES: tuple[str, ...] = ("beam", "parallel")
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,17 @@ def run_stats(summary: Summary, meter: Meter) -> RunStats:
     )
 
 
+def _check(mode: str, width: int) -> None:
+    if mode not in MODES:
+        raise PagedAttentionError("mode", f"expected one of {MODES}, received {mode!r}")
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise PagedAttentionError("width", f"expected an integer >= 1, received {width!r}")
+
+
 def widen(requests: Sequence[Request], mode: str, width: int) -> list[Request]:
     """The requests of a trace, each made a beam search of ``width`` beams (``mode="beam"``) or
     ``width`` parallel samples of its first output length (``mode="parallel"``)."""
+    _check(mode, width)
     if mode == "beam":
         return [replace(r, output_lens=r.output_lens[:1], beam_width=width) for r in requests]
     return [replace(r, output_lens=r.output_lens[:1] * width, beam_width=1) for r in requests]
@@ -102,6 +111,7 @@ def widen(requests: Sequence[Request], mode: str, width: int) -> list[Request]:
 def workload(spec: WorkloadSpec, mode: str, width: int, fraction: float) -> list[Request]:
     """The generated workload with ``fraction`` of its requests in ``mode`` at ``width``
     (parallel samples draw their output lengths independently)."""
+    _check(mode, width)
     if mode == "beam":
         return generate(replace(spec, beam_width=width, beam_fraction=fraction,
                                 parallel_n=1, parallel_fraction=0.0))
@@ -119,6 +129,7 @@ def compare_sharing(
     beam_model: BeamModel | None = None,
 ) -> SharingResult:
     """Run ``requests`` (already in ``mode`` at ``width``) with sharing and with copying."""
+    _check(mode, width)
     runs = [
         run_stats(*simulate_paged(list(requests), capacity, block_size=block_size,
                                   sharing=sharing, beam_model=beam_model))

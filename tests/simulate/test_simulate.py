@@ -533,3 +533,12 @@ def test_main_replays_a_trace_with_beam_requests(tmp_path, capsys):
     assert cli.main(["--trace", str(path), "--capacity-tokens", "2000", "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert "paged B=16" in out
+
+
+def test_sharing_study_rejects_an_unknown_mode_or_width():
+    from pagedattn.simulate import sharing
+
+    with pytest.raises(PagedAttentionError, match="mode"):
+        sharing.widen([Request(0.0, 4, (2,), 4)], "greedy", 2)
+    with pytest.raises(PagedAttentionError, match="width"):
+        sharing.workload(SMALL, "beam", 0, 1.0)
