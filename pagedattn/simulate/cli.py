@@ -16,15 +16,17 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from pagedattn.simulate.beam import DEFAULT_DECAY, BeamModel
 from pagedattn.simulate.contiguous import simulate_contiguous
 from pagedattn.simulate.meter import Meter, Summary
 from pagedattn.simulate.paged import simulate_paged
 from pagedattn.simulate.workload import Request, WorkloadSpec, check_spec, generate, read_csv
+from pagedattn.usage import ArgumentParser, HelpFormatter, usage_error
 
 MIB = 1 << 20
+PROG = "pagedattn simulate"
 
 
 @dataclass(frozen=True)
@@ -104,33 +106,24 @@ def _number(kind: type, low: float, high: float | None = None, *, open_low: bool
     return parse
 
 
-class _Formatter(argparse.HelpFormatter):
-    """Appends ``(default: ...)`` to every option's help: lists comma-joined, flags "off"."""
+class _Formatter(HelpFormatter):
+    """The shared help formatter, showing lists comma-joined and large numbers grouped."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if "default" in text or default is None or default is argparse.SUPPRESS:
-            return text
-        if default is False:
-            shown = "off"
-        elif isinstance(default, tuple):
+        if "default" in text or not isinstance(default, int | float | tuple) or default is False:
+            return super()._get_help_string(action)
+        if isinstance(default, tuple):
             shown = ",".join(str(v) for v in default)
         else:
             shown = f"{default:,}" if isinstance(default, int) else f"{default:g}"
         return f"{text} (default: {shown.replace('%', '%%')})"
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments give one line on stderr and exit status 2 (no usage block)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="pagedattn simulate",
+    parser = ArgumentParser(
+        prog=PROG,
         description="Replay a workload at a fixed KV memory budget: contiguous preallocation"
         " against paging (block sizes, prefix caching). With --beam-width: what sharing blocks"
         " saves in beam search and parallel sampling, against copying every beam's cache.",
@@ -383,8 +376,7 @@ def save_plot(results: Sequence[tuple[Summary, Meter]], path: str) -> str | None
 
 
 def _fail(message: str) -> int:
-    print(f"pagedattn simulate: {message}", file=sys.stderr)
-    return 2
+    return usage_error(PROG, message)
 
 
 def _budget(args: argparse.Namespace) -> Budget:
