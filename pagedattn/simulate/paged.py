@@ -142,6 +142,7 @@ def simulate_paged(
             for beam in losers:
                 alloc.free(beam.seq_id)
             losers = []
+        entry.samples = parents + losers  # what a preemption must free; forks join as made
         ranked: list[_Sample] = []  # the new beams: each parent, then its children
         counts = [c for c in children if c]
         for beam, c in zip(parents, counts, strict=True):
