@@ -218,7 +218,7 @@ def plot_figure(results: Sequence[SharingResult], num_blocks: int) -> Any:
             running.plot(copied.running, color=color, linewidth=1.0, linestyle="--")
             paper = r.paper_saving
             title.append(f"{r.mode} saves {100 * r.shared.saving:.0f}% of blocks"
-                         + ("" if paper is None else f" (paper {paper:.0f}%)"))
+                         + ("" if paper is None else f" (paper, Alpaca: {paper:.0f}%)"))
         memory.axhline(num_blocks, color="gray", linestyle=":", linewidth=1)
         memory.set_title("\n".join(title), fontsize=9)
         copies.set_yscale("symlog", linthresh=1)
