@@ -219,7 +219,14 @@ def plot_figure(results: Sequence[SharingResult], num_blocks: int) -> Any:
             paper = r.paper_saving
             title.append(f"{r.mode} saves {100 * r.shared.saving:.0f}% of blocks"
                          + ("" if paper is None else f" (paper, Alpaca: {paper:.0f}%)"))
-        memory.axhline(num_blocks, color="gray", linestyle=":", linewidth=1)
+        highest = max((max(r.shared.meter.references, default=0) for r in results
+                       if r.width == width), default=0)
+        if num_blocks <= 1.3 * highest:
+            memory.axhline(num_blocks, color="gray", linestyle=":", linewidth=1)
+        else:  # drawing the budget would flatten the data
+            memory.text(0.98, 0.95, f"KV budget: {num_blocks:,} blocks, above the scale",
+                        transform=memory.transAxes, ha="right", va="top", fontsize=7,
+                        color="gray")
         memory.set_title("\n".join(title), fontsize=9)
         copies.set_yscale("symlog", linthresh=1)
         running.set_xlabel("step")
@@ -234,8 +241,10 @@ def plot_figure(results: Sequence[SharingResult], num_blocks: int) -> Any:
         Line2D([], [], color="black", linestyle="--", label="copying every beam's cache"),
         Line2D([], [], color="gray", linestyle=":", label="KV budget"),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    ncol = min(len(handles), 2 * len(widths))  # one row when there is room, else several
+    rows = -(-len(handles) // ncol)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.012 + 0.022 * rows, 1, 1))
     return fig
 
 
@@ -249,6 +258,6 @@ def save_plot(results: Sequence[SharingResult], num_blocks: int, path: str) -> s
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib); no plot saved"
     fig = plot_figure(results, num_blocks)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return None
