@@ -542,3 +542,28 @@ def test_sharing_study_rejects_an_unknown_mode_or_width():
         sharing.widen([Request(0.0, 4, (2,), 4)], "greedy", 2)
     with pytest.raises(PagedAttentionError, match="width"):
         sharing.workload(SMALL, "beam", 0, 1.0)
+
+
+def test_sharing_plot_has_a_column_per_width_with_its_savings():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pagedattn.simulate import sharing
+
+    spec = WorkloadSpec(num_requests=20, arrival_rate=2.0, mean_prompt=19, mean_output=30,
+                        max_model_len=256, max_tokens_choices=(64,), seed=5)
+    results = [sharing.compare_sharing(sharing.workload(spec, mode, width, 1.0), mode, width,
+                                       3000, block_size=16)
+               for width in (2, 4) for mode in sharing.MODES]
+    figure = sharing.plot_figure(results, 3000 // 16)
+    assert len(figure.axes) == 3 * 2
+    for column, width in enumerate((2, 4)):
+        title = figure.axes[column].get_title()
+        assert f"width {width}" in title
+        for r in results:
+            if r.width == width:
+                assert f"{r.mode} saves {100 * r.shared.saving:.0f}%" in title
+    plt.close(figure)
