@@ -130,6 +130,60 @@ def raw_bits(array: Any, argument: str) -> Any:
     return raw_view(array, argument)[0]
 
 
+def launch_view(array: Any, argument: str) -> tuple[Any, tuple[int, ...], tuple[int, ...], int]:
+    """``(pointer, shape, element strides, itemsize)`` of a device array (cupy, RawArray, torch
+    CUDA tensor), read from its attributes with no conversion; the pointer is an ``np.uint64``,
+    which a kernel takes for any pointer argument. What every ``run`` does with its arrays."""
+    raw = array.raw if isinstance(array, RawArray) else array
+    if is_torch(raw):
+        if not raw.is_cuda:
+            raise PagedAttentionError(
+                argument, f"expected a CUDA tensor, received one on {raw.device}"
+            )
+        return np.uint64(raw.data_ptr()), tuple(raw.shape), tuple(raw.stride()), raw.element_size()
+    data = getattr(raw, "data", None)
+    if data is None or not hasattr(data, "ptr"):
+        raise PagedAttentionError(
+            argument,
+            f"expected a cupy array, RawArray or torch CUDA tensor, received {type(array).__name__}",
+        )
+    return np.uint64(data.ptr), tuple(raw.shape), element_strides(raw), raw.itemsize
+
+
+def contiguous_query(query: Any) -> Any:
+    """``query`` itself when C-contiguous and 16-byte aligned, else an aligned contiguous copy of
+    the same kind (the kernels read query rows with 16-byte loads)."""
+    raw = query.raw if isinstance(query, RawArray) else query
+    if is_torch(raw):
+        if raw.is_contiguous() and raw.data_ptr() % 16 == 0:
+            return query
+        return raw.contiguous().clone()
+    if raw.flags.c_contiguous and raw.data.ptr % 16 == 0:
+        return query
+    import cupy
+
+    copy = cupy.ascontiguousarray(raw).copy()
+    return RawArray(copy, query.dtype) if isinstance(query, RawArray) else copy
+
+
+def empty_outputs(query: Any, shape: tuple[int, int, int]) -> tuple[Any, Any, Any, Any]:
+    """``(out, out pointer, lse, lse pointer)``: out ``shape`` in the query's dtype and float32 lse
+    ``shape[:2]``, both in the query's kind (torch, RawArray, cupy)."""
+    raw = query.raw if isinstance(query, RawArray) else query
+    if is_torch(raw):
+        import torch
+
+        out_t = torch.empty(shape, dtype=raw.dtype, device=raw.device)
+        lse_t = torch.empty(shape[:2], dtype=torch.float32, device=raw.device)
+        return out_t, np.uint64(out_t.data_ptr()), lse_t, np.uint64(lse_t.data_ptr())
+    import cupy
+
+    raw_out = cupy.empty(shape, dtype=raw.dtype)
+    raw_lse = cupy.empty(shape[:2], dtype=cupy.float32)
+    out = RawArray(raw_out, query.dtype) if isinstance(query, RawArray) else raw_out
+    return out, np.uint64(raw_out.data.ptr), raw_lse, np.uint64(raw_lse.data.ptr)
+
+
 def element_strides(raw: Any) -> tuple[int, ...]:
     """Strides of a cupy array in elements."""
     return tuple(int(s) // raw.itemsize for s in raw.strides)

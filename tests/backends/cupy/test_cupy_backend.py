@@ -21,7 +21,8 @@ import pytest
 
 from pagedattn.backends.cupy.backend import CupyBackend
 from pagedattn.backends.cupy.cases import make_case
-from pagedattn.backends.cupy.planning import build_work, choose_rows
+from pagedattn.backends.cupy.options import CupyOptions
+from pagedattn.backends.cupy.planning import build_work, choose_kernel
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec.arrays import check_paged_attention
 from pagedattn.spec.exact import exact_attention
@@ -97,11 +98,23 @@ def test_fp8_caches_go_to_the_tensor_core_kernels(
         head_dim=64,
         cache_dtype="float8_e5m2",
     )
-    assert choose_rows(_problem(case)) == rows
+    assert _rows(_problem(case)) == rows
 
 
 def _problem(case):  # type: ignore[no-untyped-def]
     return check_paged_attention(*case.args(), **case.options)
+
+
+def _rows(problem, *, sm90: bool = False, **options) -> int:  # type: ignore[no-untyped-def]
+    """Rows per CTA of the kernel a backend built with ``options`` picks (``sm90``: on an H100/H200)."""
+    return choose_kernel(problem, CupyOptions(**options), sm90=sm90).rows
+
+
+def _work(problem, *, sm90: bool = False, slots: int = 132, min_tiles_per_split: int = 4,  # type: ignore[no-untyped-def]
+          **options):
+    """The work plan of a backend built with ``options`` for ``slots`` resident CTAs."""
+    choice = choose_kernel(problem, CupyOptions(**options), sm90=sm90)
+    return build_work(problem, choice, slots=slots, min_tiles_per_split=min_tiles_per_split)
 
 
 @pytest.mark.parametrize(
@@ -115,20 +128,15 @@ def _problem(case):  # type: ignore[no-untyped-def]
 )
 def test_prefill_tile_height_follows_the_rows_per_sequence(
     seq_lens: list[int], q_lens: list[int], num_q_heads: int, rows: int,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On an sm_90 device with PAGEDATTN_CUPY_PREFILL=auto (the default): the Hopper kernel's
-    128 rows from 512 rows per sequence on average, else the 64-row mma.sync kernel."""
-    from pagedattn.backends.cupy import planning
-
-    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
-    monkeypatch.delenv("PAGEDATTN_CUPY_PREFILL", raising=False)
+    """On an sm_90 device with prefill="auto" (the default): the Hopper kernel's 128 rows from
+    512 rows per sequence on average, else the 64-row mma.sync kernel."""
     case = make_case(
         "rows", np.random.default_rng(0), seq_lens=seq_lens, q_lens=q_lens,
         num_q_heads=num_q_heads, head_dim=64,
     )
-    assert choose_rows(_problem(case)) == rows
-    assert build_work(_problem(case), slots=132).kernel == ("wgmma" if rows == 128 else "mma")
+    assert _rows(_problem(case), sm90=True) == rows
+    assert _work(_problem(case), sm90=True).kernel == ("wgmma" if rows == 128 else "mma")
 
 
 @pytest.mark.parametrize(
@@ -140,24 +148,20 @@ def test_prefill_tile_height_follows_the_rows_per_sequence(
     ],
 )
 def test_mma_sync_prefill_always_takes_64_rows(
-    why: str, options: dict, switch: str, sm90: bool, monkeypatch: pytest.MonkeyPatch
+    why: str, options: dict, switch: str, sm90: bool
 ) -> None:
     """Long prefill the Hopper kernel does not take goes to the 64-row mma.sync kernel: no
     other height exists for it."""
-    from pagedattn.backends.cupy import planning
     from pagedattn.backends.cupy import specializations as sp
-
-    monkeypatch.setattr(planning, "device_has_wgmma", lambda: sm90)
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
     case = make_case(
         "rows", np.random.default_rng(0), seq_lens=[4096], q_lens=[4096], num_q_heads=32,
         head_dim=64, **options,
     )
     problem = _problem(case)
-    assert choose_rows(problem) == sp.MMA_ROWS, why
-    work = build_work(problem, slots=132)
+    assert _rows(problem, sm90=sm90, prefill=switch) == sp.MMA_ROWS, why
+    work = _work(problem, sm90=sm90, prefill=switch)
     assert (work.kernel, work.rows, work.tile_n) == ("mma", 64, 64), why
-    spec = planning.attention_spec(problem, work.rows)
+    spec = choose_kernel(problem, CupyOptions(prefill=switch), sm90=sm90).spec
     assert spec.module == "paged_attention_mma", why
     assert sp.smem_bytes(problem.dtype, 64, work.rows, problem.cache_dtype, spec) == sp.mma_smem_bytes(
         64, problem.cache_dtype
@@ -222,33 +226,26 @@ def _long_prefill(**options):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("switch", ["wgmma", "auto", None])
-def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(
-    switch: str | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(switch: str | None) -> None:
     from pagedattn.backends.cupy import planning
     from pagedattn.backends.cupy import specializations as sp
 
-    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
-    monkeypatch.delenv("PAGEDATTN_CUPY_WGMMA_CTAS", raising=False)
-    if switch is None:  # the default: "auto"
-        monkeypatch.delenv("PAGEDATTN_CUPY_PREFILL", raising=False)
-    else:
-        monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
+    given = {} if switch is None else {"prefill": switch}  # None: the default, "auto"
+    options = CupyOptions(**given)
     problem = _long_prefill()
-    assert planning.uses_wgmma(problem)
-    assert choose_rows(problem) == sp.WGMMA_ROWS
-    work = build_work(problem, slots=132)
+    assert planning.uses_wgmma(problem, options, sm90=True)
+    assert _rows(problem, sm90=True, **given) == sp.WGMMA_ROWS
+    work = _work(problem, sm90=True, **given)
     assert (work.kernel, work.rows, work.tile_n) == ("wgmma", 128, 64)
-    spec = planning.attention_spec(problem, work.rows)
+    spec = choose_kernel(problem, options, sm90=True).spec
     assert spec == sp.wgmma_attention("bfloat16", 128, 16)
     assert (spec.module, spec.arch) == ("paged_attention_wgmma", "sm_90a")
     assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, false, 2>"
-    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "1")  # the schedules of 1 CTA per SM
-    assert planning.attention_spec(problem, work.rows).name_expression.endswith("true>")
-    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "serial")
-    assert planning.attention_spec(problem, work.rows).name_expression.endswith("false>")
-    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "overlap")
-    assert sp.wgmma_attention("bfloat16", 64, 16).name_expression.endswith("false>"), (
+    one_cta = CupyOptions(**given, wgmma_ctas=1)  # the schedules of 1 CTA per SM
+    assert choose_kernel(problem, one_cta, sm90=True).spec.name_expression.endswith("true>")
+    serial = CupyOptions(**given, wgmma_ctas=1, wgmma_schedule="serial")
+    assert choose_kernel(problem, serial, sm90=True).spec.name_expression.endswith("false>")
+    assert sp.wgmma_attention("bfloat16", 64, 16, ctas=1).name_expression.endswith("false>"), (
         "head_dim 64 has the serial schedule only"
     )
 
@@ -264,34 +261,26 @@ def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(
     ],
 )
 def test_wgmma_kernel_falls_back_where_it_does_not_apply(
-    why: str, options: dict, switch: str, sm90: bool, monkeypatch: pytest.MonkeyPatch
+    why: str, options: dict, switch: str, sm90: bool
 ) -> None:
     from pagedattn.backends.cupy import planning
 
-    monkeypatch.setattr(planning, "device_has_wgmma", lambda: sm90)
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", switch)
     problem = _long_prefill(**options)
-    assert not planning.uses_wgmma(problem), why
-    assert build_work(problem, slots=132).kernel == "mma", why
+    assert not planning.uses_wgmma(problem, CupyOptions(prefill=switch), sm90=sm90), why
+    assert _work(problem, sm90=sm90, prefill=switch).kernel == "mma", why
 
 
-def test_wgmma_auto_leaves_short_prefill_and_decode_to_the_mma_kernels(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_wgmma_auto_leaves_short_prefill_and_decode_to_the_mma_kernels() -> None:
     from pagedattn.backends.cupy import planning
 
-    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "auto")
+    auto = CupyOptions(prefill="auto")
     short = make_case(
         "short", np.random.default_rng(0), seq_lens=[6000, 50], q_lens=[64, 50], num_q_heads=8
     )
     decode = make_case("decode", np.random.default_rng(0), seq_lens=[600, 300])
-    assert not planning.uses_wgmma(_problem(short))
-    assert choose_rows(_problem(short)) == 64
-    assert not planning.uses_wgmma(_problem(decode))
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "fast")
-    with pytest.raises(ValueError, match="PAGEDATTN_CUPY_PREFILL='fast'"):
-        planning.uses_wgmma(_problem(short))
+    assert not planning.uses_wgmma(_problem(short), auto, sm90=True)
+    assert _rows(_problem(short), sm90=True, prefill="auto") == 64
+    assert not planning.uses_wgmma(_problem(decode), auto, sm90=True)
 
 
 def test_wgmma_kernel_launch_shape_and_shared_memory() -> None:
@@ -312,14 +301,10 @@ def test_wgmma_kernel_launch_shape_and_shared_memory() -> None:
     )
 
 
-def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default() -> None:
     from pagedattn.backends.cupy import specializations as sp
 
-    monkeypatch.delenv("PAGEDATTN_CUPY_WGMMA_CTAS", raising=False)
-    monkeypatch.delenv("PAGEDATTN_CUPY_WGMMA_SCHEDULE", raising=False)
-    assert sp.wgmma_ctas() == 2
+    assert CupyOptions().wgmma_ctas == 2 and CupyOptions().wgmma_schedule == "overlap"
     spec = sp.wgmma_attention("bfloat16", 128, 16)
     # 2 stages at head_dim 128 leave no stage for the overlap schedule: serial
     assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, false, 2>"
@@ -335,13 +320,10 @@ def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default(
         assert ctas2 == expected
         assert 2 * (ctas2 + 1024) <= sm_bytes, f"two CTAs must fit one SM at head_dim {head_dim}"
     assert 2 * (sp.wgmma_smem_bytes(128, 1) + 1024) > sm_bytes, "the 1-CTA kernel does not"
-    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "1")  # 4 stages: the overlap schedule
-    assert sp.wgmma_attention("bfloat16", 128, 16).name_expression == (
+    # 4 stages: the overlap schedule
+    assert sp.wgmma_attention("bfloat16", 128, 16, ctas=1).name_expression == (
         "paged_attention_wgmma<bfloat16_t, 128, 16, true>"
     )
-    monkeypatch.setenv("PAGEDATTN_CUPY_WGMMA_CTAS", "3")
-    with pytest.raises(ValueError, match="PAGEDATTN_CUPY_WGMMA_CTAS"):
-        sp.wgmma_ctas()
     with pytest.raises(ValueError, match="overlap"):
         sp.wgmma_attention("bfloat16", 128, 16, overlap=True, ctas=2)
 
@@ -353,20 +335,16 @@ def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default(
 )
 @pytest.mark.parametrize("num_q_heads", [8, 14, 24], ids=["G=4", "G=7", "G=12"])
 def test_wgmma_warpgroup_unmasks_only_tiles_all_its_rows_see_whole(
-    options: dict, num_q_heads: int, monkeypatch: pytest.MonkeyPatch
+    options: dict, num_q_heads: int
 ) -> None:
     """The wgmma kernel's per-warpgroup "whole" predicate (64 rows, 64-key tiles), checked
     against the contract's visibility rule on every tile of every work item."""
-    from pagedattn.backends.cupy import planning
-
-    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "wgmma")
     case = make_case(
         "predicates", np.random.default_rng(5), seq_lens=[700, 300, 64], q_lens=[650, 130, 64],
         num_q_heads=num_q_heads, head_dim=64, **options,
     )
     problem = _problem(case)
-    work = build_work(problem, slots=64)
+    work = _work(problem, sm90=True, slots=64, prefill="wgmma")
     assert work.kernel == "wgmma"
     W = problem.sliding_window or 0
     unmasked = 0
@@ -402,21 +380,17 @@ def test_wgmma_warpgroup_unmasks_only_tiles_all_its_rows_see_whole(
 @pytest.mark.parametrize("window", [1, 5, 50, 129], ids=lambda w: f"W={w}")
 @pytest.mark.parametrize("block_size", [16, 64], ids=lambda b: f"bs{b}")
 def test_wgmma_items_cover_exactly_the_tiles_a_window_leaves_visible(
-    window: int, block_size: int, monkeypatch: pytest.MonkeyPatch
+    window: int, block_size: int
 ) -> None:
     """With a sliding window not aligned to the 64-key tiles (and smaller than one), each wgmma
     work item's [kv_begin, kv_end) holds every key its rows see (contract: p <= p_q and
     p > p_q - W) and no tile none of its rows sees."""
-    from pagedattn.backends.cupy import planning
-
-    monkeypatch.setattr(planning, "device_has_wgmma", lambda: True)
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "wgmma")
     case = make_case(
         "window items", np.random.default_rng(9), seq_lens=[900, 260, 77], q_lens=[700, 260, 70],
         head_dim=64, block_size=block_size, sliding_window=window,
     )
     problem = _problem(case)
-    work = build_work(problem, slots=132)
+    work = _work(problem, sm90=True, prefill="wgmma")
     assert work.kernel == "wgmma" and work.tile_n == 64
     seen = np.zeros((problem.num_tokens, problem.num_q_heads), dtype=np.int64)
     for item in work.items:
@@ -438,12 +412,11 @@ def test_wgmma_items_cover_exactly_the_tiles_a_window_leaves_visible(
     not HAVE_NVRTC and not os.environ.get("CI"),
     reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
 )
-def test_compile_check_fails_on_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pagedattn.backends.cupy import compile_check, runtime
+def test_compile_check_fails_on_a_compile_error() -> None:
+    from pagedattn.backends.cupy import compile_check
 
-    monkeypatch.setattr(runtime, "source", lambda module: "this is not C++;")
     with pytest.raises(compile_check.CompileError):
-        compile_check.compile_module("kv_ops", ["write_kv<float>"])
+        compile_check.compile_module("kv_ops", ["write_kv<float>"], text="this is not C++;")
 
 
 # -- work items, replayed by a NumPy model of the kernel --------------------------------------
@@ -538,23 +511,17 @@ WORK_CASES = {
 
 
 @pytest.mark.parametrize("name", list(WORK_CASES))
-def test_work_items_cover_every_row_once_and_give_the_exact_answer(
-    name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from pagedattn.backends.cupy import planning
-
-    # "wgmma rows": the Hopper kernel's 128-row items, planned as on an sm_90 device
-    monkeypatch.setattr(planning, "device_has_wgmma", lambda: name == "wgmma rows")
-    monkeypatch.delenv("PAGEDATTN_CUPY_PREFILL", raising=False)
+def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) -> None:
+    sm90 = name == "wgmma rows"  # the Hopper kernel's 128-row items, planned as on an sm_90 device
     case = make_case(
         name, np.random.default_rng(1), head_dim=64, **{"dtype": "float32", **WORK_CASES[name]}
     )
     if name == "tensor-core rows":
-        assert choose_rows(_problem(case)) == 64
+        assert _rows(_problem(case), sm90=sm90) == 64
     if name == "wgmma rows":
-        assert choose_rows(_problem(case)) == 128
+        assert _rows(_problem(case), sm90=sm90) == 128
     problem = _problem(case)
-    work = build_work(problem, slots=64, min_tiles_per_split=1)  # force split-KV
+    work = _work(problem, sm90=sm90, slots=64, min_tiles_per_split=1)  # force split-KV
     assert (work.kernel == "wgmma") == (name == "wgmma rows")
     out, lse = _model(problem, work, case.query, case.key_cache, case.value_cache)
     exact = exact_attention(*case.args(), **case.options)
@@ -578,10 +545,7 @@ def test_long_decode_is_split_and_merged() -> None:
     assert len(work.merges) == 16 and len(work.items) >= 4 * 16
 
 
-def test_long_prefill_that_fills_the_device_is_not_split_and_runs_sequence_by_sequence(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "mma")
+def test_long_prefill_that_fills_the_device_is_not_split_and_runs_sequence_by_sequence() -> None:
     case = make_case(
         "prefill",
         np.random.default_rng(3),
@@ -593,7 +557,7 @@ def test_long_prefill_that_fills_the_device_is_not_split_and_runs_sequence_by_se
         dtype="float16",
     )
     problem = _problem(case)
-    work = build_work(problem, slots=16)
+    work = _work(problem, slots=16, prefill="mma")
     # 3 sequences x 2 KV heads x (up to 1,024 / 16) chunks: many times the 16 slots, so no part
     # pays for a partial and a merge
     assert len(work.merges) == 0 and work.num_partials == 0
@@ -664,19 +628,18 @@ def _cta_tile_whole(problem, item, p0, tile_n):  # type: ignore[no-untyped-def]
 )
 @pytest.mark.parametrize("num_q_heads", [8, 14, 24], ids=["G=4", "G=7", "G=12"])
 def test_mma_kernel_unmasks_only_tiles_all_its_rows_see_whole(
-    options: dict, num_q_heads: int, monkeypatch: pytest.MonkeyPatch
+    options: dict, num_q_heads: int
 ) -> None:
     """Each tile of a 64-row work item is seen by some row of the item, and one the kernel
     leaves unmasked holds only keys all its rows see (checked against the contract's rule)."""
     from pagedattn.backends.cupy import specializations as sp
 
-    monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "mma")
     case = make_case(
         "predicates", np.random.default_rng(5), seq_lens=[700, 300, 64], q_lens=[650, 130, 64],
         num_q_heads=num_q_heads, head_dim=64, **options,
     )
     problem = _problem(case)
-    work = build_work(problem, slots=64)
+    work = _work(problem, slots=64, prefill="mma")
     assert (work.kernel, work.rows, work.tile_n) == ("mma", sp.MMA_ROWS, sp.MMA_TILE_N)
     tile_n = work.tile_n
     unmasked = 0
@@ -700,20 +663,17 @@ def test_mma_kernel_unmasks_only_tiles_all_its_rows_see_whole(
     assert unmasked > 0 or (problem.sliding_window or 10**9) < 2 * tile_n
 
 
-def test_kernel_source_changes_with_its_headers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_kernel_source_changes_with_its_headers(tmp_path: Path) -> None:
     """cupy caches compiled modules by their source text: an edited header must change it."""
     from pagedattn.backends.cupy import specializations as sp
 
     (tmp_path / "kernel.cu").write_text('#include "common.cuh"\n__global__ void k() {}\n')
     (tmp_path / "common.cuh").write_text("#pragma once\n")
-    monkeypatch.setattr(sp, "KERNEL_DIR", tmp_path)
-    before = sp.source("kernel")
+    before = sp.source("kernel", tmp_path)
     assert before.startswith('#include "common.cuh"')
-    assert sp.source("kernel") == before, "the same files give the same text"
+    assert sp.source("kernel", tmp_path) == before, "the same files give the same text"
     (tmp_path / "common.cuh").write_text("#pragma once\n#define CHANGED 1\n")
-    assert sp.source("kernel") != before
+    assert sp.source("kernel", tmp_path) != before
 
 
 def test_gpu_check_run_check_records_a_raising_check_as_failed(
