@@ -45,6 +45,20 @@ class Plan:
     signatures: dict[str, tuple[tuple[int, ...], str]]
     state: Any
 
+    @property
+    def capturable(self) -> bool:
+        """Whether ``run`` of this plan may be captured in a CUDA graph and replayed: the
+        backend's state says so with a ``capturable`` attribute (False where it has none)."""
+        return bool(getattr(self.state, "capturable", False))
+
+    @property
+    def fixed_in_graph(self) -> tuple[str, ...]:
+        """What a CUDA graph that captured ``run`` of this plan holds fixed, as the backend's
+        state lists it (``fixed_in_graph``): a replay sees new contents of the captured query
+        and caches, never new index arrays, shapes or addresses; those need a new plan and a
+        new capture."""
+        return tuple(getattr(self.state, "fixed_in_graph", ()))
+
 
 class Backend(abc.ABC):
     """Base class of all backends. Subclasses set ``name`` and implement the ``_`` methods.

@@ -12,15 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.backends.bitviews import BIT_VIEWS, torch_bits, torch_to_numpy
 from pagedattn.errors import PagedAttentionError
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 
 #: Contract dtypes held as raw bits, and the unsigned integer type of their bits.
-RAW_DTYPES: dict[str, Any] = {
-    "bfloat16": np.uint16,
-    "float8_e4m3fn": np.uint8,
-    "float8_e5m2": np.uint8,
-}
+RAW_DTYPES: dict[str, Any] = {name: views[0] for name, views in BIT_VIEWS.items()}
 
 
 class RawArray:
@@ -79,14 +76,7 @@ def to_numpy(array: Any) -> np.ndarray:
     if isinstance(array, RawArray):
         return np.asarray(array.raw.get()).view(array.dtype)
     if is_torch(array):
-        name = dtype_name(array.dtype)
-        tensor = array.detach().cpu()
-        if name in RAW_DTYPES:
-            import torch
-
-            bits = torch.int16 if RAW_DTYPES[name] is np.uint16 else torch.uint8
-            return tensor.contiguous().view(bits).numpy().view(numpy_dtype(name))
-        return tensor.numpy()
+        return torch_to_numpy(array)
     if hasattr(array, "get"):  # cupy
         return np.asarray(array.get())
     return np.asarray(array)
@@ -105,14 +95,9 @@ def raw_view(array: Any, argument: str) -> tuple[Any, str]:
             raise PagedAttentionError(
                 argument, f"expected a CUDA tensor, received one on {array.device}"
             )
-        import torch
-
         name = dtype_name(array.dtype)
-        if name in RAW_DTYPES:
-            bits = torch.int16 if RAW_DTYPES[name] is np.uint16 else torch.uint8
-            raw = cupy.from_dlpack(array.view(bits))
-            return (raw.view(cupy.uint16) if bits is torch.int16 else raw), name
-        return cupy.from_dlpack(array), name
+        raw = cupy.from_dlpack(torch_bits(array))
+        return (raw.view(RAW_DTYPES[name]) if name in RAW_DTYPES else raw), name
     raise PagedAttentionError(
         argument,
         f"expected a cupy array, RawArray or torch CUDA tensor, received {type(array).__name__}",
