@@ -70,6 +70,9 @@ class Backend(abc.ABC):
     name: ClassVar[str] = ""
     version: ClassVar[str] = "0"
     description: ClassVar[str] = ""
+    #: whether ``run`` takes torch tensors on the backend's device as they are (the benchmark
+    #: then passes torch tensors, as an engine does)
+    accepts_torch: ClassVar[bool] = False
 
     # -- what the backend is -------------------------------------------------
     @classmethod

@@ -99,6 +99,7 @@ class CupyBackend(Backend):
     """
 
     name = "cupy"
+    accepts_torch = True
     version = "0.1.0"
     description = (
         "CuPy RawModule: hand-written CUDA C++ compiled by NVRTC (online softmax, split-KV)"

@@ -33,6 +33,7 @@ class TorchBackend(Backend):
     """Paged attention in PyTorch: gather blocks, then SDPA (or explicit float32 softmax)."""
 
     name = "torch"
+    accepts_torch = True
     version = "0.1.0"
     description = "PyTorch: gather the blocks, then scaled_dot_product_attention (CPU or CUDA)"
 

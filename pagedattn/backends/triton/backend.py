@@ -116,6 +116,7 @@ class TritonBackend(Backend):
     """
 
     name = "triton"
+    accepts_torch = True
     version = "0.1.0"
     description = "Triton kernels: varlen paged attention (GQA-packed, split-KV), write_kv, copy_blocks, merge"
 
