@@ -1,9 +1,10 @@
 """Host time of ``run`` on a planned batch: what one call costs the host before the device sees it.
 
 A tiny batch (decode, and varlen prefill) is planned once with torch inputs where the backend
-takes them; a timed round queues ``CALLS`` runs without waiting (the device stays ahead of
-the host on so small a shape), and pytest-benchmark's median per round / ``CALLS`` is the host
-time per call (``extra_info["host_us"]``). On a GPU a GPU backend must stay within
+takes them (``--perf-inputs native``: its own arrays); a timed round queues ``CALLS`` runs
+without waiting (the device stays ahead of the host on so small a shape), and
+pytest-benchmark's median per round / ``CALLS`` is the host time per call
+(``extra_info["host_us"]``). On a GPU a GPU backend must stay within
 :data:`HOST_BOUNDS_S`. On the CPU the CPU backends are measured without a bound (their
 ``run`` computes on the host) and the GPU backends are not collected (see conftest).
 """
@@ -31,7 +32,7 @@ SHAPES: dict[str, tuple[list[int], list[int] | None]] = {
 
 
 @pytest.mark.parametrize("kind", list(SHAPES))
-def test_host_time_of_run(benchmark: Any, backend_name: str, kind: str) -> None:
+def test_host_time_of_run(benchmark: Any, backend_name: str, kind: str, input_kind: str) -> None:
     from pagedattn.backends.registry import load_backend
 
     backend = load_backend(backend_name)
@@ -39,7 +40,7 @@ def test_host_time_of_run(benchmark: Any, backend_name: str, kind: str) -> None:
     seq_lens, q_lens = SHAPES[kind]
     host = random_paged_inputs(seq_lens, q_lens, block_size=16, num_q_heads=8, num_kv_heads=2,
                                head_dim=128 if ON_GPU else 16, dtype="bfloat16" if ON_GPU else "float32", seed=3)
-    q, k, v = (engine.to_device(backend, x, "torch") for x in host.args()[:3])
+    q, k, v = (engine.to_device(backend, x, input_kind) for x in host.args()[:3])
     index = [None if x is None else np.asarray(x) for x in host.args()[3:]]
     plan = backend.plan(q, k, v, *index)
     for _ in range(3):  # compile, first allocations

@@ -49,12 +49,13 @@ def reference_result(case: shapes.Case, ceilings: Ceilings) -> Result:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_target_case(benchmark: Any, backend_name: str, case: shapes.Case, ceilings: Ceilings) -> None:
+def test_target_case(benchmark: Any, backend_name: str, case: shapes.Case, ceilings: Ceilings,
+                     input_kind: str) -> None:
     from pagedattn.backends.registry import load_backend
 
     backend = load_backend(backend_name)
     benchmark.group = f"targets/{backend_name}"
-    prepared = suite.prepare(backend, case, suite.GPU_FLUSH_BYTES)
+    prepared = suite.prepare(backend, case, suite.GPU_FLUSH_BYTES, input_kind)
     prepared.warm_up()
     start = time.perf_counter()
     prepared.call()
