@@ -121,8 +121,11 @@ class BlockAllocator:
         return seq_id in self._seqs
 
     def refcount(self, block: int) -> int:
-        """Number of (sequence, table column) entries naming ``block``."""
-        return self._refcount[block]
+        """Number of (sequence, table column) entries naming ``block`` (``0 <= block < num_blocks``)."""
+        if isinstance(block, bool) or not isinstance(block, int | np.integer) or not 0 <= block < self.num_blocks:
+            raise PagedAttentionError("block", f"expected a block id in [0, num_blocks={self.num_blocks}),"
+                                               f" received {block!r}")
+        return self._refcount[int(block)]
 
     def seq_len(self, seq_id: int) -> int:
         """Tokens of ``seq_id`` in the cache (its ``L``)."""
