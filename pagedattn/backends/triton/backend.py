@@ -20,6 +20,7 @@ from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.backends.triton.launch_config import (
     MAX_HEAD_DIM,
+    DecodeTiles,
     Tiles,
     choose_num_splits,
     choose_tiles,
@@ -112,7 +113,8 @@ class TritonBackend(Backend):
 
     ``num_splits`` and ``tiles`` (tests and tuning only) replace the choices of
     :func:`~pagedattn.backends.triton.launch_config.choose_num_splits` and
-    :func:`~pagedattn.backends.triton.launch_config.choose_tiles`.
+    :func:`~pagedattn.backends.triton.launch_config.choose_tiles`; ``decode_table`` replaces
+    :data:`~pagedattn.backends.triton.launch_config.DECODE_TABLE` (decode tiles by block size).
     """
 
     name = "triton"
@@ -120,11 +122,15 @@ class TritonBackend(Backend):
     version = "0.1.0"
     description = "Triton kernels: varlen paged attention (GQA-packed, split-KV), write_kv, copy_blocks, merge"
 
-    def __init__(self, *, num_splits: int | None = None, tiles: Tiles | None = None) -> None:
+    def __init__(self, *, num_splits: int | None = None, tiles: Tiles | None = None,
+                 decode_table: dict[int | None, DecodeTiles] | None = None) -> None:
         if num_splits is not None and num_splits < 1:
             raise PagedAttentionError("num_splits", f"expected None or an integer >= 1, received {num_splits!r}")
+        if decode_table is not None and None not in decode_table:
+            raise PagedAttentionError("decode_table", "needs an entry for None (every other block size)")
         self._forced_splits = num_splits
         self._forced_tiles = tiles
+        self._decode_table = decode_table
 
     # -- what the backend is -------------------------------------------------
     @classmethod
@@ -184,7 +190,7 @@ class TritonBackend(Backend):
         device = self._device()
         max_q_len = int(problem.q_lens.max(initial=0))
         tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype,
-                                                   problem.block_size)
+                                                   problem.block_size, self._decode_table)
         work_seq, work_q, key_tiles = _work_list(problem, tiles)
         num_programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
         if self._forced_splits is not None:

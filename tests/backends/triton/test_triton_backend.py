@@ -259,19 +259,24 @@ def test_split_heuristic_from_batch_shape() -> None:
     assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8) and not prefill.heads_fastest
 
 
-def test_decode_table_by_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_table_by_block_size() -> None:
     from pagedattn.backends.triton import launch_config as lc
 
     table = {None: lc.DecodeTiles(64, 4, 5, 2, True), 32: lc.DecodeTiles(32, 4, 5, 4, False)}
-    monkeypatch.setattr(lc, "DECODE_TABLE", table)
-    at_32 = choose_tiles(1, 4, 128, "bfloat16", block_size=32)
-    at_64 = choose_tiles(1, 4, 128, "bfloat16", block_size=64)
+    at_32 = choose_tiles(1, 4, 128, "bfloat16", block_size=32, decode_table=table)
+    at_64 = choose_tiles(1, 4, 128, "bfloat16", block_size=64, decode_table=table)
     assert (at_32.block_n, at_32.resident, at_32.keys_major) == (32, 4, False)
     assert (at_64.block_n, at_64.num_stages, at_64.keys_major) == (64, 5, True)
-    assert not choose_tiles(1, 4, 128, "float32", block_size=32).keys_major  # float32: not from the table
+    assert not choose_tiles(1, 4, 128, "float32", block_size=32, decode_table=table).keys_major  # not from it
     case = random_paged_inputs([70, 0, 33], None, block_size=32, dtype="bfloat16", num_q_heads=8, num_kv_heads=2,
                                seed=25)
-    assert_within_model(case, backend=TritonBackend())
+    backend = TritonBackend(decode_table=table)
+    plan = backend.plan(*case.args(), kv_layout=case.kv_layout)
+    tiles = plan.state.tiles
+    assert (tiles.block_n, tiles.keys_major) == (32, False), "the backend's table, not the module's"
+    assert_within_model(case, backend=backend)
+    with pytest.raises(PagedAttentionError, match="decode_table"):
+        TritonBackend(decode_table={32: table[32]})
 
 
 # -- never: garbage in unused entries, placement, repeatability ---------------------------------
