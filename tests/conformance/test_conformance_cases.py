@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.conformance import checks
 from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import load_case, save_case
@@ -19,7 +20,6 @@ from pagedattn.conformance.strategies import (
     query_layouts,
     seq_lens,
 )
-from pagedattn.reference.backend import NumpyBackend
 from pagedattn.spec.arrays import check_paged_attention
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
