@@ -24,7 +24,15 @@ from pagedattn.conformance.assertions import (
     assert_close_to_spec,
     describe_call,
 )
-from pagedattn.conformance.cases import AttentionCase, AttentionResult, CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.conformance.cases import (
+    AttentionCase,
+    AttentionResult,
+    CopyBlocksCase,
+    MergeCase,
+    WriteKVCase,
+    device_caches,
+    run_case,
+)
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
 from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
@@ -35,7 +43,7 @@ from pagedattn.spec.online_softmax import merge_states as spec_merge_states
 
 def problem_of(case: AttentionCase) -> AttentionProblem:
     """The validated problem of a case (the spec's own check)."""
-    return check_paged_attention(*case.host_args(), **case.options)
+    return check_paged_attention(*case.args(), **case.options)
 
 
 def _call(backend: Backend, case: AttentionCase) -> str:
@@ -45,8 +53,8 @@ def _call(backend: Backend, case: AttentionCase) -> str:
 def run_checked(backend: Backend, case: AttentionCase) -> AttentionResult:
     """Run ``case`` and assert the backend wrote nothing but its outputs (caches, pool, inputs intact)."""
     __tracebackhide__ = True
-    caches = case.device_caches(backend)
-    result = case.run(backend, caches=caches)
+    caches = device_caches(backend, case)
+    result = run_case(backend, case, caches=caches)
     call = _call(backend, case)
     key_cache, value_cache, pool = caches
     if pool is not None and case.pool is not None:
