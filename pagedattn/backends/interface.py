@@ -88,16 +88,8 @@ class Backend(abc.ABC):
         return None if array is None else np.asarray(self.to_numpy(array))
 
     # -- paged attention -----------------------------------------------------
-    def plan(
-        self,
-        query: Any,
-        key_cache: Any,
-        value_cache: Any,
-        block_tables: Any,
-        seq_lens: Any,
-        query_start_loc: Any = None,
-        **options: Any,
-    ) -> Plan:
+    def plan(self, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any,
+             query_start_loc: Any = None, **options: Any) -> Plan:
         """Validate a call and build per-batch metadata.
 
         The keyword options and their defaults are those of :func:`check_paged_attention`

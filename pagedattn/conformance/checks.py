@@ -147,14 +147,20 @@ def _assert_same_result(backend: Backend, a: AttentionResult, b: AttentionResult
         assert_bit_identical("lse", a.lse, b.lse, what, call, problem)
 
 
+def _unchanged_by(backend: Backend, case: AttentionCase,
+                  variant: Callable[[AttentionCase, np.random.Generator], AttentionCase], what: str) -> float:
+    """The variant of ``case`` (seeded by ``case.seed``) gives the same bits as ``case`` itself."""
+    __tracebackhide__ = True
+    first = run_checked(backend, case)
+    other = variant(case, np.random.default_rng(case.seed))
+    _assert_same_result(backend, run_checked(backend, other), first, what, case)
+    return 0.0
+
+
 def garbage_ignored(backend: Backend, case: AttentionCase) -> float:
     """New garbage in unused slots, blocks and table entries leaves the output's bits unchanged."""
     __tracebackhide__ = True
-    first = run_checked(backend, case)
-    other = with_garbage(case, np.random.default_rng(case.seed))
-    _assert_same_result(backend, run_checked(backend, other), first,
-                        "garbage in unused slots/blocks/table entries changed the output", case)
-    return 0.0
+    return _unchanged_by(backend, case, with_garbage, "garbage in unused slots/blocks/table entries changed the output")
 
 
 def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
@@ -175,11 +181,7 @@ def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
 def relocation_invariant(backend: Backend, case: AttentionCase) -> float:
     """The same logical K/V placed in other physical blocks gives bit-identical output."""
     __tracebackhide__ = True
-    first = run_checked(backend, case)
-    moved = relocated(case, np.random.default_rng(case.seed))
-    _assert_same_result(backend, run_checked(backend, moved), first,
-                        "moving the blocks to other physical ids changed the output", case)
-    return 0.0
+    return _unchanged_by(backend, case, relocated, "moving the blocks to other physical ids changed the output")
 
 
 def deterministic(backend: Backend, case: AttentionCase) -> float:

@@ -234,14 +234,8 @@ def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default(
 
 
 def test_long_decode_is_split_and_merged() -> None:
-    case = poisoned_case("long", seq_lens=[65536, 65536],
-        num_q_heads=32,
-        num_kv_heads=8,
-        head_dim=64,
-        dtype="float16",
-    )
-    problem = problem_of(case)
-    work = build_work(problem, slots=396)
+    case = poisoned_case("long", [65536, 65536], num_q_heads=32, num_kv_heads=8, head_dim=64, dtype="float16")
+    work = build_work(problem_of(case), slots=396)
     assert len(work.merges) == 16 and len(work.items) >= 4 * 16
 
 
@@ -249,15 +243,8 @@ def test_long_prefill_that_fills_the_device_is_not_split_and_runs_sequence_by_se
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PAGEDATTN_CUPY_PREFILL", "mma")
-    case = poisoned_case("prefill", seq_lens=[1024, 768, 1024],
-        q_lens=[1024, 768, 1024],
-        num_q_heads=8,
-        num_kv_heads=2,
-        head_dim=64,
-        dtype="float16",
-    )
-    problem = problem_of(case)
-    work = build_work(problem, slots=16)
+    case = poisoned_case("prefill", [1024, 768, 1024], [1024, 768, 1024], head_dim=64, dtype="float16")
+    work = build_work(problem_of(case), slots=16)
     # 3 sequences x 2 KV heads x (up to 1,024 / 16) chunks: many times the 16 slots, so no part
     # pays for a partial and a merge
     assert len(work.merges) == 0 and work.num_partials == 0
