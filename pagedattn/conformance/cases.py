@@ -57,8 +57,14 @@ def run_case(backend: Backend, case: AttentionCase, *, caches: tuple[Any, Any, A
     return AttentionResult(np.asarray(backend.to_numpy(result)), None)
 
 
+class _ShortRepr:
+    """Hypothesis' and IPython's pretty printers show a case by its short repr."""
+
+    _repr_pretty_ = pretty
+
+
 @dataclass(frozen=True)
-class WriteKVCase:
+class WriteKVCase(_ShortRepr):
     """A ``write_kv`` call: key/value ``[T, Hkv, D]``, caches of ``kv_layout``, slot_mapping ``[T]``."""
 
     key: np.ndarray
@@ -70,15 +76,13 @@ class WriteKVCase:
     k_scale: float = 1.0
     v_scale: float = 1.0
 
-    _repr_pretty_ = pretty
-
     def __repr__(self) -> str:
         return (f"WriteKVCase(key={summary(self.key)}, key_cache={summary(self.key_cache)} {self.kv_layout},"
                 f" slot_mapping={self.slot_mapping.tolist()}, k_scale={self.k_scale}, v_scale={self.v_scale})")
 
 
 @dataclass(frozen=True)
-class CopyBlocksCase:
+class CopyBlocksCase(_ShortRepr):
     """A ``copy_blocks`` call: caches of ``kv_layout`` and pairs int ``[n, 2]`` of (src, dst)."""
 
     key_cache: np.ndarray
@@ -86,23 +90,19 @@ class CopyBlocksCase:
     pairs: np.ndarray
     kv_layout: str
 
-    _repr_pretty_ = pretty
-
     def __repr__(self) -> str:
         return (f"CopyBlocksCase(key_cache={summary(self.key_cache)} {self.kv_layout},"
                 f" pairs={self.pairs.tolist()})")
 
 
 @dataclass(frozen=True)
-class MergeCase:
+class MergeCase(_ShortRepr):
     """A ``merge_states`` call: outs ``[T, H, D]``, lses float32 ``[T, H]`` (-inf = empty part)."""
 
     out_a: np.ndarray
     lse_a: np.ndarray
     out_b: np.ndarray
     lse_b: np.ndarray
-
-    _repr_pretty_ = pretty
 
     def __repr__(self) -> str:
         return (f"MergeCase(out_a={summary(self.out_a)}, lse_a={self.lse_a.tolist()},"
