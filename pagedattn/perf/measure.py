@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pagedattn.backends.interface import Backend
+from pagedattn.backends.interface import Backend, Plan
 from pagedattn.errors import UnsupportedError
 from pagedattn.perf import device, engine, inputs, timing
 from pagedattn.perf.ceilings import Ceilings
@@ -60,21 +60,8 @@ class Result:
 
 def case_work(case: Case, pool: inputs.Pool) -> Work:
     """The spec's work of ``case`` (rotation 0; every rotation has the same)."""
-    tables = inputs.make_tables(case, pool, 0)
-    shape = inputs.cache_shape(case, pool)
-    problem = check_paged_attention(
-        pool.queries[0], _ShapeOnly(shape, pool.key_cache.dtype), _ShapeOnly(shape, pool.key_cache.dtype),
-        tables.block_tables, tables.seq_lens, tables.query_start_loc, **case.options,  # type: ignore[arg-type]
-    )
-    return work(problem)
-
-
-@dataclass(frozen=True)
-class _ShapeOnly:
-    """Shape and dtype of an array without its data (validation inspects nothing else)."""
-
-    shape: tuple[int, ...]
-    dtype: Any
+    call = inputs.attention_case(case, pool, 0)
+    return work(check_paged_attention(*call.args(), **call.options))
 
 
 def _result(runner: str, case: Case, status: str, **fields: Any) -> Result:
@@ -137,6 +124,16 @@ class DevicePool:
         shape = inputs.cache_shape(case, self.pool)
         return self.key_cache.reshape(shape), self.value_cache.reshape(shape)
 
+    def plans(self, backend: Backend, case: Case) -> list[Plan]:
+        """``case`` planned once per rotation on the caches of :meth:`caches`."""
+        kc, vc = self.caches(case)
+        plans = []
+        for r in range(self.pool.rotations):
+            call = inputs.attention_case(case, self.pool, r)
+            plans.append(backend.plan(self.queries[r], kc, vc, call.block_tables, call.seq_lens,
+                                      call.query_start_loc, **call.options))
+        return plans
+
 
 def capture_for(capturable: bool, on_gpu: bool, why_not: str) -> tuple[Any, str]:
     """The capture function of :func:`~.timing.three_timings` and, when there is none, why."""
@@ -154,11 +151,7 @@ def measure_backend(backend: Backend, case: Case, device_pool: DevicePool, w: Wo
     pool = device_pool.pool
     try:
         kc, vc = device_pool.caches(case)
-        plans = []
-        for r in range(pool.rotations):
-            t = inputs.make_tables(case, pool, r)
-            plans.append(backend.plan(device_pool.queries[r], kc, vc, t.block_tables, t.seq_lens,
-                                      t.query_start_loc, **case.options))
+        plans = device_pool.plans(backend, case)
 
         def run(i: int) -> Any:
             r = i % pool.rotations

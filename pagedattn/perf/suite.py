@@ -81,11 +81,7 @@ def prepare(backend: Backend, case: shapes.Case, flush_bytes: int, input_kind: s
     pool = _pool(inputs.pool_key(case), case, flush_bytes)
     device_pool = DevicePool(backend, pool, input_kind)
     kc, vc = device_pool.caches(case)
-    plans = []
-    for r in range(pool.rotations):
-        t = inputs.make_tables(case, pool, r)
-        plans.append(backend.plan(device_pool.queries[r], kc, vc, t.block_tables, t.seq_lens, t.query_start_loc,
-                                  **case.options))
+    plans = device_pool.plans(backend, case)
     counter = [0]
 
     def step() -> None:

@@ -256,14 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.capacity_tokens, 0, (f"capacity: {args.capacity_tokens:,} tokens (given)",)
         )
     else:
-        budget = kv_budget(
-            gpu_mib=args.gpu_mib,
-            utilization=args.gpu_utilization,
-            params=args.params,
-            num_layers=args.layers,
-            num_kv_heads=args.kv_heads,
-            head_dim=args.head_dim,
-        )
+        budget = kv_budget(gpu_mib=args.gpu_mib, utilization=args.gpu_utilization, params=args.params,
+                           num_layers=args.layers, num_kv_heads=args.kv_heads, head_dim=args.head_dim)
         if budget.capacity < 1:
             print(
                 "pagedattn simulate: the model leaves no memory for the KV cache", file=sys.stderr
@@ -275,19 +269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             source = f"trace {args.trace}"
         else:
             spec = WorkloadSpec(
-                num_requests=args.requests,
-                arrival_rate=args.rate,
-                mean_prompt=args.mean_prompt,
-                mean_output=args.mean_output,
-                sigma=args.sigma,
-                max_model_len=args.max_model_len,
-                max_tokens_choices=args.max_tokens,
-                num_prefixes=args.prefixes,
-                prefix_len=args.prefix_len,
-                shared_prefix_fraction=args.prefix_fraction,
-                parallel_n=args.parallel_n,
-                parallel_fraction=args.parallel_fraction,
-                seed=args.seed,
+                num_requests=args.requests, arrival_rate=args.rate, mean_prompt=args.mean_prompt,
+                mean_output=args.mean_output, sigma=args.sigma, max_model_len=args.max_model_len,
+                max_tokens_choices=args.max_tokens, num_prefixes=args.prefixes, prefix_len=args.prefix_len,
+                shared_prefix_fraction=args.prefix_fraction, parallel_n=args.parallel_n,
+                parallel_fraction=args.parallel_fraction, seed=args.seed,
             )
             requests = generate(spec)
             source = (

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.backends.registry import refresh_backends
 from pagedattn.perf import cli, device, report
 from pagedattn.perf.ceilings import Ceilings
 from pagedattn.perf.measure import Result
 from pagedattn.perf.plot import save_plot
-from pagedattn.reference.backend import NumpyBackend
 
 CPU_ONLY = pytest.mark.skipif(device.gpu_name() is not None, reason="the CPU path of the bench")
 CASE = "llama3-70b-tp8/decode/b8/ctx1024/bs16"

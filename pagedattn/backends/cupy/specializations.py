@@ -126,7 +126,7 @@ def wgmma_spec_ctas(spec: Specialization) -> int:
 
 
 def wgmma_layout_check(dtype: str, head_dim: int) -> Specialization:
-    """``wgmma_layout_check<T, head_dim>``: one warpgroup's S = Q K^T and O = P V (gpu_check)."""
+    """``wgmma_layout_check<T, head_dim>``: one warpgroup's S = Q K^T and O = P V (the gpu tests)."""
     return Specialization(
         WGMMA_MODULE, f"wgmma_layout_check<{CUDA_TYPES[dtype]}, {head_dim}>", WGMMA_ARCH
     )

@@ -39,11 +39,11 @@ class DecodeTiles(NamedTuple):
 
 
 # Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
-# size (None: any other). Picked on an H200 by `gpu_check --bench-sweep` (docs/backends/triton.md):
-# per block size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's
-# timer. 16-key tiles of 2 warps read the block table once per tile and keep 3 K/V buffers
-# in flight (7 stages); 152 registers, 29 KB of shared memory. ``resident`` 4 (the registers
-# allow 6) is what the split heuristic was measured with: 33 splits at 2 x 65,536, 134 us.
+# size (None: any other). Picked on an H200 by `tools/triton-tile-sweep --decode`: per block
+# size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's timer. 16-key tiles of 2
+# warps read the block table once per tile and keep 3 K/V buffers in flight (7 stages); 152
+# registers, 29 KB of shared memory. ``resident`` 4 (the registers allow 6) is what the split
+# heuristic was measured with: 33 splits at 2 x 65,536, 134 us.
 DECODE_TILES = DecodeTiles(16, 2, 7, 4, False)
 DECODE_TABLE: dict[int | None, DecodeTiles] = {None: DECODE_TILES, 16: DECODE_TILES, 32: DECODE_TILES,
                                                64: DECODE_TILES}

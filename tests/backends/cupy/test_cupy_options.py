@@ -3,15 +3,14 @@ supplying only those defaults, and bad values named; planning obeys them (CPU)."
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from cases import poisoned_case
 
 from pagedattn.backends.cupy.backend import CupyBackend
-from pagedattn.backends.cupy.cases import make_case
 from pagedattn.backends.cupy.options import ENVIRONMENT, CupyOptions, resolve
 from pagedattn.backends.cupy.planning import build_work, choose_kernel
+from pagedattn.conformance.checks import problem_of
 from pagedattn.errors import PagedAttentionError
-from pagedattn.spec.arrays import check_paged_attention
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -73,8 +72,7 @@ def test_unknown_options_are_refused() -> None:
 
 
 def _problem(**shape):  # type: ignore[no-untyped-def]
-    case = make_case("options", np.random.default_rng(0), **shape)
-    return check_paged_attention(*case.args(), **case.options)
+    return problem_of(poisoned_case("options", **shape))
 
 
 def test_split_kv_off_gives_every_item_its_whole_range() -> None:

@@ -16,8 +16,8 @@ if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
 from pagedattn.backends.bitviews import numpy_to_torch, torch_bits
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.backends.triton.backend import TritonBackend
-from pagedattn.reference.backend import NumpyBackend
 from pagedattn.spec.pools import random_paged_inputs
 
 
