@@ -2,8 +2,10 @@
 
 cupy has no bfloat16 or fp8 dtype the kernels rely on, so those arrays live on the device as
 :class:`RawArray`: a cupy array of their 16-/8-bit patterns plus the contract dtype (ml_dtypes),
-which is what validation reads. torch CUDA tensors are accepted through DLPack (bfloat16 and
-fp8 tensors are viewed as int16/uint8 first). cupy and torch are imported inside functions.
+which is what validation reads. ``run`` reads any of them (and torch CUDA tensors) by pointer,
+shape and strides (:func:`launch_view`), with no conversion; the other operations take torch
+tensors through DLPack (bfloat16 and fp8 viewed as integers first). cupy and torch are
+imported inside functions.
 """
 
 from __future__ import annotations
@@ -102,17 +104,6 @@ def raw_view(array: Any, argument: str) -> tuple[Any, str]:
         argument,
         f"expected a cupy array, RawArray or torch CUDA tensor, received {type(array).__name__}",
     )
-
-
-def raw_bits(array: Any, argument: str) -> Any:
-    """The cupy array of ``array``'s bits or values (:func:`raw_view` without the dtype name)."""
-    if isinstance(array, RawArray):
-        return array.raw
-    import cupy
-
-    if isinstance(array, cupy.ndarray):
-        return array
-    return raw_view(array, argument)[0]
 
 
 def launch_view(array: Any, argument: str) -> tuple[Any, tuple[int, ...], tuple[int, ...], int]:

@@ -1,9 +1,12 @@
 """The ``cupy`` backend: CUDA C++ kernels (``kernels/*.cu``) compiled by NVRTC (``cupy.RawModule``).
 
-``plan`` builds the work items (:mod:`.planning`) and uploads them with the block tables;
-``run`` launches ``paged_attention`` (and ``merge_partials`` when ranges were split) on the
-current stream. Arrays: cupy arrays, :class:`~.arrays.RawArray` for bfloat16/fp8 bits, or
-torch CUDA tensors (DLPack); outputs come back in the query's kind.
+``plan`` picks the kernel once (:func:`.planning.choose_kernel`, from the backend's options),
+builds the work items (:mod:`.planning`), uploads them with the block tables and makes the
+split-KV partial buffers; ``run`` allocates the outputs and launches the attention kernel (and
+``merge_partials`` when ranges were split) on the current stream (torch's when torch uses
+CUDA), so it can be captured in a CUDA graph. Arrays: torch CUDA tensors, cupy arrays or
+:class:`~.arrays.RawArray` for bfloat16/fp8 bits, passed by pointer; outputs come back in the
+query's kind.
 """
 
 from __future__ import annotations
