@@ -247,8 +247,9 @@ def test_split_heuristic_from_batch_shape() -> None:
     assert choose_num_splits(16, 512, 132) == 16
     assert choose_num_splits(512, 32, 132) == 1
     assert choose_num_splits(150, 64, 132) == 1  # a second split would overfill the grid
-    assert choose_num_splits(16, 8, 132) == 2  # at least MIN_TILES_PER_SPLIT tiles per split
-    assert choose_num_splits(16, 7, 132) == 1
+    assert choose_num_splits(16, 64, 132) == 16  # 1,024 tiles for 264 slots: MIN_TILES_PER_SPLIT per split
+    assert choose_num_splits(16, 8, 132) == 4  # 128 tiles for 264 slots: SMALL_GRID_MIN_TILES per split
+    assert choose_num_splits(16, 1, 132) == 1
     assert choose_num_splits(1, 10_000, 132) == 64  # bounded
     assert choose_num_splits(16, 512, 132, resident=4) == 33  # more resident programs, more splits
     decode = choose_tiles(1, 4, 128, "bfloat16")
