@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from cases import poisoned_case
@@ -277,7 +279,7 @@ def test_small_batch_decode_is_split_to_fill_the_slots_and_every_key_is_covered_
         mine = work.items[work.items[:, 1] == head]
         spans = sorted(zip(mine[:, 6].tolist(), mine[:, 7].tolist(), strict=True))
         assert spans[0][0] == 0 and spans[-1][1] == 2048
-        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)), "parts tile the range"
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), "parts tile the range"
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, 8, 64])
