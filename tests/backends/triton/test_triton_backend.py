@@ -187,6 +187,15 @@ def test_lse_only_when_asked() -> None:
 
 # -- split-KV: a launch choice that never changes which keys count ---------------------------------
 
+def test_a_small_grid_splits_to_fill_the_device_and_matches_spec() -> None:
+    # interpreter: 4 "SMs" x 4 resident = 16 slots; 1 sequence x 2 KV heads of 19 key tiles is
+    # 38 tiles, under 4 a slot: splits of 3 tiles (6), where the four-tile rule gave 4
+    case = random_paged_inputs([300], None, block_size=16, dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=12)
+    plan = BACKEND.plan(*case.args())
+    assert plan.state.num_splits == 6
+    assert_within_model(case)
+
+
 @pytest.mark.parametrize("num_splits", [2, 3, 7])
 def test_split_kv_matches_spec(num_splits: int) -> None:
     case = random_paged_inputs([300, 65, 0, 129], None, block_size=16, dtype="bfloat16", num_q_heads=4,
