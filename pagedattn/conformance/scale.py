@@ -81,11 +81,12 @@ SCALE_LIMITS: dict[str, ScaleLimits] = {
 SPEC_ELEMENTS = 2**23
 #: Block sizes that are no power of two, drawn for backends that accept any block size.
 ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
-#: Value patterns of the long cells. "trend": the spread of the keys and the mean of the values
-#: grow along the sequence (V from about 1 to 2), so the parts of a split sequence differ in
-#: their maximum score and their mean value (a merge that weighs them wrongly shows), and the
-#: unnormalised output O = sum p v grows with the number of keys (a half-precision O loses
-#: the small terms); "normal": standard normal K and V.
+#: Value patterns of the long cells. "trend": scores ramp by about +-2 along the sequence with
+#: little noise, and values from about 1 to 2, so the parts of a split sequence differ in
+#: their maximum score and their mean value (a merge that weighs them wrongly shows), while
+#: most keys keep a weight of the same order, so the unnormalised output O = sum p v grows
+#: with the number of keys (a half-precision O loses the small terms); "normal": standard
+#: normal K and V.
 LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
@@ -126,8 +127,8 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
         v = rng.standard_normal((length, num_kv_heads, head_dim))
         if kind == "trend":
             ramp = (np.arange(length) / max(length, 1))[:, None, None]
-            k *= 0.5 + 1.5 * ramp
-            v = 1.0 + 0.25 * v + ramp
+            k = 0.1 * k + 2.0 * ramp  # scores ramp by about +-2 along the sequence, little noise
+            v = 1.0 + 0.1 * v + ramp
         result.append((k, v))
     return result
 
