@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   // ---- setup
   PAGED_ATTENTION_ITEM();
   if (kv_begin % DEC_SUB_N) __trap();  // the host cuts ranges on tile boundaries
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;
   // p_q of this CTA's first and last token: a sub-tile in [pq_max - W + 1, pq_min] (and < L)

@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
 
   // ---- setup
   PAGED_ATTENTION_ITEM();
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the mma fragments
 
