@@ -87,18 +87,22 @@ class SteppedKernelBackend(NumpyBackend):
     def update(self, m: np.ndarray, l: np.ndarray, O: np.ndarray, s_ij: np.ndarray, visible: np.ndarray,
                v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Online-softmax step: s_ij [n, Hq, bs] masked, v [bs, Hq, D] -> new (m, l, O)."""
-        m_new = np.maximum(m, s_ij.max(axis=-1))
-        shift = np.where(np.isneginf(m_new), F32(0), m_new)
-        alpha = np.exp(m - shift)
-        p_ij = np.exp(s_ij - shift[..., None])
-        used: np.ndarray = np.asarray(visible.any(axis=0), dtype=bool)  # slots some query sees
-        v_clean = np.where(used[:, None, None], v, F32(0))  # NaN * 0 would be NaN
-        l_new = alpha * l + p_ij.sum(axis=-1)
-        O_new = alpha[..., None] * O + np.einsum("nhb,bhd->nhd", p_ij, v_clean)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf the row sees propagate
+            m_new = np.maximum(m, s_ij.max(axis=-1))
+            shift = np.where(np.isneginf(m_new), F32(0), m_new)
+            alpha = np.exp(m - shift)
+            p_ij = np.exp(s_ij - shift[..., None])
+            l_new = alpha * l + p_ij.sum(axis=-1)
+            O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
 
+    def weighted_values(self, p_ij: np.ndarray, visible: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """sum_b p_ij v_b [n, Hq, D], each row reading only the values it sees (NaN * 0 would be NaN)."""
+        seen = np.where(visible[:, None, :, None], v[None], F32(0))  # [n, Hq, bs, D]
+        return np.einsum("nhb,nhbd->nhd", p_ij, seen)
+
     def finalize(self, m: np.ndarray, l: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        empty = l <= 0
+        empty = l == 0  # a NaN l stays NaN
         safe = np.where(empty, F32(1), l)
         out = np.where(empty[..., None], F32(0), O / safe[..., None])
         lse = np.where(empty, F32(-np.inf), m + np.log(safe))
