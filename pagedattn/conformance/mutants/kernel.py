@@ -98,7 +98,7 @@ class SteppedKernelBackend(NumpyBackend):
 
     def weighted_values(self, p_ij: np.ndarray, visible: np.ndarray, v: np.ndarray) -> np.ndarray:
         """sum_b p_ij v_b [n, Hq, D], each row reading only the values it sees (NaN * 0 would be NaN)."""
-        seen = np.where(visible[:, None, :, None], v[None], F32(0))  # [n, Hq, bs, D]
+        seen = np.where(visible[:, None, :, None], v.transpose(1, 0, 2)[None], F32(0))  # [n, Hq, bs, D]
         return np.einsum("nhb,nhbd->nhd", p_ij, seen)
 
     def finalize(self, m: np.ndarray, l: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
