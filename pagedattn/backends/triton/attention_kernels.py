@@ -65,9 +65,14 @@ def _dot(a, b, IEEE: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """A tl.dot operand in ``DTYPE`` (exact for fp8 -> 16-bit); float32 in the interpreter,
-    whose bf16 dot is wrong and whose fp8 -> float16 cast loses subnormals."""
+    whose bf16 dot is wrong, whose fp8 -> float16 cast loses subnormals and whose
+    float8_e4m3fn -> float32 cast reads NaN (S.1111.111) as 480."""
     if INTERPRET:
-        return x.to(tl.float32)
+        y = x.to(tl.float32)
+        if x.dtype == tl.float8e4nv:
+            bits = x.to(tl.uint8, bitcast=True)
+            y = tl.where((bits & 0x7F) == 0x7F, float("nan"), y)
+        return y
     else:
         return x.to(DTYPE)
 
@@ -395,11 +400,11 @@ def merge_splits_kernel(
     w = tl.exp(lse_s - shift)  # 0 for empty splits
     o_s = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
                   mask=(s_ok & (w > 0.0))[:, None] & d_ok[None, :], other=0.0)
-    total = tl.sum(w, 0)
-    safe = tl.where(total > 0.0, total, 1.0)
+    total = tl.sum(w, 0)  # NaN if a split's lse is NaN: it stays NaN
+    safe = tl.where(total == 0.0, 1.0, total)
     o = tl.sum(w[:, None] * o_s, 0) / safe
     o_ptrs = out_ptr + token * stride_ot + head * stride_oh + offs_d
     tl.store(o_ptrs, cast_for_store(o, out_ptr.dtype.element_ty, INTERPRET), mask=d_ok)
     if STORE_LSE:
-        lse = tl.where(total > 0.0, shift + tl.log(safe), float("-inf"))
+        lse = tl.where(total == 0.0, float("-inf"), shift + tl.log(safe))
         tl.store(lse_ptr + token * num_q_heads + head, lse)

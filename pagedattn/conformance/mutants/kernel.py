@@ -81,6 +81,10 @@ class SteppedKernelBackend(NumpyBackend):
             vis &= p[None, :] > p_q[:, None] - problem.sliding_window
         return vis
 
+    def initial_max(self) -> float:
+        """The running max m before any key."""
+        return -np.inf
+
     def mask(self, s_ij: np.ndarray, visible: np.ndarray) -> np.ndarray:
         return np.where(visible[:, None, :], s_ij, F32(-np.inf))
 
@@ -119,6 +123,7 @@ class SteppedKernelBackend(NumpyBackend):
         k_slots, v_slots = self.slots(key_cache, pr), self.slots(value_cache, pr)
         heads = self.kv_heads(pr)
         p_q_all = self.query_positions(pr)
+        self.query_dtype = query.dtype  # the kernel's 16-bit type, for the variants that use one
         q_all = query.astype(F32) * F32(self.scale(pr))
         for s in range(pr.num_seqs):
             start, stop = int(pr.query_start_loc[s]), int(pr.query_start_loc[s + 1])
@@ -127,7 +132,7 @@ class SteppedKernelBackend(NumpyBackend):
             length = int(pr.seq_lens[s])
             q, p_q = q_all[start:stop], p_q_all[start:stop]
             n = stop - start
-            m = np.full((n, Hq), -np.inf, dtype=F32)
+            m = np.full((n, Hq), self.initial_max(), dtype=F32)
             l = np.zeros((n, Hq), dtype=F32)
             O = np.zeros((n, Hq, D), dtype=F32)
             for j in self.logical_blocks(length, bs, p_q, pr):
