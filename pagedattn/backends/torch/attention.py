@@ -77,7 +77,6 @@ def sdpa_attention(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, 
                    group: GroupTensors) -> torch.Tensor:
     """q ``[S, q_len, Hq, D]``, k/v ``[S, Hkv, L_max, D]`` in q's dtype -> ``[S, q_len, Hq, D]``."""
     import torch.nn.functional as F
-
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     mask, is_causal = sdpa_mask(problem, group)
