@@ -287,7 +287,7 @@ class NondeterministicBlockOrder(SteppedKernelBackend):
 
 class HalfPrecisionAccumulator(SteppedKernelBackend):
     bug = "the running O = sum p v is kept in the query dtype (float16/bfloat16): each p v is added in 16 bits"
-    models = "16-bit attention accumulators losing small terms or overflowing at long context (llama.cpp, Paddle, tract)"
+    models = "16-bit attention accumulators that lose small terms at long context (llama.cpp, Paddle, tract)"
 
     def update(self, m, l, O, s_ij, visible, v):
         half = self.query_dtype if self.query_dtype != np.float32 else F32
