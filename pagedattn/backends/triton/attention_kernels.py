@@ -65,13 +65,16 @@ def _dot(a, b, IEEE: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """A tl.dot operand in ``DTYPE`` (exact for fp8 -> 16-bit); float32 in the interpreter,
-    whose bf16 dot is wrong, whose fp8 -> float16 cast loses subnormals and whose
-    float8_e4m3fn -> float32 cast reads NaN (S.1111.111) as 480."""
+    whose bf16 dot is wrong, whose fp8 -> float16 cast loses subnormals and whose fp8 ->
+    float32 cast reads NaN and inf as finite numbers (float8_e4m3fn's NaN S.1111.111 as 480)."""
     if INTERPRET:
         y = x.to(tl.float32)
         if x.dtype == tl.float8e4nv:
-            bits = x.to(tl.uint8, bitcast=True)
-            y = tl.where((bits & 0x7F) == 0x7F, float("nan"), y)
+            bits = x.to(tl.uint8, bitcast=True) & 0x7F
+            y = tl.where(bits == 0x7F, float("nan"), y)
+        elif x.dtype == tl.float8e5:
+            bits = x.to(tl.uint8, bitcast=True) & 0x7F
+            y = tl.where(bits > 0x7C, float("nan"), tl.where(bits == 0x7C, y * float("inf"), y))
         return y
     else:
         return x.to(DTYPE)
