@@ -401,8 +401,8 @@ def merge_splits_kernel(
     m = tl.max(lse_s, 0)
     shift = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - shift)  # 0 for empty splits
-    o_s = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=(s_ok & (w > 0.0))[:, None] & d_ok[None, :], other=0.0)
+    o_s = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],  # a NaN out of a split whose
+                  mask=(s_ok & (lse_s != float("-inf")))[:, None] & d_ok[None, :], other=0.0)  # w is 0 stays NaN
     total = tl.sum(w, 0)  # NaN if a split's lse is NaN: it stays NaN
     safe = tl.where(total == 0.0, 1.0, total)
     o = tl.sum(w[:, None] * o_s, 0) / safe

@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(NUM_THREADS) merge_partials(
       const float w = lse_k == PA_NEG_INF ? 0.f : expf(lse_k - m);  // an empty part: out ignored
       const float o_k = out_r[(long long)k * ROWS * HEAD_DIM + d];
       weight_sum += w;
-      acc = w == 0.f ? acc : fmaf(w, o_k, acc);
+      acc = lse_k == PA_NEG_INF ? acc : fmaf(w, o_k, acc);  // 0 * NaN stays NaN for a part that has keys
     }
     out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(weight_sum != 0.f ? acc / weight_sum : 0.f);
     if (d == 0) lse[t * num_q_heads + h] = weight_sum != 0.f ? m + logf(weight_sum) : PA_NEG_INF;
