@@ -349,7 +349,7 @@ class AlibiFromSequenceEnd(SteppedKernelBackend):
 
 class AlibiSlopePerKVHead(SteppedKernelBackend):
     bug = "ALiBi slope indexed by the KV head (h // group_size) instead of the query head h"
-    models = "ALiBi slopes and GQA head mapping mixed up (slope tensor per KV head)"
+    models = "ALiBi slopes and the GQA head mapping mixed up (vLLM's ALiBi head-mapping hotfix)"
 
     def transform(self, s_ij, p, p_q, visible, problem):
         if problem.alibi_slopes is None:
