@@ -1,7 +1,7 @@
 """Mutants of paged attention: each overrides one step of the stepped kernel with one realistic bug.
 
 Every class states its bug in ``bug`` and the kind of public report it models in ``models``
-(the README's mutant table lists them with the issues found).
+(docs/conformance.md's Mutants section lists them with the public reports found).
 """
 
 from __future__ import annotations
