@@ -35,7 +35,7 @@ FIRST_FAILURE: dict[str, Any] = {"report_multiple_bugs": False,
 FAR_DTYPES = ("float16", "bfloat16")
 
 
-@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+@pytest.mark.parametrize("dtype", scale_limits().long_dtypes)  # the profile is loaded before collection
 def test_long_sequences_match_spec(request, backend, dtype):
     """A small batch of long sequences (thousands of keys: split-KV plans, long 16-bit rows) within
     the error model of exact attention; inputs untouched."""
@@ -43,7 +43,7 @@ def test_long_sequences_match_spec(request, backend, dtype):
     run_property(
         request, backend, lambda: long_sequence_cases(backend.capabilities(), dtype=dtype, limits=limits),
         checks.matches_spec,
-        cell={"feature": "long_sequences", "dtype": dtype, "block_size": "drawn", "kv_layout": "drawn",
+        cell={"feature": "long_sequences", "dtype": dtype, "block_size": "-", "kv_layout": "-",
               "max_keys": limits.max_long},
         requires={"dtype": dtype}, max_examples=limits.long_examples, settings_overrides=FIRST_FAILURE,
     )
@@ -57,7 +57,7 @@ def test_odd_sizes_match_spec(request, backend, dtype):
     run_property(
         request, backend, lambda: odd_size_cases(backend.capabilities(), dtype=dtype, limits=limits),
         checks.matches_spec,
-        cell={"feature": "odd_sizes", "dtype": dtype, "block_size": "drawn", "kv_layout": "drawn"},
+        cell={"feature": "odd_sizes", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
         requires={"dtype": dtype}, max_examples=limits.odd_examples, settings_overrides=FIRST_FAILURE,
     )
 
@@ -70,7 +70,7 @@ def test_far_pool_attention_matches_spec(request, backend, dtype):
     run_property(
         request, backend, lambda: far_pool_cases(backend.capabilities(), dtype=dtype, limits=limits),
         checks.far_pool_matches_spec,
-        cell={"feature": "far_pool", "dtype": dtype, "block_size": "drawn", "kv_layout": "drawn",
+        cell={"feature": "far_pool", "dtype": dtype, "block_size": "-", "kv_layout": "-",
               "pool_elements": limits.pool_elements},
         requires={"dtype": dtype, "pool_elements": limits.pool_elements},
         max_examples=limits.far_examples, settings_overrides=FIRST_FAILURE,
@@ -84,7 +84,7 @@ def test_far_pool_write_kv(request, backend):
     run_property(
         request, backend, lambda: far_write_kv_cases(backend.capabilities(), dtype="float16", limits=limits),
         checks.far_write_kv_matches_spec,
-        cell={"feature": "far_write_kv", "dtype": "float16", "block_size": "drawn", "kv_layout": "drawn"},
+        cell={"feature": "far_write_kv", "dtype": "float16", "block_size": "-", "kv_layout": "-"},
         requires={"dtype": "float16", "features": ("write_kv",), "pool_elements": limits.pool_elements},
         max_examples=limits.far_examples, settings_overrides=FIRST_FAILURE,
     )
@@ -96,7 +96,7 @@ def test_far_pool_copy_blocks(request, backend):
     run_property(
         request, backend, lambda: far_copy_blocks_cases(backend.capabilities(), dtype="float16", limits=limits),
         checks.far_copy_blocks_matches_spec,
-        cell={"feature": "far_copy_blocks", "dtype": "float16", "block_size": "drawn", "kv_layout": "drawn"},
+        cell={"feature": "far_copy_blocks", "dtype": "float16", "block_size": "-", "kv_layout": "-"},
         requires={"dtype": "float16", "features": ("copy_blocks",), "pool_elements": limits.pool_elements},
         max_examples=limits.far_examples, settings_overrides=FIRST_FAILURE,
     )
