@@ -25,7 +25,15 @@ from pagedattn.conformance.assertions import (
     assert_close_to_spec,
     describe_call,
 )
-from pagedattn.conformance.cases import AttentionCase, AttentionResult, CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.conformance.cases import (
+    AttentionCase,
+    AttentionResult,
+    CopyBlocksCase,
+    MergeCase,
+    WriteKVCase,
+    device_caches,
+    run_case,
+)
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
@@ -38,7 +46,7 @@ from pagedattn.spec.pools import lazy_copy
 
 def problem_of(case: AttentionCase) -> AttentionProblem:
     """The validated problem of a case (the spec's own check)."""
-    return check_paged_attention(*case.host_args(), **case.options)
+    return check_paged_attention(*case.args(), **case.options)
 
 
 def _call(backend: Backend, case: AttentionCase) -> str:
@@ -48,8 +56,8 @@ def _call(backend: Backend, case: AttentionCase) -> str:
 def run_checked(backend: Backend, case: AttentionCase) -> AttentionResult:
     """Run ``case`` and assert the backend wrote nothing but its outputs (caches, pool, inputs intact)."""
     __tracebackhide__ = True
-    caches = case.device_caches(backend)
-    result = case.run(backend, caches=caches)
+    caches = device_caches(backend, case)
+    result = run_case(backend, case, caches=caches)
     call = _call(backend, case)
     key_cache, value_cache, pool = caches
     if pool is not None and case.pool is not None:
@@ -142,14 +150,20 @@ def _assert_same_result(backend: Backend, a: AttentionResult, b: AttentionResult
         assert_bit_identical("lse", a.lse, b.lse, what, call, problem)
 
 
+def _unchanged_by(backend: Backend, case: AttentionCase,
+                  variant: Callable[[AttentionCase, np.random.Generator], AttentionCase], what: str) -> float:
+    """The variant of ``case`` (seeded by ``case.seed``) gives the same bits as ``case`` itself."""
+    __tracebackhide__ = True
+    first = run_checked(backend, case)
+    other = variant(case, np.random.default_rng(case.seed))
+    _assert_same_result(backend, run_checked(backend, other), first, what, case)
+    return 0.0
+
+
 def garbage_ignored(backend: Backend, case: AttentionCase) -> float:
     """New garbage in unused slots, blocks and table entries leaves the output's bits unchanged."""
     __tracebackhide__ = True
-    first = run_checked(backend, case)
-    other = with_garbage(case, np.random.default_rng(case.seed))
-    _assert_same_result(backend, run_checked(backend, other), first,
-                        "garbage in unused slots/blocks/table entries changed the output", case)
-    return 0.0
+    return _unchanged_by(backend, case, with_garbage, "garbage in unused slots/blocks/table entries changed the output")
 
 
 #: Non-finite data put where a row can see it: its query, or the key or value of a visible slot.
@@ -246,11 +260,7 @@ def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
 def relocation_invariant(backend: Backend, case: AttentionCase) -> float:
     """The same logical K/V placed in other physical blocks gives bit-identical output."""
     __tracebackhide__ = True
-    first = run_checked(backend, case)
-    moved = relocated(case, np.random.default_rng(case.seed))
-    _assert_same_result(backend, run_checked(backend, moved), first,
-                        "moving the blocks to other physical ids changed the output", case)
-    return 0.0
+    return _unchanged_by(backend, case, relocated, "moving the blocks to other physical ids changed the output")
 
 
 def deterministic(backend: Backend, case: AttentionCase) -> float:
@@ -428,7 +438,7 @@ def far_pool_matches_spec(backend: Backend, case: AttentionCase) -> float:
     _require_pool(backend, case.key_cache.size)
     blocks = table_blocks(problem)
     caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
-    result = case.run(backend, caches=(caches[0], caches[1], None))
+    result = run_case(backend, case, caches=(caches[0], caches[1], None))
     call = _call(backend, case)
     for name, device, original in zip(("key_cache", "value_cache"), caches, (case.key_cache, case.value_cache),
                                       strict=True):

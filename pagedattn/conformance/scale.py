@@ -75,7 +75,7 @@ class ScaleLimits(NamedTuple):
 SCALE_LIMITS: dict[str, ScaleLimits] = {
     # quick: long cells in the 16-bit dtypes only (where accumulation error shows; float32 from ci on)
     "quick": ScaleLimits(4096, 8192, 2, INT32_OFFSET_LIMIT, 1, 1, 2, 400, ("float16", "bfloat16"), 16_384),
-    "ci": ScaleLimits(4096, 16_384, 4, INT32_OFFSET_LIMIT, 2, 2, 4, 1200, QUERY_DTYPES, 24_576),
+    "ci": ScaleLimits(4096, 16_384, 4, INT32_OFFSET_LIMIT, 2, 2, 3, 800, QUERY_DTYPES, 24_576),
     "thorough": ScaleLimits(4096, 65_536, 4, INT32_OFFSET_LIMIT, 10, 4, 20, 4000, QUERY_DTYPES, 2**18),
     "large": ScaleLimits(4096, 65_536, 4, 2**32, 3, 2, 4, 4000, QUERY_DTYPES, 2**18),
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +14,8 @@ from pagedattn.perf.measure import Result
 
 REFERENCE_PEER = "sdpa"  # the unpaged reference: ratio = time / this peer's time
 BLOCK_PART = re.compile(r"bs\d+")  # the block-size part of a case name
-HEADERS = ("backend", "shape", "block", "time", "GB/s", "TFLOP/s", "% ceiling", "x unpaged")
+HEADERS = ("backend", "shape", "block", "one call", "back to back", "graph", "GB/s", "TFLOP/s", "% ceiling",
+           "x unpaged")
 
 
 def format_seconds(seconds: float) -> str:
@@ -25,6 +27,14 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
+def format_rate(value: float) -> str:
+    """Three significant figures without an exponent: ``4800``, ``12.3``, ``0.0284``; ``0`` for 0."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
 def add_reference_ratios(results: Sequence[Result]) -> None:
     """Set ``ratio_to_reference`` of every ok row whose case the reference peer measured."""
     reference = {r.case: r.seconds for r in results if r.runner == REFERENCE_PEER and r.status == "ok"}
@@ -34,18 +44,37 @@ def add_reference_ratios(results: Sequence[Result]) -> None:
             r.ratio_to_reference = r.seconds / ref
 
 
+def _reasons(results: Sequence[Result]) -> dict[tuple[str, str, str], int]:
+    """``{(runner, status, reason): note number}`` of the rows that were not timed, numbered from 1."""
+    numbers: dict[tuple[str, str, str], int] = {}
+    for r in results:
+        if r.status != "ok" or r.seconds is None:
+            numbers.setdefault((r.runner, r.status, r.reason), len(numbers) + 1)
+    return numbers
+
+
 def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
-    """One row per result; unsupported and failed rows carry their reason in the time column."""
+    """One row per result; a row not timed shows its status and a note number, the reason is in
+    :func:`reason_notes` (a reason in the cell would widen the time column for every row)."""
+    numbers = _reasons(results)
     rows: list[tuple[str, ...]] = []
     for r in results:
         shape = "/".join(part for part in r.case.split("/") if not BLOCK_PART.fullmatch(part))  # block: own column
         if r.status != "ok" or r.seconds is None:
-            rows.append((r.runner, shape, str(r.block_size), f"{r.status}: {r.reason[:70]}", "", "", "", ""))
+            note = numbers[(r.runner, r.status, r.reason)]
+            rows.append((r.runner, shape, str(r.block_size), f"{r.status} [{note}]", "", "", "", "", "", ""))
             continue
         ratio = "" if r.ratio_to_reference is None else f"{r.ratio_to_reference:.2f}"
-        rows.append((r.runner, shape, str(r.block_size), format_seconds(r.seconds), f"{r.gbps:.0f}",
-                     f"{r.tflops:.3g}", f"{r.pct_of_ceiling:.1f}", ratio))
+        one = "" if r.one_call_s is None else format_seconds(r.one_call_s)
+        graph = format_seconds(r.graph_s) if r.graph_s is not None else (r.graph_note[:40] or "not timed")
+        rows.append((r.runner, shape, str(r.block_size), one, format_seconds(r.seconds), graph,
+                     format_rate(r.gbps or 0.0), format_rate(r.tflops or 0.0), f"{r.pct_of_ceiling:.1f}", ratio))
     return rows
+
+
+def reason_notes(results: Sequence[Result]) -> list[str]:
+    """``[N] runner status: reason``, once per distinct reason the table's rows refer to."""
+    return [f"[{n}] {runner} {status}: {reason}" for (runner, status, reason), n in _reasons(results).items()]
 
 
 def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, machine: dict[str, Any],
@@ -57,8 +86,12 @@ def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, mac
         "ceilings": ceilings.as_dict(),
         "elapsed_s": elapsed_s,
         "columns": {
-            "gbps": "bytes the spec says the case must move / median time (pagedattn.perf.roofline)",
-            "pct_of_ceiling": "max(bytes / read bandwidth, flops / matrix rate) / median time, in %",
+            "seconds": "median time per run, runs back to back (batches between synchronizations)",
+            "one_call_s": "median time of one run after an L2 flush (device events on a GPU)",
+            "graph_s": "median time per run replaying a CUDA graph of several runs (None: graph_note says why)",
+            "inputs": "what run received: torch tensors (as an engine passes) or the backend's own arrays",
+            "gbps": "bytes the spec says the case must move / back-to-back time (pagedattn.perf.roofline)",
+            "pct_of_ceiling": "max(bytes / read bandwidth, flops / matrix rate) / back-to-back time, in %",
             "ratio_to_reference": f"median time / median time of the '{REFERENCE_PEER}' peer (unpaged K/V)",
         },
         "results": [r.as_dict() for r in results],

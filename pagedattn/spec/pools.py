@@ -11,11 +11,12 @@ device checks.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from pagedattn.errors import PagedAttentionError
+from pagedattn.spec.case import AttentionCase
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.kv_ops import slot_view
 
@@ -23,23 +24,6 @@ from pagedattn.spec.kv_ops import slot_view
 GARBAGE_KINDS = ("none", "nan", "wild")
 #: Unused block-table entries under ``"wild"``: unused, past int32, and negative.
 WILD_BLOCK_IDS = (-1, 2**31 - 1, -(2**31))
-
-
-class PagedInputs(NamedTuple):
-    """The arrays of one paged-attention call on the host (see :mod:`pagedattn.spec.arrays`)."""
-
-    query: np.ndarray
-    key_cache: np.ndarray
-    value_cache: np.ndarray
-    block_tables: np.ndarray
-    seq_lens: np.ndarray
-    query_start_loc: np.ndarray | None
-    kv_layout: str
-
-    def args(self) -> tuple[Any, ...]:
-        """The positional arguments of ``paged_attention`` / ``plan``."""
-        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
-                self.query_start_loc)
 
 
 def random_paged_inputs(
@@ -57,8 +41,13 @@ def random_paged_inputs(
     spare_columns: int = 1,
     seed: int = 0,
     garbage: str = "none",
-) -> PagedInputs:
+    name: str = "",
+    **options: Any,
+) -> AttentionCase:
     """Standard-normal K/V and queries in shuffled blocks; ``q_lens=None`` is decode.
+
+    ``options`` (the call's keyword options besides ``kv_layout``) go into the case's
+    options; ``name`` into its labels.
 
     The pool has ``spare_blocks`` blocks no sequence uses, and the block table
     ``spare_columns`` columns past the longest sequence's blocks. ``garbage`` (one of
@@ -103,7 +92,17 @@ def random_paged_inputs(
             junk = rng.choice(np.array([np.nan, np.inf, -np.inf]), size=(int((~read).sum()), *slots_k.shape[2:]))
             slots_k[~read] = junk.astype(cdt)
             slots_v[~read] = junk.astype(cdt)
-    return PagedInputs(query, key_cache, value_cache, tables, np.asarray(seq_lens, dtype=np.int32), starts, kv_layout)
+    return AttentionCase(query, key_cache, value_cache, tables, np.asarray(seq_lens, dtype=np.int32), starts,
+                         {"kv_layout": kv_layout, **options}, seed=seed, labels={"name": name} if name else {})
+
+
+def in_pool(case: AttentionCase, *, num_layers: int = 2, layer: int = 1) -> AttentionCase:
+    """The same call on strided views ``pool[:, 0, layer]`` / ``pool[:, 1, layer]`` of a NaN-filled
+    multi-layer pool ``[num_blocks, 2, num_layers, ...]`` (as engines keep one pool for all layers)."""
+    pool = np.full((case.key_cache.shape[0], 2, num_layers, *case.key_cache.shape[1:]), np.nan,
+                   dtype=np.float32).astype(case.key_cache.dtype)
+    pool[:, 0, layer], pool[:, 1, layer] = case.key_cache, case.value_cache
+    return case.replace(pool=pool, layer=layer)
 
 
 # -- pools above 2**31 elements ----------------------------------------------------------

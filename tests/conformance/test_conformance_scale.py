@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.backends.triton.backend import _work_list
 from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
 from pagedattn.conformance import checks, scale
@@ -16,7 +17,6 @@ from pagedattn.conformance.mutants import MUTANTS
 from pagedattn.conformance.mutants.run import run_mutant
 from pagedattn.conformance.runner import Unsupported, require
 from pagedattn.errors import UnsupportedError
-from pagedattn.reference.backend import NumpyBackend
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, lazy_copy, occupied_blocks
 
 ANY = Capabilities()
