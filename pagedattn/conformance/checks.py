@@ -1,9 +1,9 @@
 """The contract's rules as checks: each takes a backend and a case, raises ConformanceFailure or returns
 the worst error as a fraction of the tolerance (0.0 for rules that demand identical bits).
 
-Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`relocation_invariant`,
-:func:`deterministic`, :func:`alone_equals_batch` (and every attention check asserts that no
-input was written). Other operations: :func:`write_kv_matches_spec`,
+Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
+:func:`relocation_invariant`, :func:`deterministic`, :func:`alone_equals_batch` (and every
+attention check asserts that no input was written). Other operations: :func:`write_kv_matches_spec`,
 :func:`copy_blocks_matches_spec`, :func:`merge_states_matches_spec`. A check uses the
 backend through the public :class:`~pagedattn.backends.interface.Backend` interface only.
 """
@@ -18,6 +18,7 @@ import numpy as np
 
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.assertions import (
+    ConformanceFailure,
     assert_array_form,
     assert_attention_matches,
     assert_bit_identical,
@@ -163,6 +164,82 @@ def garbage_ignored(backend: Backend, case: AttentionCase) -> float:
     """New garbage in unused slots, blocks and table entries leaves the output's bits unchanged."""
     __tracebackhide__ = True
     return _unchanged_by(backend, case, with_garbage, "garbage in unused slots/blocks/table entries changed the output")
+
+
+#: Non-finite data put where a row can see it: its query, or the key or value of a visible slot.
+#: ±inf keys fill the whole key vector, so q . k is inf - inf = NaN for a query of mixed signs.
+NONFINITE_KINDS: tuple[str, ...] = (
+    "nan_query", "nan_key", "inf_key", "minus_inf_key", "nan_value", "inf_value", "minus_inf_value",
+)
+
+
+def with_nonfinite(case: AttentionCase, rng: np.random.Generator) -> tuple[AttentionCase, list[str]]:
+    """The case with non-finite data in what rows see: per sequence with queries and keys, one of
+    :data:`NONFINITE_KINDS` in its last query, or in a key/value slot that every query of the
+    sequence sees, in a block no other sequence shares (a slot hidden from some row by the
+    causal mask or the window is not used: see the contract's section on non-finite data).
+
+    Returns the poisoned case and one line per poisoned sequence (kind, where).
+    """
+    problem = problem_of(case)
+    _, p_q = problem.token_positions()
+    query = case.query.copy()
+    pool = case.pool.copy() if case.pool is not None else None
+    if pool is not None:
+        caches = [pool[:, 0, case.layer], pool[:, 1, case.layer]]
+    else:
+        caches = [case.key_cache.copy(), case.value_cache.copy()]
+    views = [kv_ops.slot_view(c, case.kv_layout) for c in caches]
+    start_kind = int(rng.integers(len(NONFINITE_KINDS)))
+    sharers = np.zeros(problem.num_blocks, dtype=np.int64)  # sequences holding each block
+    for s in range(problem.num_seqs):
+        needed = -(-int(problem.seq_lens[s]) // problem.block_size)
+        sharers[np.unique(problem.block_tables[s, :needed])] += 1
+    placed = []
+    for s in range(problem.num_seqs):
+        start, stop = int(problem.query_start_loc[s]), int(problem.query_start_loc[s + 1])
+        length = int(problem.seq_lens[s])
+        if stop == start or length == 0:
+            continue
+        t = stop - 1
+        # a slot every query of the sequence sees: p <= the first query's p_q, inside the last one's window
+        last = int(p_q[start]) if problem.causal else length - 1
+        first = max(0, int(p_q[t]) - problem.sliding_window + 1) if problem.sliding_window is not None else 0
+        kind = NONFINITE_KINDS[(start_kind + s) % len(NONFINITE_KINDS)]
+        position = int(rng.integers(first, last + 1)) if first <= last else 0
+        block = int(problem.block_tables[s, position // problem.block_size])
+        if first > last or sharers[block] > 1:  # no such slot, or its block is shared with another sequence
+            kind = "nan_query"
+        value = {"nan": np.nan, "inf": np.inf, "minus": -np.inf}[kind.split("_")[0]]
+        head = int(rng.integers(problem.num_q_heads))
+        dim = int(rng.integers(problem.head_dim))
+        if kind == "nan_query":
+            query[t, head, dim] = value
+            placed.append(f"{kind}: token {t}, head {head}, dim {dim}")
+            continue
+        slot, kv_head = position % problem.block_size, head // problem.group_size
+        view = views[0 if kind.endswith("key") else 1]
+        with np.errstate(invalid="ignore", over="ignore"):
+            if kind in ("inf_key", "minus_inf_key"):
+                view[block, slot, kv_head] = value
+            else:
+                view[block, slot, kv_head, dim] = value
+        placed.append(f"{kind}: sequence {s}, position {position}, kv head {kv_head}, dim {dim}")
+    if pool is not None:
+        return case.replace(query=query, pool=pool), placed
+    return case.replace(query=query, key_cache=caches[0], value_cache=caches[1]), placed
+
+
+def nonfinite_propagates(backend: Backend, case: AttentionCase) -> float:
+    """NaN/inf in a row's query or in a key/value it sees reaches its out and lse as IEEE arithmetic
+    says (NaN where the spec is NaN): a backend must not turn it into zeros or "no visible key"."""
+    __tracebackhide__ = True
+    poisoned, placed = with_nonfinite(case, np.random.default_rng(case.seed))
+    try:
+        return matches_spec(backend, poisoned)
+    except ConformanceFailure as error:
+        error.add_note("non-finite data placed where rows see it:\n  " + "\n  ".join(placed))
+        raise
 
 
 def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
@@ -429,6 +506,7 @@ Check = Callable[[Backend, Any], float]
 CHECKS: dict[str, Check] = {
     "matches_spec": matches_spec,
     "garbage_ignored": garbage_ignored,
+    "nonfinite_propagates": nonfinite_propagates,
     "relocation_invariant": relocation_invariant,
     "deterministic": deterministic,
     "alone_equals_batch": alone_equals_batch,
