@@ -18,6 +18,8 @@ from pagedattn.spec.arrays import AttentionProblem
 from pagedattn.spec.kv_ops import slot_view
 
 F32 = np.float32
+#: The online-softmax state (m, l, O) of a part of a sequence's keys.
+State = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 class SteppedKernelBackend(NumpyBackend):
@@ -113,6 +115,18 @@ class SteppedKernelBackend(NumpyBackend):
         return out, lse.astype(F32)
 
     # -- the kernel -----------------------------------------------------------------------------
+    def read_block(self, slots: np.ndarray, row: np.ndarray, j: int, problem: AttentionProblem) -> np.ndarray:
+        """Logical block ``j`` of a sequence whose block-table row is ``row``, from the slot view ``slots``."""
+        return slots[self.physical_block(row, j)]
+
+    def parts(self, blocks: list[int], length: int, problem: AttentionProblem) -> list[list[int]]:
+        """The logical blocks cut into parts, each with its own (m, l, O): one part, no split."""
+        return [blocks]
+
+    def merge(self, states: list[State]) -> State:
+        """The parts' (m, l, O) as one: the single part's own."""
+        return states[0]
+
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
         pr = plan.problem
         query = np.asarray(query)
@@ -132,18 +146,21 @@ class SteppedKernelBackend(NumpyBackend):
             length = int(pr.seq_lens[s])
             q, p_q = q_all[start:stop], p_q_all[start:stop]
             n = stop - start
-            m = np.full((n, Hq), self.initial_max(), dtype=F32)
-            l = np.zeros((n, Hq), dtype=F32)
-            O = np.zeros((n, Hq, D), dtype=F32)
-            for j in self.logical_blocks(length, bs, p_q, pr):
-                block = self.physical_block(pr.block_tables[s], j)
-                k = k_slots[block].astype(F32)[:, heads] * F32(pr.k_scale)  # [bs, Hq, D]
-                v = v_slots[block].astype(F32)[:, heads] * F32(pr.v_scale)
-                p = j * bs + np.arange(k.shape[0])
-                vis = self.visible(p, p_q, length, pr)
-                s_ij = self.transform(self.scores(q, k, pr), p, p_q, vis, pr)
-                m, l, O = self.update(m, l, O, self.mask(s_ij, vis), vis, v)
-            o, lse_s = self.finalize(m, l, O)
+            row = pr.block_tables[s]
+            states: list[State] = []
+            for part in self.parts(self.logical_blocks(length, bs, p_q, pr), length, pr):
+                m = np.full((n, Hq), self.initial_max(), dtype=F32)
+                l = np.zeros((n, Hq), dtype=F32)
+                O = np.zeros((n, Hq, D), dtype=F32)
+                for j in part:
+                    k = self.read_block(k_slots, row, j, pr).astype(F32)[:, heads] * F32(pr.k_scale)  # [bs, Hq, D]
+                    v = self.read_block(v_slots, row, j, pr).astype(F32)[:, heads] * F32(pr.v_scale)
+                    p = j * bs + np.arange(k.shape[0])
+                    vis = self.visible(p, p_q, length, pr)
+                    s_ij = self.transform(self.scores(q, k, pr), p, p_q, vis, pr)
+                    m, l, O = self.update(m, l, O, self.mask(s_ij, vis), vis, v)
+                states.append((m, l, O))
+            o, lse_s = self.finalize(*(self.merge(states) if states else self.merge([(m, l, O)])))
             out[start:stop] = o.astype(query.dtype)
             lse[start:stop] = lse_s
         return out, (lse if pr.return_lse else None)
