@@ -328,15 +328,8 @@ class Exp2WithoutLog2e(SteppedKernelBackend):
     bug = "weights are exp2(s - m) without folding log2(e) into the scale: a base-2 softmax"
     models = "exp -> exp2 rewrite of the softmax (jax, vllm-metal) with the log2(e) factor lost"
 
-    def update(self, m, l, O, s_ij, visible, v):
-        with np.errstate(invalid="ignore", over="ignore"):
-            m_new = np.maximum(m, s_ij.max(axis=-1))
-            shift = np.where(np.isneginf(m_new), F32(0), m_new)
-            alpha = np.exp2(m - shift)
-            p_ij = np.exp2(s_ij - shift[..., None])
-            l_new = alpha * l + p_ij.sum(axis=-1)
-            O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
-        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+    def exp(self, x):
+        return np.exp2(x)
 
 
 class AlibiFromSequenceEnd(SteppedKernelBackend):

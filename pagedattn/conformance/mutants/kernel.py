@@ -87,6 +87,10 @@ class SteppedKernelBackend(NumpyBackend):
         """The running max m before any key."""
         return -np.inf
 
+    def exp(self, x: np.ndarray) -> np.ndarray:
+        """The online softmax's exponential, e**x (of score minus running max)."""
+        return np.exp(x)
+
     def mask(self, s_ij: np.ndarray, visible: np.ndarray) -> np.ndarray:
         return np.where(visible[:, None, :], s_ij, F32(-np.inf))
 
@@ -96,8 +100,8 @@ class SteppedKernelBackend(NumpyBackend):
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf the row sees propagate
             m_new = np.maximum(m, s_ij.max(axis=-1))
             shift = np.where(np.isneginf(m_new), F32(0), m_new)
-            alpha = np.exp(m - shift)
-            p_ij = np.exp(s_ij - shift[..., None])
+            alpha = self.exp(m - shift)
+            p_ij = self.exp(s_ij - shift[..., None])
             l_new = alpha * l + p_ij.sum(axis=-1)
             O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
