@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import pagedattn
 from pagedattn.conformance.plugin import DEFAULT_PROFILE, PROFILES
 
 
@@ -40,10 +41,22 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite, print and save the matrix; return pytest's exit code."""
+    from pagedattn.backends.registry import backend_status
     from pagedattn.conformance.mutants.run import SUITE_MODULES, run_pytest_in_process
     from pagedattn.conformance.report import RecordCollector, build_matrix, print_matrix, write_json
+    from pagedattn.conformance.targets import check_names
+    from pagedattn.errors import BackendNotFoundError
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        check_names(args.backend)
+    except BackendNotFoundError as error:
+        print(f"pagedattn conform: {error}", file=sys.stderr)
+        return 2
+    for name in args.backend:
+        if name != "all" and ":" not in name and not (status := backend_status(name)).available:
+            print(f"pagedattn conform: backend {name!r} cannot run here: {status.reason}", file=sys.stderr)
+            return 2
     cases = args.out / "cases"
     pytest_args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-rfE",
                    f"--hypothesis-profile={args.profile}", "--conformance-cases", str(cases)]
@@ -62,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pagedattn conform: {note}", flush=True)
         pytest_args += ["--conformance-ledger", str(args.resume)]
         pytest_args += [f"--deselect={nodeid}" for nodeid in settled]
-    pytest_args += ["--pyargs", *SUITE_MODULES]
+    # node ids relative to the folder holding the package keep the module's path (installed or not)
+    pytest_args += ["--rootdir", str(Path(pagedattn.__file__).resolve().parent.parent), "--pyargs", *SUITE_MODULES]
     collector = RecordCollector()
     code = run_pytest_in_process(pytest_args, [collector])
     if settled and code == 5 and not collector.records:  # pytest: no tests left to run
@@ -73,10 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_matrix(matrix)
     path = write_json(args.out / "report.json", collector.records, matrix,
                       {"backends": args.backend, "profile": args.profile, "exit_code": code})
-    replays = [r["replay"] for r in collector.records if r.get("replay")]
-    if replays:
-        print("failing cases (shrunk), replay each with:")
-        for line in replays:
-            print(f"  {line}")
+    failures = [(r.get("nodeid", "?"), f) for r in collector.records for f in r.get("failures", ())]
+    if failures:
+        print("failing cases (shrunk), one per distinct failure; replay each with:")
+        for nodeid, failure in failures:
+            print(f"  {nodeid} ({failure['label']}): {failure['message'].splitlines()[0][:160]}")
+            print(f"    {failure.get('replay', '(no case saved: the failure did not reproduce)')}")
     print(f"report: {path}")
     return code

@@ -108,6 +108,14 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["PAGEDATTN_CASES_DIR"] = str(config.getoption("pagedattn_cases"))
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(os.environ.get("PAGEDATTN_PROFILE", DEFAULT_PROFILE))
+    from pagedattn.conformance.targets import check_names
+    from pagedattn.errors import BackendNotFoundError
+
+    try:
+        check_names(list(config.getoption("pagedattn_backends", default=[]) or [])
+                    or os.environ["PAGEDATTN_BACKEND"].split(","))
+    except BackendNotFoundError as error:
+        raise pytest.UsageError(str(error)) from None
     state = _State(config)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "pagedattn-conformance-state")
@@ -225,8 +233,9 @@ class _State:
             from pagedattn.conformance import ledger
 
             ledger.record(Path(ledger_path), report.nodeid, "passed" if reason is None else "unsupported")
-        if record.get("replay"):
-            self.cases.append(str(record["replay"]))
+        for failure in record.get("failures", ()):
+            if failure.get("replay"):
+                self.cases.append(f"{report.nodeid} ({failure['label']}): {failure['replay']}")
 
     def zero_pass_backends(self) -> list[str]:
         return sorted(name for name in self.seen if self.passes[name] == 0)

@@ -37,8 +37,8 @@ class DenseBackend(Backend):
         _, p_q = pr.token_positions()
         for s in range(pr.num_seqs):
             start, stop = pr.query_start_loc[s], pr.query_start_loc[s + 1]
-            if stop == start:
-                continue
+            if stop == start or pr.seq_lens[s] == 0:
+                continue  # no query, or no key to see: out stays 0 and lse -inf, as the contract says
             k, v = (x.astype(np.float32) for x in gather_kv(pr, key_cache, value_cache, s))  # [L, Hkv, D]
             heads = np.arange(pr.num_q_heads) // pr.group_size  # query head -> KV head
             scores = pr.scale * np.einsum("thd,lhd->thl", query[start:stop], k[:, heads])
