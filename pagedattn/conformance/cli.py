@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pagedattn
-from pagedattn.conformance.plugin import DEFAULT_PROFILE, PROFILES
+from pagedattn.conformance.profiles import DEFAULT_PROFILE, PROFILES
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

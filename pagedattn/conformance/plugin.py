@@ -8,7 +8,7 @@ Loaded in every pytest run once pagedattn is installed, it does nothing unless
 - prints a header: each backend's version, device, capabilities, and the relevant
   environment variables (PAGEDATTN_*, HYPOTHESIS_*, CUDA_VISIBLE_DEVICES, TRITON_INTERPRET);
 - selects the hypothesis profile: ``--hypothesis-profile`` or ``PAGEDATTN_PROFILE``
-  (``quick``, ``ci`` (the default), ``thorough``);
+  (``quick``, ``standard`` (the default), ``ci``, ``thorough``: :mod:`pagedattn.conformance.profiles`);
 - reports a cell outside the backend's capabilities as UNSUPPORTED (its own status, neither
   pass nor skip), lists saved failing cases with their replay command, and fails the run
   of a backend that passed zero cases;
@@ -31,20 +31,10 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 
+from pagedattn.conformance.profiles import DEFAULT_PROFILE, examples_per_cell
 from pagedattn.conformance.runner import RECORD_KEY, Unsupported
 
-#: The hypothesis profiles (select with --hypothesis-profile or PAGEDATTN_PROFILE).
-PROFILES: dict[str, dict[str, Any]] = {
-    "quick": {"max_examples": 6, "derandomize": True, "database": None},
-    "ci": {"max_examples": 15, "derandomize": True, "database": None},
-    "thorough": {"max_examples": 200, "database": DirectoryBasedExampleDatabase(".hypothesis/pagedattn")},
-}
-for _name, _values in PROFILES.items():
-    settings.register_profile(_name, deadline=None, print_blob=True, **_values)
-
-DEFAULT_PROFILE = "ci"
 ENV_PREFIXES = ("PAGEDATTN_", "HYPOTHESIS_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "PYTEST_XDIST_WORKER")
 KNOWN_PAGEDATTN_ENV = {"PAGEDATTN_PROFILE", "PAGEDATTN_SIZE", "PAGEDATTN_CASES_DIR", "PAGEDATTN_BACKEND"}
@@ -221,7 +211,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             device = backend.device_name()
         except Exception as error:  # the header must not hide the backend's own test failures
             device = f"? ({type(error).__name__}: {error})"
-        lines.append(f"  backend {backend.name} {backend.version} on {device}: {backend.capabilities().summary()}")
+        lines.append(f"  backend {backend.name} {backend.version} on {device}, {examples_per_cell(backend)} examples"
+                     f" a cell: {backend.capabilities().summary()}")
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
     lines.append("  environment: " + (" ".join(f"{k}={v}" for k, v in env.items()) or "(none set)"))
     unknown = [k for k in env if k.startswith("PAGEDATTN_") and k not in KNOWN_PAGEDATTN_ENV]

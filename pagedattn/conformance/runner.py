@@ -29,6 +29,7 @@ from hypothesis.errors import InvalidArgument, Unsatisfiable
 
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.cases import save_case
+from pagedattn.conformance.profiles import examples_per_cell
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec.dtypes import FP8_DTYPES
 
@@ -126,7 +127,7 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     reported: list[tuple[BaseException, Any]] = []
     last_failing: dict[str, Any] = {}
 
-    examples = settings().max_examples  # the active profile's
+    examples = examples_per_cell(backend)  # the active profile's count for this backend
 
     @settings(max_examples=min(examples, max_examples) if max_examples else examples,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -8,8 +8,13 @@ not the kernels' arithmetic, was most of the interpreter's time in the conforman
 :func:`install` keeps the names of each namespace's builtins from its first scan (taken
 while nothing is patched: a kernel launch patches before any helper runs) and thereafter
 checks only those names, patching the ones that are still builtins, as the scan would.
-What runs and what it computes are unchanged. This module imports triton inside
-:func:`install` only.
+What runs and what it computes are unchanged.
+
+It also gives the interpreter's tensors an ``__index__`` that reads their one element with
+``.item()``: the interpreter's own ``int(array)`` on a one-element array raises NumPy's
+DeprecationWarning ("Conversion of an array with ndim > 0 to a scalar"), one per use of a
+tensor as an index, which flooded the suite's output with about a hundred thousand copies.
+This module imports triton inside :func:`install` only.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ original_patch_builtin: Any = None
 
 
 def install() -> None:
-    """Replace the interpreter's builtin scan by the cached one (idempotent)."""
+    """Replace the interpreter's builtin scan by the cached one and its ``__index__`` (idempotent)."""
     global _installed, original_patch_builtin
     if _installed:
         return
@@ -44,5 +49,12 @@ def install() -> None:
                 patch_attr(pkg, name, member, builder, scope)
 
     original_patch_builtin = interpreter._patch_builtin
+    patch_lang_tensor = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor_index(tensor: Any, scope: Any) -> None:
+        patch_lang_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
     interpreter._patch_builtin = patch_builtin
+    interpreter._patch_lang_tensor = patch_lang_tensor_index
     _installed = True

@@ -59,3 +59,20 @@ def test_a_helper_inside_a_patched_scope_finds_nothing_left_to_patch() -> None:
         assert patched_names(cached_scan.original_patch_builtin, (tl,)) == []
     finally:
         outer.restore()
+
+
+def test_a_tensor_used_as_an_index_raises_no_warning() -> None:
+    import warnings
+
+    import numpy as np
+
+    cached_scan.install()
+    scope = interpreter._LangPatchScope()
+    try:
+        interpreter._patch_lang_tensor(tl.tensor, scope)
+        value = tl.core.tensor(interpreter.TensorHandle(np.array([5], np.int32), tl.int32), tl.int32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert [10, 11, 12, 13, 14, 15][value] == 15
+    finally:
+        scope.restore()
