@@ -277,6 +277,7 @@ class Progress:
 
     def collected(self, nodeids: list[str], names: list[str]) -> None:
         self.total = Counter(b for b in (backend_of(n, names) for n in nodeids) if b is not None)
+        self.started = dict.fromkeys(self.total, self.clock())  # the cells start once collected
 
     def finished(self, backend: str) -> None:
         self.started.setdefault(backend, self.clock())
