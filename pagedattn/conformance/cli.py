@@ -21,7 +21,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import pagedattn
 from pagedattn.conformance.profiles import DEFAULT_PROFILE, PROFILES
 
 
@@ -42,7 +41,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite, print and save the matrix; return pytest's exit code."""
     from pagedattn.backends.registry import backend_status
-    from pagedattn.conformance.mutants.run import SUITE_MODULES, run_pytest_in_process
+    from pagedattn.conformance.mutants.run import run_pytest_in_process, suite_location
     from pagedattn.conformance.report import RecordCollector, build_matrix, print_matrix, write_json
     from pagedattn.conformance.targets import check_names
     from pagedattn.errors import BackendNotFoundError
@@ -75,8 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pagedattn conform: {note}", flush=True)
         pytest_args += ["--conformance-ledger", str(args.resume)]
         pytest_args += [f"--deselect={nodeid}" for nodeid in settled]
-    # node ids relative to the folder holding the package keep the module's path (installed or not)
-    pytest_args += ["--rootdir", str(Path(pagedattn.__file__).resolve().parent.parent), "--pyargs", *SUITE_MODULES]
+    pytest_args += suite_location()
     collector = RecordCollector()
     code = run_pytest_in_process(pytest_args, [collector])
     if settled and code == 5 and not collector.records:  # pytest: no tests left to run
