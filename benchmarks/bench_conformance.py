@@ -3,9 +3,10 @@
 - the ``quick`` profile on the numpy backend, whole suite (target: under 2 minutes on 2 CPU cores);
 - the time the ``quick`` profile takes to kill each mutant (target: under 60 seconds each).
 
-Run: ``PYTHONPATH=. python3 -m pytest benchmarks/bench_conformance.py --benchmark-group-by=group``
-(one round each: a round is a whole suite run). ``extra_info`` records the target and, for
-mutants, the test that killed it.
+Minutes on a CPU, so left out of ``tox -e perf`` unless ``--perf-conformance`` is given.
+Run: ``PYTHONPATH=. python3 -m pytest -o 'python_files=bench_*.py' benchmarks/bench_conformance.py
+--perf-conformance --benchmark-group-by=group`` (one round each: a round is a whole suite run).
+``extra_info`` records the target and, for mutants, the test that killed it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pagedattn.conformance.mutants.run import SUITE_MODULES, run_mutant, run_pyt
 
 QUICK_SUITE_TARGET_S = 120.0
 MUTANT_KILL_TARGET_S = 60.0
+
+pytestmark = pytest.mark.conformance_timing
 
 
 @pytest.mark.benchmark(group="conformance: quick profile, numpy, whole suite")

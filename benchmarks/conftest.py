@@ -2,7 +2,9 @@
 
 Adds the device (GPU name or CPU) to pytest-benchmark's machine info, measures the
 ceilings once per session, parametrizes backends, and compares with the device's kept
-baseline (see :mod:`pagedattn.perf.baseline`) unless ``--perf-baseline=off``.
+baseline (see :mod:`pagedattn.perf.baseline`) unless ``--perf-baseline=off``. The
+conformance suite's own timings (``bench_conformance.py``, minutes) run only with
+``--perf-conformance``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="backends to benchmark (default: every available one for this device)")
     group.addoption("--perf-baseline", choices=("auto", "off"), default="auto",
                     help="auto: compare with benchmarks/baselines/<device>/baseline.json when it exists")
+    group.addoption("--perf-conformance", action="store_true", default=False,
+                    help="also time the conformance suite itself (bench_conformance.py: the quick profile on "
+                         "numpy and the time to kill each mutant; minutes on a CPU); default: left out")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the conformance suite's own timings (marked ``conformance_timing``) unless asked for."""
+    if config.getoption("--perf-conformance"):
+        return
+    kept = [item for item in items if item.get_closest_marker("conformance_timing") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """Point --benchmark-compare at this device's baseline (runs before pytest-benchmark's configure)."""
+    config.addinivalue_line("markers", "conformance_timing: times the conformance suite (--perf-conformance)")
     if config.getoption("--perf-baseline", "off") != "auto" or config.getoption("benchmark_compare", None):
         return
     if config.getoption("benchmark_json", None) is not None:

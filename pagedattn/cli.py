@@ -25,10 +25,9 @@ def backends_main(argv: Sequence[str]) -> int:
     """Print a table of every registered backend: name, version, availability, capabilities."""
     from pagedattn.backends.registry import backend_status, list_backends
     from pagedattn.console import print_table
+    from pagedattn.usage import make_parser
 
-    if argv:
-        print("usage: pagedattn backends", file=sys.stderr)
-        return 2
+    make_parser("pagedattn backends", COMMANDS["backends"][1]).parse_args(list(argv))
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -48,19 +47,39 @@ def backends_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def usage() -> str:
+    """The top-level usage: the commands and one line on each."""
+    lines = ["usage: pagedattn [--version] COMMAND [ARGS]  (pagedattn COMMAND --help for a command's options)",
+             "", "commands:"]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch ``pagedattn COMMAND ...`` to the owning module's ``main``."""
+    from pagedattn import __version__
+    from pagedattn.usage import usage_error
+
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: pagedattn COMMAND [ARGS]\n\ncommands:")
-        for name, (_, text) in COMMANDS.items():
-            print(f"  {name:<10} {text}")
-        return 0 if args else 2
+    if not args:
+        print(usage(), file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if args[0] == "--version":
+        print(f"pagedattn {__version__}")
+        return 0
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        print(f"pagedattn: unknown command {command!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        return usage_error("pagedattn", f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
     if command == "backends":
         return backends_main(rest)
-    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        module = importlib.import_module(COMMANDS[command][0])
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] == "pagedattn":
+            raise
+        return usage_error(f"pagedattn {command}", f"needs the package {error.name!r}, which is not installed here"
+                           f" (pip install pagedattn installs it, or pip install {error.name.split('.')[0]})")
     return int(module.main(rest))

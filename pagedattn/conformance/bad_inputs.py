@@ -52,8 +52,12 @@ BAD_INPUTS: dict[str, BadInput] = {
     "table_entry_past_pool": BadInput("paged_attention", "block_tables",
                                       _table_entry(lambda c: c["key_cache"].shape[0])),
     "table_entry_negative": BadInput("paged_attention", "block_tables", _table_entry(lambda c: -1)),
-    "block_tables_int64": BadInput("paged_attention", "block_tables",
-                                   _set("block_tables", lambda c: c["block_tables"].astype(np.int64))),
+    "block_tables_float": BadInput("paged_attention", "block_tables",
+                                   _set("block_tables", lambda c: c["block_tables"].astype(np.float32))),
+    "block_tables_past_int32": BadInput("paged_attention", "block_tables", _set(  # in unneeded columns
+        "block_tables", lambda c: np.where(c["block_tables"] < 0, 2**31, c["block_tables"].astype(np.int64)))),
+    "scale_string": BadInput("paged_attention", "scale", _set("scale", lambda c: "0.5")),
+    "return_lse_string": BadInput("paged_attention", "return_lse", _set("return_lse", lambda c: "yes")),
     "seq_len_beyond_table": BadInput("paged_attention", "seq_lens", _set(
         "seq_lens", lambda c: np.array([5, c["block_tables"].shape[1] * c["block_size"] + 1], np.int32))),
     "seq_len_negative": BadInput("paged_attention", "seq_lens", _set("seq_lens", lambda c: np.array([-1, 20],
@@ -112,7 +116,8 @@ def valid_call(dtype: str, block_size: int, kv_layout: str) -> Call:
 def _invoke(backend: Backend, operation: str, call: Call, key_cache: Any, value_cache: Any) -> None:
     dev = backend.to_device
     if operation == "paged_attention":
-        options: dict[str, Any] = {k: call[k] for k in ("sliding_window", "softcap") if k in call}
+        options: dict[str, Any] = {k: call[k] for k in ("sliding_window", "softcap", "scale", "return_lse")
+                                   if k in call}
         if "alibi_slopes" in call:
             options["alibi_slopes"] = dev(call["alibi_slopes"])
         qsl = None if call["query_start_loc"] is None else dev(call["query_start_loc"])

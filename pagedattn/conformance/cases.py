@@ -10,6 +10,7 @@ does not know ml_dtypes.
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pagedattn.backends.interface import Backend
+from pagedattn.errors import PagedAttentionError
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -227,8 +229,20 @@ def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, An
 
 
 def load_case(path: str | Path) -> tuple[Case, str, dict[str, Any]]:
-    """Read a case saved by :func:`save_case`; return ``(case, check name, context)``."""
-    with np.load(Path(path)) as data:
+    """Read a case saved by :func:`save_case`; return ``(case, check name, context)``.
+
+    Raises :class:`PagedAttentionError` naming ``path`` if the file is not such a case.
+    """
+    try:
+        return _load_case(Path(path))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as error:
+        raise PagedAttentionError(
+            "path", f"{path} is not a case saved by the conformance suite ({type(error).__name__}: {error})"
+        ) from error
+
+
+def _load_case(path: Path) -> tuple[Case, str, dict[str, Any]]:
+    with np.load(path, allow_pickle=False) as data:
         meta = json.loads(bytes(data["meta"]).decode())
         cls = _CASE_TYPES[meta["type"]]
         values: dict[str, Any] = dict(meta["scalars"])

@@ -22,40 +22,69 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pagedattn.conformance.profiles import DEFAULT_PROFILE, PROFILES
+from pagedattn.usage import UsageError, make_folder, make_parser, reports_usage_errors
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("pagedattn conform", __doc__.split("\n\n")[0])
+    parser.add_argument("--backend", action="append", required=True, metavar="NAME",
+                        help="backend to test (repeatable, required, no default): a registered name, 'all', "
+                             "module:Class or mutant:NAME")
+    parser.add_argument("--profile", default=os.environ.get("PAGEDATTN_PROFILE", DEFAULT_PROFILE),
+                        choices=sorted(PROFILES),
+                        help=f"hypothesis profile (default: $PAGEDATTN_PROFILE, else {DEFAULT_PROFILE})")
+    parser.add_argument("--out", default="conformance-report", type=Path,
+                        help="report directory (default: ./conformance-report)")
+    parser.add_argument("-n", "--workers", default=None,
+                        help="pytest-xdist workers, e.g. 2 or auto; needs pytest-xdist installed (default: none, "
+                             "one process)")
+    parser.add_argument("-k", dest="keyword", default=None,
+                        help="pytest -k expression to select cells (default: every cell)")
+    parser.add_argument("--resume", type=Path, default=None, metavar="LEDGER",
+                        help="record settled cells in LEDGER and skip those it already holds (same code); "
+                             "default: no ledger")
+    return parser
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="pagedattn conform", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", action="append", required=True, metavar="NAME",
-                        help="backend to test (repeatable): a registered name, 'all', module:Class or mutant:NAME")
-    parser.add_argument("--profile", default=os.environ.get("PAGEDATTN_PROFILE", DEFAULT_PROFILE),
-                        choices=sorted(PROFILES), help=f"hypothesis profile (default {DEFAULT_PROFILE})")
-    parser.add_argument("--out", default="conformance-report", type=Path, help="report directory")
-    parser.add_argument("-n", "--workers", default=None, help="pytest-xdist workers (e.g. auto)")
-    parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select cells")
-    parser.add_argument("--resume", type=Path, default=None, metavar="LEDGER",
-                        help="record settled cells in LEDGER and skip those it already holds (same code)")
-    return parser.parse_args(list(argv))
+    return build_parser().parse_args(list(argv))
 
 
+def check_backends(specs: Sequence[str]) -> None:
+    """Raise :class:`UsageError` for a backend that is unknown or cannot run here (``all`` is always fine)."""
+    from pagedattn.conformance.targets import resolve
+    from pagedattn.errors import BackendNotFoundError, BackendUnavailableError
+
+    for spec in specs:
+        if spec == "all":
+            continue
+        try:
+            resolve(spec)
+        except (BackendNotFoundError, BackendUnavailableError) as error:
+            raise UsageError(str(error)) from None
+
+
+def xdist_installed() -> bool:
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@reports_usage_errors("pagedattn conform")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite, print and save the matrix; return pytest's exit code."""
-    from pagedattn.backends.registry import backend_status
     from pagedattn.conformance.mutants.run import run_pytest_in_process, suite_location
     from pagedattn.conformance.report import RecordCollector, build_matrix, print_matrix, write_json
-    from pagedattn.conformance.targets import check_names
-    from pagedattn.errors import BackendNotFoundError
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        check_names(args.backend)
-    except BackendNotFoundError as error:
-        print(f"pagedattn conform: {error}", file=sys.stderr)
-        return 2
-    for name in args.backend:
-        if name != "all" and ":" not in name and not (status := backend_status(name)).available:
-            print(f"pagedattn conform: backend {name!r} cannot run here: {status.reason}", file=sys.stderr)
-            return 2
+    if args.workers and not xdist_installed():
+        raise UsageError(f"-n {args.workers} runs cells in parallel with pytest-xdist, which is not installed "
+                         "(pip install pytest-xdist, or pip install 'pagedattn[dev]'); without -n it runs in "
+                         "one process")
+    check_backends(args.backend)
+    make_folder(args.out, "--out")
     cases = args.out / "cases"
     pytest_args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-rfE",
                    f"--hypothesis-profile={args.profile}", "--conformance-cases", str(cases)]
@@ -70,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.resume is not None:
         from pagedattn.conformance import ledger
 
-        settled, note = ledger.open_ledger(args.resume, ledger.header(args.profile, args.backend))
+        try:
+            settled, note = ledger.open_ledger(args.resume, ledger.header(args.profile, args.backend))
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"--resume {args.resume}: cannot use this ledger ({error})") from None
         print(f"pagedattn conform: {note}", flush=True)
         pytest_args += ["--conformance-ledger", str(args.resume)]
         pytest_args += [f"--deselect={nodeid}" for nodeid in settled]

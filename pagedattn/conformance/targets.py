@@ -54,7 +54,10 @@ def resolve(spec: str) -> Backend:
         return MUTANTS[name]()
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
-        cls = getattr(importlib.import_module(module_name), attr)
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as error:
+            raise BackendNotFoundError(f"{spec}: {type(error).__name__}: {error}") from error
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
             raise BackendNotFoundError(f"{spec} is not a pagedattn Backend subclass")
         return cls()

@@ -22,38 +22,62 @@ from pagedattn.errors import BackendNotFoundError, BackendUnavailableError, Page
 from pagedattn.perf import device, inputs, shapes, timing
 from pagedattn.perf.measure import DevicePool, Result, case_work, measure_backend, measure_peer_group
 from pagedattn.perf.peers import PEERS, FlexPeer
-from pagedattn.perf.report import HEADERS, add_reference_ratios, document, format_seconds, table_rows, write_json
+from pagedattn.perf.report import (
+    HEADERS,
+    add_reference_ratios,
+    document,
+    format_rate,
+    format_seconds,
+    reason_notes,
+    table_rows,
+    write_json,
+)
 from pagedattn.perf.targets import VERDICT_HEADERS, evaluate
+from pagedattn.spec.dtypes import QUERY_DTYPES
+from pagedattn.usage import (
+    UsageError,
+    make_folder,
+    make_parser,
+    non_negative_float,
+    positive_float,
+    reports_usage_errors,
+)
 
 GPU_FLUSH_BYTES = 256 << 20  # rotated regions hold at least this much: several times a GPU's L2
 CPU_FLUSH_BYTES = 64 << 20
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="pagedattn bench", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("pagedattn bench", __doc__.splitlines()[0])
     parser.add_argument("--backend", nargs="+", metavar="NAME",
                         help="registered backends to time (default: every available one for this device)")
     parser.add_argument("--shapes", nargs="+", metavar="SET_OR_CASE",
-                        help=f"named sets ({', '.join(shapes.SETS)}) or case names; default quick on a GPU, "
-                        "cpu without one")
+                        help=f"named sets ({', '.join(shapes.SETS)}) or case names (default: quick on a GPU, "
+                        "cpu without one)")
     parser.add_argument("--peers", nargs="*", metavar="PEER", choices=sorted(PEERS),
-                        help="peers to time on a GPU (default: sdpa flex); --peers alone for none")
-    parser.add_argument("--dtype", help="override the cases' dtype (bfloat16 on a GPU, float32 on the CPU)")
+                        help="peers to time, on a GPU only (default: sdpa flex); --peers alone for none")
+    parser.add_argument("--dtype", choices=QUERY_DTYPES,
+                        help="override the cases' dtype (default: bfloat16 on a GPU, float32 on the CPU)")
     parser.add_argument("--blocks", choices=shapes.BLOCK_ORDERS, default=None,
-                        help="order of each sequence's blocks in the pool (default shuffled); in-order, beside a "
+                        help="order of each sequence's blocks in the pool (default: shuffled); in-order, beside a "
                              "shuffled run, shows what scattered blocks cost a kernel")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="folder for bench.json and bench.png (default: ./bench-results)")
-    parser.add_argument("--budget", type=float, default=None,
-                        help="seconds of timing per measurement (default 0.25 on a GPU, 0.5 on the CPU)")
-    parser.add_argument("--batch-ms", type=float, default=None,
-                        help="milliseconds of runs queued between two synchronizations (default "
-                             f"{timing.GPU_POLICY.target_batch_s * 1e3:g} on a GPU)")
-    parser.add_argument("--flex-budget", type=float, default=30.0,
+    parser.add_argument("--budget", type=positive_float, default=None,
+                        help="seconds of timing per measurement, > 0 (default: 0.25 on a GPU, 0.5 on the CPU)")
+    parser.add_argument("--batch-ms", type=positive_float, default=None,
+                        help="milliseconds of runs queued between two synchronizations, > 0 (default: "
+                             f"{timing.GPU_POLICY.target_batch_s * 1e3:g} on a GPU; on the CPU every run is "
+                             "synchronized)")
+    parser.add_argument("--flex-budget", type=non_negative_float, default=30.0,
                         help="seconds FlexAttention may spend compiling before its remaining cases are skipped")
     parser.add_argument("--list", action="store_true", help="list the named sets and their cases, then exit")
     parser.add_argument("--no-plot", action="store_true", help="write no PNG")
-    return parser.parse_args(list(argv))
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def list_sets() -> int:
@@ -65,7 +89,11 @@ def list_sets() -> int:
 
 
 def choose_backends(names: Sequence[str] | None, on_gpu: bool) -> tuple[list[Any], list[str]]:
-    """Load the backends to time; return them and one note per backend left out (and why)."""
+    """Load the backends to time; return them and one note per backend left out (and why).
+
+    A backend named on the command line that is unknown or cannot run here is a
+    :class:`UsageError`; so is a list that leaves nothing to time.
+    """
     from pagedattn.backends.registry import available_backends, load_backend
 
     notes = []
@@ -78,12 +106,13 @@ def choose_backends(names: Sequence[str] | None, on_gpu: bool) -> tuple[list[Any
         try:
             backend = load_backend(name)
         except (BackendNotFoundError, BackendUnavailableError) as error:
-            notes.append(f"{name}: not timed: {error}")
-            continue
+            raise UsageError(f"--backend {name}: {error}") from None
         if on_gpu and backend.capabilities().device == "cpu":
             notes.append(f"{name}: not timed: runs on the CPU, and these shapes are sized for the GPU")
             continue
         loaded.append(backend)
+    if not loaded:
+        raise UsageError("no backend to time here: " + ("; ".join(notes) or "none is available"))
     return loaded, notes
 
 
@@ -95,7 +124,9 @@ def group_by_pool(cases: Sequence[shapes.Case]) -> list[list[shapes.Case]]:
     return list(groups.values())
 
 
+@reports_usage_errors("pagedattn bench")
 def main(argv: Sequence[str] | None = None) -> int:
+    """Time the backends and peers on the cases; print the table, write bench.json and bench.png."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.list:
         return list_sets()
@@ -103,16 +134,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     on_gpu = gpu is not None
     names = args.shapes or (["quick"] if on_gpu else ["cpu"])
     if not on_gpu and any(n in shapes.SETS and n != "cpu" for n in names):
-        print(f"pagedattn bench: no GPU here; the sets other than 'cpu' are sized for a GPU (asked: {names})",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"no GPU here; the sets other than 'cpu' are sized for a GPU (asked: {names})")
     try:
         cases = shapes.resolve(names, dtype=args.dtype, blocks=args.blocks)
     except PagedAttentionError as error:
-        print(f"pagedattn bench: {error}", file=sys.stderr)
-        return 2
+        raise UsageError(str(error)) from None
     backends, notes = choose_backends(args.backend, on_gpu)
+    make_folder(args.out, "--out")
     peer_names = (["sdpa", "flex"] if args.peers is None else args.peers) if on_gpu else []
+    if not on_gpu and args.peers:
+        notes.append(f"--peers {' '.join(args.peers)}: ignored, peers are timed on a GPU only")
     peers = [FlexPeer(args.flex_budget) if n == "flex" else PEERS[n]() for n in peer_names]
     policy = timing.GPU_POLICY if on_gpu else timing.CPU_POLICY
     if args.budget is not None:
@@ -127,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceilings = ceilings_mod.measure_gpu() if on_gpu else ceilings_mod.measure_cpu()
     where = gpu if on_gpu else f"CPU ({device.cpu_name()}): these are CPU figures, not GPU ones"
     print(f"pagedattn bench on {where}", file=sys.stderr)
-    print(f"ceilings: read {ceilings.read_bytes_per_s / 1e9:.0f} GB/s, matrix {ceilings.matmul_flops_per_s / 1e12:.1f}"
-          f" TFLOP/s ({ceilings.how})", file=sys.stderr)
+    print(f"ceilings: read {format_rate(ceilings.read_bytes_per_s / 1e9)} GB/s, matrix "
+          f"{format_rate(ceilings.matmul_flops_per_s / 1e12)} TFLOP/s ({ceilings.how})", file=sys.stderr)
     for note in notes:
         print(note, file=sys.stderr)
     runners = len(backends) + len(peers)
@@ -142,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nonlocal done
         done += 1
         results.append(result)
-        figure = (f"{format_seconds(result.seconds)}  {result.gbps:.0f} GB/s  {result.pct_of_ceiling:.0f}%"
+        figure = (f"{format_seconds(result.seconds)}  {format_rate(result.gbps)} GB/s  {result.pct_of_ceiling:.0f}%"
                   if result.status == "ok" and result.seconds is not None and result.gbps is not None
                   else f"{result.status}: {result.reason[:80]}")
         print(f"[{done}/{total} {time.perf_counter() - started:5.0f}s] {result.runner:<8} {result.case}  {figure}",
@@ -186,8 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_reference_ratios(results)
     from pagedattn.console import print_table
 
-    title = f"pagedattn bench: {where}; read ceiling {ceilings.read_bytes_per_s / 1e9:.0f} GB/s"
+    title = f"pagedattn bench: {where}; read ceiling {format_rate(ceilings.read_bytes_per_s / 1e9)} GB/s"
     print_table(HEADERS, table_rows(results), title=title)
+    for line in reason_notes(results):
+        print(line)
     verdicts = evaluate(results)
     if verdicts:
         print()
@@ -198,8 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_plot:
         from pagedattn.perf.plot import save_plot
 
-        if save_plot(results, ceilings, args.out / "bench.png", title=title):
+        why_not = save_plot(results, ceilings, args.out / "bench.png", title=title)
+        if why_not is None:
             wrote.append(str(args.out / "bench.png"))
+        else:
+            print(f"pagedattn bench: {why_not}", file=sys.stderr)
     print(f"wrote {', '.join(wrote)} in {elapsed:.0f} s", file=sys.stderr)
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,14 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
+def format_rate(value: float) -> str:
+    """Three significant figures without an exponent: ``4800``, ``12.3``, ``0.0284``; ``0`` for 0."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
 def add_reference_ratios(results: Sequence[Result]) -> None:
     """Set ``ratio_to_reference`` of every ok row whose case the reference peer measured."""
     reference = {r.case: r.seconds for r in results if r.runner == REFERENCE_PEER and r.status == "ok"}
@@ -34,18 +43,35 @@ def add_reference_ratios(results: Sequence[Result]) -> None:
             r.ratio_to_reference = r.seconds / ref
 
 
+def _reasons(results: Sequence[Result]) -> dict[tuple[str, str, str], int]:
+    """``{(runner, status, reason): note number}`` of the rows that were not timed, numbered from 1."""
+    numbers: dict[tuple[str, str, str], int] = {}
+    for r in results:
+        if r.status != "ok" or r.seconds is None:
+            numbers.setdefault((r.runner, r.status, r.reason), len(numbers) + 1)
+    return numbers
+
+
 def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
-    """One row per result; unsupported and failed rows carry their reason in the time column."""
+    """One row per result; a row not timed shows its status and a note number, the reason is in
+    :func:`reason_notes` (a reason in the cell would widen the time column for every row)."""
+    numbers = _reasons(results)
     rows: list[tuple[str, ...]] = []
     for r in results:
         shape = "/".join(part for part in r.case.split("/") if not BLOCK_PART.fullmatch(part))  # block: own column
         if r.status != "ok" or r.seconds is None:
-            rows.append((r.runner, shape, str(r.block_size), f"{r.status}: {r.reason[:70]}", "", "", "", ""))
+            note = numbers[(r.runner, r.status, r.reason)]
+            rows.append((r.runner, shape, str(r.block_size), f"{r.status} [{note}]", "", "", "", ""))
             continue
         ratio = "" if r.ratio_to_reference is None else f"{r.ratio_to_reference:.2f}"
-        rows.append((r.runner, shape, str(r.block_size), format_seconds(r.seconds), f"{r.gbps:.0f}",
-                     f"{r.tflops:.3g}", f"{r.pct_of_ceiling:.1f}", ratio))
+        rows.append((r.runner, shape, str(r.block_size), format_seconds(r.seconds), format_rate(r.gbps or 0.0),
+                     format_rate(r.tflops or 0.0), f"{r.pct_of_ceiling:.1f}", ratio))
     return rows
+
+
+def reason_notes(results: Sequence[Result]) -> list[str]:
+    """``[N] runner status: reason``, once per distinct reason the table's rows refer to."""
+    return [f"[{n}] {runner} {status}: {reason}" for (runner, status, reason), n in _reasons(results).items()]
 
 
 def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, machine: dict[str, Any],

@@ -5,8 +5,8 @@ Work is queued asynchronously, so every timed batch starts and ends with the bac
 synchronization), and the reported time is the median over batches of the time per run.
 On a GPU a batch lasts 20 ms: the first run of a batch starts only when the host has
 launched it, so that launch's host time (tens of microseconds for a Python backend) is
-part of each batch; at 20 ms it weighs well under 1 % of a 250 us decode call (at 2 ms,
-used until 2026-11-30, it weighed 2-3 %, and more for a backend with more host work).
+part of each batch; at 20 ms it weighs well under 1 % of a 250 us decode call (at 2 ms it
+would weigh 2-3 %, and more for a backend with more host work).
 Runs rotate over ``rotations`` input sets (see :mod:`pagedattn.perf.inputs`).
 """
 

@@ -7,7 +7,9 @@ its true final length (``reserve="oracle"``), found first fit. So both kinds of 
 show: *internal* fragmentation (reserved slots not holding tokens: the part the sequence
 will still fill and the part it never will) and *external* fragmentation (free slots
 between ranges, too small for the next request). Requests are admitted first come first
-served; a range never grows, so nothing is ever preempted.
+served; a range never grows, so nothing is ever preempted. A beam-search request reserves
+one range per beam (the beams' caches are reordered in place, which this scheme does not
+count).
 """
 
 from __future__ import annotations
@@ -118,9 +120,12 @@ def simulate_contiguous(
         running = still
         while waiting:  # admit, first come first served
             request = waiting[0]
+            outputs = request.output_lens
+            if request.beam_width > 1:
+                outputs = outputs[:1] * request.beam_width
             sizes = [
                 request.prompt_len + (request.max_tokens if reserve == "max" else out)
-                for out in request.output_lens
+                for out in outputs
             ]
             if sum(sizes) > capacity:
                 waiting.popleft()
@@ -140,7 +145,7 @@ def simulate_contiguous(
             running.append(
                 [
                     _Sample(start, size, request.prompt_len, request.prompt_len + out)
-                    for start, size, out in zip(starts, sizes, request.output_lens, strict=True)
+                    for start, size, out in zip(starts, sizes, outputs, strict=True)
                 ]
             )
         stored = sum(s.length for samples in running for s in samples)

@@ -18,6 +18,7 @@ on that contiguous K/V, within :func:`pagedattn.spec.error_model.tolerance`.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -158,6 +159,57 @@ class EngineLoop:
         self.tokens[child] = list(self.tokens[seq_id])
         return child
 
+    def beam_step(self, beams: list[int], parents: list[int], token_ids: list[int]) -> list[int]:
+        """One beam-search step over the live ``beams`` (best first), as an engine makes it.
+
+        Survivor ``i`` descends from ``beams[parents[i]]`` and appends ``token_ids[i]``: beams
+        no survivor descends from are freed first, each parent forks one child per extra
+        survivor, then every survivor's token goes to the allocator. The copy-on-write pairs
+        of all the appends go to one ``copy_blocks``, then all the tokens to one ``write_kv``.
+        Returns the survivors' ids (a parent's own first); empty if the pool could not hold
+        them even after preempting every other sequence (the beams are then freed).
+        """
+        if len(parents) != len(token_ids) or not parents:
+            raise ValueError("need one token per survivor, and at least one survivor")
+        if any(not 0 <= p < len(beams) for p in parents):
+            raise ValueError(f"parents must index the {len(beams)} beams, received {parents}")
+        for beam in beams:
+            self._check_tokens([0], len(self.tokens[beam]))
+        self._check_tokens(token_ids, 0)
+        counts = [parents.count(rank) for rank in range(len(beams))]
+        for beam, count in zip(beams, counts, strict=True):
+            if not count:
+                self.finish(beam)
+        survivors: list[int] = []
+        tokens: list[int] = []
+        for rank, (beam, count) in enumerate(zip(beams, counts, strict=True)):
+            if not count:
+                continue
+            picks = [t for p, t in zip(parents, token_ids, strict=True) if p == rank]
+            survivors.append(beam)
+            survivors.extend(self.fork(beam) for _ in range(count - 1))
+            tokens.extend(picks)
+        copies: list[tuple[int, int]] = []
+        slots: list[np.ndarray] = []
+        for seq_id, token in zip(survivors, tokens, strict=True):
+            ids = [token] if self.config.prefix_caching else 1
+            result = self._with_preemption(
+                lambda s=seq_id, t=ids: self.allocator.append(s, t), set(survivors)
+            )
+            if result is None:  # the survivors alone do not fit: drop the whole beam group
+                for beam in survivors:
+                    self._preempt(beam)
+                return []
+            copies.extend(result.copies)
+            slots.append(result.slot_mapping)
+        for seq_id, token in zip(survivors, tokens, strict=True):
+            self.tokens[seq_id].append(token)
+        positions = np.asarray([len(self.tokens[s]) - 1 for s in survivors], dtype=np.int64)
+        self._copy_then_write(
+            copies, np.concatenate(slots), np.asarray(tokens, dtype=np.int64), positions
+        )
+        return survivors
+
     def finish(self, seq_id: int) -> None:
         """Free a finished sequence's blocks."""
         self.allocator.free(seq_id)
@@ -251,14 +303,16 @@ class EngineLoop:
         if any(not 0 <= t < self.config.vocab_size for t in token_ids):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
 
-    def _with_preemption(self, operation: Any, requester: int) -> AppendResult | None:
-        """Run an allocation; on OutOfBlocksError preempt the youngest other sequence and retry."""
+    def _with_preemption(self, operation: Any, requester: int | set[int]) -> AppendResult | None:
+        """Run an allocation; on OutOfBlocksError preempt the youngest sequence other than the
+        requester(s) and retry; None when none is left."""
+        keep = requester if isinstance(requester, set) else {requester}
         while True:
             try:
                 result: AppendResult = operation()
                 return result
             except OutOfBlocksError:
-                victims = [s for s in self.tokens if s != requester]
+                victims = [s for s in self.tokens if s not in keep]
                 if not victims:
                     return None
                 self._preempt(victims[-1])
@@ -269,22 +323,38 @@ class EngineLoop:
 
     def _store(self, seq_id: int, start: int, result: AppendResult) -> None:
         """Copy-on-write copies first, then write the new tokens' K/V at their slots."""
-        dev = self.backend.to_device
-        if result.copies:
-            pairs = np.asarray(result.copies, dtype=np.int64)
-            self.backend.copy_blocks(self.key_cache, self.value_cache, dev(pairs),
-                                     kv_layout=self.config.kv_layout)
-            self.num_copies += len(result.copies)
-        if result.slot_mapping.shape[0] == 0:
-            return
         tokens = np.asarray(self.tokens[seq_id][start:], dtype=np.int64)
         positions = start + np.arange(tokens.shape[0])
+        self._copy_then_write(result.copies, result.slot_mapping, tokens, positions)
+
+    def _copy_then_write(
+        self,
+        copies: list[tuple[int, int]],
+        slot_mapping: np.ndarray,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+    ) -> None:
+        """``copy_blocks`` over every copy-on-write pair, then one ``write_kv`` of the tokens'
+        K/V (slot ``-1``: already cached, skipped by ``write_kv``)."""
+        dev = self.backend.to_device
+        if copies:
+            pairs = np.asarray(copies, dtype=np.int64)
+            self.backend.copy_blocks(self.key_cache, self.value_cache, dev(pairs),
+                                     kv_layout=self.config.kv_layout)
+            self.num_copies += len(copies)
+        if slot_mapping.shape[0] == 0:
+            return
         kv = self.kv_table[tokens, positions]
         self.backend.write_kv(
             dev(np.ascontiguousarray(kv[:, 0])), dev(np.ascontiguousarray(kv[:, 1])),
-            self.key_cache, self.value_cache, dev(result.slot_mapping),
+            self.key_cache, self.value_cache, dev(slot_mapping),
             kv_layout=self.config.kv_layout,
         )
+
+
+#: beam-search steps the state machines made: with a parent of 2+ children and a loser freed
+#: in one step, and with copy-on-write (tests check these happened)
+BEAM_COVERAGE: Counter[str] = Counter()
 
 
 def make_engine_machine(backend: str | Backend, config: EngineConfig | None = None) -> type[Any]:
@@ -336,14 +406,50 @@ def make_engine_machine(backend: str | Backend, config: EngineConfig | None = No
             self.step = 0
 
         @initialize(
+            target=seqs,
             prefix_caching=st.booleans(),
             dtype=st.sampled_from(dtypes),
             kv_layout=st.sampled_from(layouts),
             seed=st.integers(0, 2**16),
+            prompt=prompts,
+            parents=st.lists(st.integers(0, 2), min_size=3, max_size=3).filter(
+                lambda p: len(set(p)) < 3
+            ),
+            token_ids=st.lists(vocab, min_size=6, max_size=6),
         )
-        def start(self, prefix_caching: bool, dtype: str, kv_layout: str, seed: int) -> None:
+        def start(
+            self,
+            prefix_caching: bool,
+            dtype: str,
+            kv_layout: str,
+            seed: int,
+            prompt: list[int],
+            parents: list[int],
+            token_ids: list[int],
+        ) -> Any:
+            """A fresh engine, opened by two beam-search steps of 3 beams over one prompt: the
+            prompt forks 3 ways, then a parent wins 2+ places while another beam loses."""
             config = replace(base, prefix_caching=prefix_caching, dtype=dtype, kv_layout=kv_layout)
-            self.engine = EngineLoop(instance, config, seed=seed)
+            self.engine = engine = EngineLoop(instance, config, seed=seed)
+            first = engine.add_request(prompt[: base.max_seq_len - 2])
+            if first is None:
+                return multiple()
+            beams = self._beam([first], [0, 0, 0], token_ids[:3])
+            if len(beams) == 3:
+                beams = self._beam(beams, parents, token_ids[3:])
+            return multiple(*beams)
+
+        def _beam(self, live: list[int], parents: list[int], token_ids: list[int]) -> list[int]:
+            """``EngineLoop.beam_step``, counting in BEAM_COVERAGE what the step exercised."""
+            assert self.engine is not None
+            copies = self.engine.num_copies
+            survivors = self.engine.beam_step(live, parents, token_ids)
+            counts = [parents.count(rank) for rank in range(len(live))]
+            if survivors and max(counts) > 1 and 0 in counts:
+                BEAM_COVERAGE["fork several, free some"] += 1
+            if self.engine.num_copies > copies:
+                BEAM_COVERAGE["copy-on-write"] += 1
+            return survivors
 
         def _live(self, seq: int) -> bool:
             return self.engine is not None and seq in self.engine.tokens
@@ -378,6 +484,26 @@ def make_engine_machine(backend: str | Backend, config: EngineConfig | None = No
             if self.engine.append(child, [first]) and self._live(seq):
                 self.engine.append(seq, [second])
             return child if self._live(child) else multiple()
+
+        @rule(
+            target=seqs,
+            picks=st.lists(st.integers(0, 15), min_size=1, max_size=3),
+            parents=st.lists(st.integers(0, 2), min_size=1, max_size=4),
+            token_ids=st.lists(vocab, min_size=4, max_size=4),
+        )
+        def beam_search_step(self, picks: list[int], parents: list[int], token_ids: list[int]) -> Any:
+            """A beam-search step over some live sequences (``picks`` index them): losers freed,
+            parents forked (several children each), every survivor appends; one copy_blocks
+            and one write_kv for the whole step."""
+            assert self.engine is not None
+            engine = self.engine
+            room = [s for s, t in engine.tokens.items() if len(t) < base.max_seq_len]
+            if not room:
+                return multiple()
+            live = list(dict.fromkeys(room[p % len(room)] for p in picks))
+            parents = [p % len(live) for p in parents]
+            survivors = self._beam(live, parents, token_ids[: len(parents)])
+            return multiple(*[s for s in survivors if s not in live])
 
         @rule(seq=consumes(seqs))
         def finish(self, seq: int) -> None:

@@ -3,13 +3,17 @@
 Per step, in tokens of KV state (bytes = tokens * bytes per token): ``stored`` holds token
 state (a shared block counted once), ``reserved`` is held by running requests (stored +
 reserved-but-empty), ``external`` is free but outside the largest free range (contiguous
-only: it cannot serve a request larger than that range), ``running`` counts requests.
+only: it cannot serve a request larger than that range), ``running`` counts requests,
+``preempted`` the requests preempted in the step. Paging also records ``blocks`` held,
+``references`` (the blocks every sequence's table names, a shared block once per table:
+what the same sequences would hold if each had its own copy) and ``copies`` (block copies
+made in the step: copy-on-write, or whole caches when forks copy).
 
 Averages are taken over the *loaded* steps, those with a request waiting (memory is then
 what limits the batch); if no request ever waited, over every step with one running.
 Utilization is ``sum(stored) / sum(reserved)`` over those steps; fragmentation is a
 share of the whole budget: internal ``(reserved - stored) / capacity``, external
-``external / capacity``.
+``external / capacity``. (What sharing saves is reduced in :mod:`pagedattn.simulate.sharing`.)
 """
 
 from __future__ import annotations
@@ -29,9 +33,23 @@ class Meter:
     external: list[int] = field(default_factory=list)
     running: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    references: list[int] = field(default_factory=list)
+    copies: list[int] = field(default_factory=list)
 
     def record(
-        self, *, stored: int, reserved: int, external: int, running: int, waiting: int
+        self,
+        *,
+        stored: int,
+        reserved: int,
+        external: int,
+        running: int,
+        waiting: int,
+        preempted: int = 0,
+        blocks: int = 0,
+        references: int = 0,
+        copies: int = 0,
     ) -> None:
         assert 0 <= stored <= reserved <= self.capacity, (stored, reserved, self.capacity)
         assert 0 <= external <= self.capacity - reserved, (external, reserved, self.capacity)
@@ -40,6 +58,10 @@ class Meter:
         self.external.append(external)
         self.running.append(running)
         self.waiting.append(waiting)
+        self.preempted.append(preempted)
+        self.blocks.append(blocks)
+        self.references.append(references)
+        self.copies.append(copies)
 
 
 @dataclass(frozen=True)
@@ -58,7 +80,10 @@ class Summary:
     preempted: int
     steps: int
     cached_fraction: float = 0.0  # prompt tokens found in the prefix cache
-    copies: int = 0  # copy-on-write block copies
+    copies: int = 0  # block copies: copy-on-write, or whole caches when forks copy
+    blocks_held: float = 0.0  # mean blocks held (paging)
+    blocks_unshared: float = 0.0  # mean blocks the same sequences would hold unshared
+    copies_per_step: float = 0.0  # mean block copies per step
 
 
 def summarize(
@@ -81,6 +106,10 @@ def summarize(
     if not loaded.any():
         loaded = np.ones_like(running, dtype=bool)
     total_reserved = reserved[loaded].sum()
+
+    def mean(series: list[int]) -> float:
+        return float(np.asarray(series, dtype=np.float64)[loaded].mean())
+
     capacity = float(meter.capacity)
     return Summary(
         scheme=scheme,
@@ -96,4 +125,7 @@ def summarize(
         steps=len(meter.running),
         cached_fraction=cached_fraction,
         copies=copies,
+        blocks_held=mean(meter.blocks),
+        blocks_unshared=mean(meter.references),
+        copies_per_step=mean(meter.copies),
     )

@@ -4,7 +4,9 @@ Time is counted in engine steps: one step decodes one token of every running seq
 A request arrives at step ``arrival``, has ``prompt_len`` prompt tokens (the first
 ``prefix_len`` of them a shared system prompt ``prefix_id``, or ``-1`` for none), asks for
 ``n`` samples (parallel sampling), each generating ``output_lens[i]`` tokens, and allows at
-most ``max_tokens`` output tokens (what a contiguous allocator must reserve).
+most ``max_tokens`` output tokens (what a contiguous allocator must reserve). A request with
+``beam_width`` K > 1 runs beam search instead: its prompt is prefilled once, then K beams
+generate ``output_lens[0]`` tokens each (``n`` is then 1; see :mod:`pagedattn.simulate.beam`).
 """
 
 from __future__ import annotations
@@ -33,10 +35,16 @@ class Request:
     max_tokens: int
     prefix_id: int = -1
     prefix_len: int = 0
+    beam_width: int = 1
 
     @property
     def n(self) -> int:
         return len(self.output_lens)
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences the request holds while decoding: its beams, or its samples."""
+        return self.beam_width if self.beam_width > 1 else self.n
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,8 @@ class WorkloadSpec:
     shared_prefix_fraction: float = 0.0
     parallel_n: int = 1
     parallel_fraction: float = 0.0
+    beam_width: int = 1
+    beam_fraction: float = 0.0
     seed: int = 0
 
 
@@ -86,6 +96,8 @@ def check_spec(spec: WorkloadSpec) -> None:
         ("shared_prefix_fraction", 0 <= spec.shared_prefix_fraction <= 1, "in [0, 1]"),
         ("parallel_n", spec.parallel_n >= 1, ">= 1"),
         ("parallel_fraction", 0 <= spec.parallel_fraction <= 1, "in [0, 1]"),
+        ("beam_width", spec.beam_width >= 1, ">= 1"),
+        ("beam_fraction", 0 <= spec.beam_fraction <= 1, "in [0, 1]"),
     ]
     for name, ok, expected in checks:
         if not ok:
@@ -107,12 +119,14 @@ def generate(spec: WorkloadSpec) -> list[Request]:
     )
     prefix_ids = rng.integers(0, max(spec.num_prefixes, 1), count)
     parallel = rng.random(count) < spec.parallel_fraction
+    beam = np.random.default_rng([spec.seed, 1]).random(count) < spec.beam_fraction
+    beam &= spec.beam_width > 1
     requests = []
     for i in range(count):
         prefix_len = spec.prefix_len if shared[i] else 0
         prompt = int(min(prompts[i] + prefix_len, spec.max_model_len - 1))
         limit = int(min(max_tokens[i], spec.max_model_len - prompt))
-        n = spec.parallel_n if parallel[i] else 1
+        n = spec.parallel_n if parallel[i] and not beam[i] else 1
         outputs = np.minimum(_lognormal(rng, spec.mean_output, spec.sigma, n), limit)
         requests.append(
             Request(
@@ -122,19 +136,21 @@ def generate(spec: WorkloadSpec) -> list[Request]:
                 max_tokens=limit,
                 prefix_id=int(prefix_ids[i]) if shared[i] else -1,
                 prefix_len=min(prefix_len, prompt),
+                beam_width=spec.beam_width if beam[i] else 1,
             )
         )
     return requests
 
 
 CSV_COLUMNS = ("arrival", "prompt_len", "output_len")
-CSV_OPTIONAL = ("max_tokens", "n", "prefix_id", "prefix_len")
+CSV_OPTIONAL = ("max_tokens", "n", "prefix_id", "prefix_len", "beam_width")
 
 
 def read_csv(path: str | Path, *, max_model_len: int = 2048) -> list[Request]:
     """Read a trace: columns ``arrival`` (step), ``prompt_len``, ``output_len``, and optionally
     ``max_tokens`` (default ``max_model_len - prompt_len``), ``n`` (samples, each of
-    ``output_len``), ``prefix_id`` and ``prefix_len`` (a shared system prompt)."""
+    ``output_len``), ``prefix_id`` and ``prefix_len`` (a shared system prompt), ``beam_width``
+    (beam search with that many beams; 1, the default, for none; needs ``n`` = 1)."""
     requests = []
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
@@ -153,17 +169,29 @@ def read_csv(path: str | Path, *, max_model_len: int = 2048) -> list[Request]:
                 n = int(row.get("n") or 1)
                 prefix_id = int(row.get("prefix_id") or -1)
                 prefix_len = int(row.get("prefix_len") or 0)
+                beam_width = int(row.get("beam_width") or 1)
                 arrival = float(row["arrival"])
             except ValueError as error:
                 raise PagedAttentionError("trace", f"{path}:{line}: {error}") from None
-            if prompt < 1 or output < 1 or n < 1 or max_tokens < output or prefix_len > prompt:
+            if (
+                prompt < 1
+                or output < 1
+                or n < 1
+                or max_tokens < output
+                or prefix_len > prompt
+                or beam_width < 1
+                or (beam_width > 1 and n > 1)
+            ):
                 raise PagedAttentionError(
                     "trace",
                     f"{path}:{line}: need prompt_len >= 1, 1 <= output_len <= max_tokens,"
-                    f" n >= 1, prefix_len <= prompt_len; received {dict(row)}",
+                    f" n >= 1, prefix_len <= prompt_len, beam_width >= 1 (and n = 1 when"
+                    f" beam_width > 1); received {dict(row)}",
                 )
             requests.append(
-                Request(arrival, prompt, (output,) * n, max_tokens, prefix_id, prefix_len)
+                Request(
+                    arrival, prompt, (output,) * n, max_tokens, prefix_id, prefix_len, beam_width
+                )
             )
     if not requests:
         raise PagedAttentionError("trace", f"{path} holds no requests")
@@ -186,6 +214,7 @@ def write_csv(requests: list[Request], path: str | Path) -> None:
                     r.n,
                     r.prefix_id,
                     r.prefix_len,
+                    r.beam_width,
                 ]
             )
 

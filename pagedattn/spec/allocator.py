@@ -95,6 +95,7 @@ class BlockAllocator:
         self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_caching else None
         self.num_stored_tokens = 0  # sum of fills over held blocks: token state, shared once
         self.num_copies = 0  # copy-on-write block copies made so far
+        self.num_references = 0  # sum of refcounts: the blocks every table would hold unshared
 
     # -- queries -----------------------------------------------------------------
     @property
@@ -121,8 +122,11 @@ class BlockAllocator:
         return seq_id in self._seqs
 
     def refcount(self, block: int) -> int:
-        """Number of (sequence, table column) entries naming ``block``."""
-        return self._refcount[block]
+        """Number of (sequence, table column) entries naming ``block`` (``0 <= block < num_blocks``)."""
+        if isinstance(block, bool) or not isinstance(block, int | np.integer) or not 0 <= block < self.num_blocks:
+            raise PagedAttentionError("block", f"expected a block id in [0, num_blocks={self.num_blocks}),"
+                                               f" received {block!r}")
+        return self._refcount[int(block)]
 
     def seq_len(self, seq_id: int) -> int:
         """Tokens of ``seq_id`` in the cache (its ``L``)."""
@@ -223,8 +227,10 @@ class BlockAllocator:
             raise PagedAttentionError("child_id", f"expected an int, received {child_id!r}")
         if child_id in self._seqs:
             raise PagedAttentionError("child_id", f"sequence {child_id} already exists")
-        for block in parent.blocks:
-            self._hold(block)
+        refcount = self._refcount
+        for block in parent.blocks:  # held by the parent, so never parked: just count
+            refcount[block] += 1
+        self.num_references += len(parent.blocks)
         self._seqs[int(child_id)] = _Sequence(
             list(parent.blocks), parent.length, parent.last_hash, list(parent.partial)
         )
@@ -236,8 +242,13 @@ class BlockAllocator:
                 "seq_id", f"sequence {seq_id} is not allocated (already freed, or never added)"
             )
         seq = self._seqs.pop(seq_id)
+        refcount = self._refcount
         for block in reversed(seq.blocks):  # tail first: the LRU keeps a prefix's head longest
-            self._release(block)
+            if refcount[block] > 1:  # still held by another sequence
+                refcount[block] -= 1
+                self.num_references -= 1
+            else:
+                self._release(block)
 
     # -- array form ------------------------------------------------------------------
     def as_arrays(
@@ -328,6 +339,9 @@ class BlockAllocator:
             assert self._fill[block] == fill_seen[block], (
                 f"block {block}: fill {self._fill[block]}, owners say {fill_seen[block]}"
             )
+        assert self.num_references == sum(owners), (
+            f"num_references {self.num_references} != {sum(owners)} table entries"
+        )
         stored = sum(self._fill[b] for b in held)
         assert self.num_stored_tokens == stored, (
             f"num_stored_tokens {self.num_stored_tokens} != {stored}"
@@ -399,6 +413,7 @@ class BlockAllocator:
             block = self.prefix_cache.evict()
         self._refcount[block] = 1
         self._fill[block] = 0
+        self.num_references += 1
         return block
 
     def _hold(self, block: int) -> None:
@@ -408,6 +423,7 @@ class BlockAllocator:
             self.prefix_cache.unpark(block)
             self.num_stored_tokens += self._fill[block]
         self._refcount[block] += 1
+        self.num_references += 1
 
     def _release(self, block: int) -> None:
         """One owner less; at zero the block is parked if cached, else returned to the free list."""
@@ -416,6 +432,7 @@ class BlockAllocator:
                 "block", f"block {block} released with refcount {self._refcount[block]}"
             )
         self._refcount[block] -= 1
+        self.num_references -= 1
         if self._refcount[block]:
             return
         self.num_stored_tokens -= self._fill[block]

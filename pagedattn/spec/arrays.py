@@ -11,10 +11,12 @@ Arrays (``T`` = num_tokens, ``Hq``/``Hkv`` = num_q_heads/num_kv_heads, ``D`` = h
 - query: float32 | float16 | bfloat16 ``[T, Hq, D]``
 - key_cache, value_cache: the query's dtype or an fp8 dtype, NHD ``[num_blocks,
   block_size, Hkv, D]`` or HND ``[num_blocks, Hkv, block_size, D]`` (strided views allowed)
-- block_tables: int32 ``[num_seqs, max_blocks_per_seq]``
-- seq_lens: int32 ``[num_seqs]``, keys already in the cache
-- query_start_loc: int32 ``[num_seqs + 1]``, from 0 to T, non-decreasing; ``None`` for
+- block_tables: ``[num_seqs, max_blocks_per_seq]``
+- seq_lens: ``[num_seqs]``, keys already in the cache
+- query_start_loc: ``[num_seqs + 1]``, from 0 to T, non-decreasing; ``None`` for
   decode (one query per sequence, ``L = 0`` allowed as batch padding)
+- the index arrays above: any integer dtype (or a list of ints) whose every value fits
+  in int32; ``plan`` converts them once (to int32 on the device)
 - alibi_slopes: float32 ``[Hq]``; output: the query's dtype ``[T, Hq, D]``;
   lse: float32 ``[T, Hq]``, natural log.
 
@@ -132,11 +134,35 @@ def _check_dtype(x: Any, argument: str, allowed: Sequence[str]) -> str:
     return name
 
 
-def _host_int(x: Any, argument: str, ndim: int, dims: str) -> np.ndarray:
-    """Check an int32 index array's rank and dtype; return its values as int64 on the host."""
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _host_int(
+    x: Any, argument: str, ndim: int, dims: str, *, low: int = INT32_MIN, high: int = INT32_MAX
+) -> np.ndarray:
+    """Check an index array (any integer dtype, or a list of ints) for rank, integer dtype and
+    values in ``[low, high]`` (default: int32's range); return its values as int64 on the host."""
+    if isinstance(x, list | tuple):
+        x = np.asarray(x)
+        if x.size == 0:
+            x = x.astype(np.int64)
     _check_ndim(x, argument, ndim, dims)
-    _check_dtype(x, argument, ("int32",))
-    return np.asarray(x).astype(np.int64)
+    values = np.asarray(x)
+    if values.dtype.kind not in "iu":
+        fit = " that fit in int32" if high == INT32_MAX else ""
+        raise _fail(argument, f"expected integers{fit}, received dtype {dtype_name(values.dtype)}"
+                              " (convert with np.asarray(..., dtype=np.int32))")
+    if values.size and (int(values.min()) < low or int(values.max()) > high):
+        bad = int(values.min()) if int(values.min()) < low else int(values.max())
+        raise _fail(argument, f"value {bad} does not fit in [{low}, {high}]")
+    return values.astype(np.int64)
+
+
+def _check_writable(cache: Any, argument: str) -> None:
+    """Raise if ``cache`` is a NumPy array that cannot be written (a read-only view or buffer)."""
+    flags = getattr(cache, "flags", None)
+    if isinstance(cache, np.ndarray) and flags is not None and not flags.writeable:
+        raise _fail(argument, "is read-only (flags.writeable is False); pass a writable array")
 
 
 def check_layout(kv_layout: str) -> str:
@@ -172,10 +198,10 @@ def cache_dims(key_cache: Any, value_cache: Any, kv_layout: str) -> tuple[int, i
 
 
 def _check_scalar(value: Any, argument: str, *, positive: bool) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise _fail(argument, f"expected a float, received {value!r}") from None
+    """A real number (Python or NumPy int or float, not a bool or a string) as a float."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        raise _fail(argument, f"expected a float, received {value!r}")
+    number = float(value)
     if not math.isfinite(number) or (positive and number <= 0.0):
         kind = "a finite positive" if positive else "a finite"
         raise _fail(argument, f"expected {kind} float, received {value!r}")
@@ -222,10 +248,16 @@ def check_paged_attention(
     if head_dim_q != head_dim:
         raise _fail("query", f"head_dim {head_dim_q} differs from the caches' head_dim {head_dim}")
     if num_q_heads < 1 or num_q_heads % num_kv_heads != 0:
-        raise _fail(
-            "query",
-            f"num_q_heads={num_q_heads} is not a positive multiple of num_kv_heads={num_kv_heads}",
-        )
+        problem = f"num_q_heads={num_q_heads} is not a positive multiple of num_kv_heads={num_kv_heads}"
+        other = "HND" if kv_layout == "NHD" else "NHD"
+        other_heads = block_size  # the other layout swaps block_size and num_kv_heads
+        if num_q_heads >= 1 and num_q_heads % other_heads == 0:
+            raise _fail(
+                "kv_layout",
+                f"kv_layout={kv_layout!r} reads key_cache {tuple(key_cache.shape)} as num_kv_heads={num_kv_heads},"
+                f" block_size={block_size}, and {problem}; the caches look {other}: pass kv_layout={other!r}",
+            )
+        raise _fail("query", f"{problem} (key_cache {tuple(key_cache.shape)} read as kv_layout={kv_layout!r})")
 
     tables = _host_int(block_tables, "block_tables", 2, "[num_seqs, max_blocks_per_seq]")
     lens = _host_int(seq_lens, "seq_lens", 1, "[num_seqs]")
@@ -289,8 +321,9 @@ def check_paged_attention(
             )
 
     resolved_scale = 1.0 / math.sqrt(head_dim) if scale is None else _check_scalar(scale, "scale", positive=False)
-    if not isinstance(causal, bool | np.bool_):
-        raise _fail("causal", f"expected a bool, received {causal!r}")
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool | np.bool_):
+            raise _fail(name, f"expected a bool, received {flag!r}")
     if sliding_window is not None and (
         isinstance(sliding_window, bool) or not isinstance(sliding_window, int | np.integer) or sliding_window < 1
     ):
@@ -377,9 +410,9 @@ def check_write_kv(
     cache_dtype = dtype_name(key_cache.dtype)
     if cache_dtype != dtype and cache_dtype not in FP8_DTYPES:
         raise _fail("key_cache", f"dtype {cache_dtype} must equal key's {dtype} or be an fp8 dtype")
-    _check_ndim(slot_mapping, "slot_mapping", 1, "[num_tokens]")
-    _check_dtype(slot_mapping, "slot_mapping", ("int32", "int64"))
-    slots = np.asarray(slot_mapping).astype(np.int64)
+    _check_writable(key_cache, "key_cache")
+    _check_writable(value_cache, "value_cache")
+    slots = _host_int(slot_mapping, "slot_mapping", 1, "[num_tokens]", high=2**63 - 1)
     if slots.shape[0] != k_shape[0]:
         raise _fail("slot_mapping", f"has {slots.shape[0]} entries, key has num_tokens={k_shape[0]}")
     num_slots = num_blocks * block_size
@@ -413,6 +446,8 @@ def check_write_kv(
 def check_copy_blocks(key_cache: Any, value_cache: Any, pairs: Any, *, kv_layout: str = "NHD") -> np.ndarray:
     """Validate ``copy_blocks``; return the pairs as int64 ``[n, 2]`` (src, dst) on the host."""
     num_blocks, _, _, _ = cache_dims(key_cache, value_cache, kv_layout)
+    _check_writable(key_cache, "key_cache")
+    _check_writable(value_cache, "value_cache")
     table = np.asarray(pairs)
     if table.size == 0:
         return np.zeros((0, 2), dtype=np.int64)

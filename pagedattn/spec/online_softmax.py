@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pagedattn.errors import PagedAttentionError
+
 
 class SoftmaxState(NamedTuple):
     """Running state: m ``[...]``, l ``[...]``, O ``[..., D]`` (O unnormalized)."""
@@ -77,8 +79,17 @@ def merge_states(
 
     out_*: ``[..., D]``, lse_*: ``[...]``. A side with ``lse = -inf`` is empty and its
     ``out`` is ignored, even NaN; both empty gives ``out = 0, lse = -inf``.
-    Returns float64 ``(out, lse)``.
+    Returns float64 ``(out, lse)``. Shapes must agree exactly (nothing is broadcast);
+    raises :class:`PagedAttentionError` naming the argument that differs.
     """
+    shape = np.shape(out_a)
+    if np.ndim(out_a) < 1:
+        raise PagedAttentionError("out_a", f"expected at least 1 dimension [..., head_dim], received shape {shape}")
+    if np.shape(out_b) != shape:
+        raise PagedAttentionError("out_b", f"shape {np.shape(out_b)} differs from out_a's {shape}")
+    for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if np.shape(lse) != shape[:-1]:
+            raise PagedAttentionError(name, f"shape {np.shape(lse)} is not out_a's without head_dim, {shape[:-1]}")
     lse_a = np.asarray(lse_a, dtype=np.float64)
     lse_b = np.asarray(lse_b, dtype=np.float64)
     m = np.maximum(lse_a, lse_b)

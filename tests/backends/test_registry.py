@@ -74,7 +74,14 @@ def test_backends_command_prints_every_backend() -> None:
     assert result.returncode == 0, result.stderr
     for name in registry.BUILTIN_BACKENDS:
         assert name in result.stdout
-    numpy_row = next(line for line in result.stdout.splitlines() if line.startswith("numpy"))
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("numpy"))
+    continued = [lines[start]]  # a wrapped row continues on lines that start with spaces
+    for line in lines[start + 1:]:
+        if not line.startswith(" "):
+            break
+        continued.append(line)
+    numpy_row = " ".join(continued)
     assert " available " in numpy_row and "features=" in numpy_row, numpy_row
 
 

@@ -17,12 +17,10 @@ CASE = "llama3-70b-tp8/decode/b8/ctx1024/bs16"
 
 def test_bench_writes_table_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
-    rc = cli.main(["--backend", "numpy", "no-such-backend", "--shapes", CASE, "--out", str(tmp_path),
-                   "--budget", "0.05"])
+    rc = cli.main(["--backend", "numpy", "--shapes", CASE, "--out", str(tmp_path), "--budget", "0.05"])
     assert rc == 0
     out, err = capsys.readouterr()
     assert "CPU figures" in err and "CPU figures" in out
-    assert "no-such-backend: not timed" in err
     assert "[1/1" in err, "progress lines"
     assert "numpy" in out and "llama3-70b-tp8/decode/b8/ctx1024" in out
     doc = json.loads((tmp_path / "bench.json").read_text())

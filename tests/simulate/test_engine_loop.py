@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from pagedattn.backends.registry import available_backends, load_backend
+from pagedattn.backends.registry import backend_status, list_backends, load_backend
 from pagedattn.reference.backend import NumpyBackend
 from pagedattn.simulate.engine_loop import (
+    BEAM_COVERAGE,
     EngineConfig,
     EngineLoop,
     make_engine_machine,
@@ -26,14 +27,28 @@ from pagedattn.simulate.engine_loop import (
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    BACKENDS = available_backends()
+    BACKENDS = [entry.name for entry in list_backends()]
+
+
+def _backend(name: str):
+    """The backend ``name``, skipped with the reason when it cannot run here or lacks an op."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        status = backend_status(name)
+    if not status.available:
+        pytest.skip(f"UNAVAILABLE: {status.reason}")
+    backend = load_backend(name)
+    reason = unsupported_reason(backend)
+    if reason is not None:
+        pytest.skip(f"UNSUPPORTED: {reason}")
+    return backend
 
 
 def _settings(name: str) -> settings:
     fast = name == "numpy"  # others may be interpreted kernels (TRITON_INTERPRET) on a CPU
     return settings(
         max_examples=40 if fast else 8,
-        stateful_step_count=25 if fast else 12,
+        stateful_step_count=25 if fast else 10,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
@@ -41,11 +56,82 @@ def _settings(name: str) -> settings:
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_engine_loop_state_machine(name):
-    backend = load_backend(name)
-    reason = unsupported_reason(backend)
-    if reason is not None:
-        pytest.skip(f"UNSUPPORTED: {reason}")
+    _backend(name)
+    BEAM_COVERAGE.clear()
     run_state_machine_as_test(make_engine_machine(name), settings=_settings(name))
+    assert BEAM_COVERAGE["fork several, free some"] > 0, BEAM_COVERAGE
+    assert BEAM_COVERAGE["copy-on-write"] > 0, BEAM_COVERAGE
+
+
+def _beam_search(engine: EngineLoop) -> int:
+    """A beam search of 3 beams over a prompt of 5 tokens (block_size 4), checked every step.
+
+    Steps: the prompt's one beam forks 3 children; one parent wins all three places (two
+    forks, two losers freed); the three beams each keep one child; two parents split the
+    places (a fork and a free). Returns the copy-on-write block copies made.
+    """
+    def check():
+        engine.check_invariants()
+        engine.check_attention(seed=len(engine.tokens))
+
+    prompt = engine.add_request([1, 2, 3, 0, 1])
+    assert prompt is not None
+    check()
+    beams = engine.beam_step([prompt], [0, 0, 0], [0, 1, 2])
+    assert len(beams) == 3 and beams[0] == prompt
+    check()
+    held = engine.allocator.num_used_blocks
+    schedule = ([0, 0, 0], [0, 1, 2], [0, 0, 2], [1, 1, 1], [0, 1, 2], [0, 2, 2])
+    for step, parents in enumerate(schedule):
+        before = set(beams)
+        winners = {beams[p] for p in parents}
+        beams = engine.beam_step(beams, parents, [(step + i) % 4 for i in range(3)])
+        assert len(beams) == 3, "the pool holds three beams"
+        for loser in before - winners:
+            assert loser not in engine.tokens, f"losing beam {loser} was not freed"
+        check()
+    assert engine.allocator.num_used_blocks >= held
+    for beam in beams:
+        engine.finish(beam)
+    check()
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+    return engine.num_copies
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_beam_search_steps_copy_on_write_through_the_backend(name):
+    backend = _backend(name)
+    config = EngineConfig(num_blocks=16, block_size=4, max_seq_len=16, prefix_caching=False)
+    copies = _beam_search(EngineLoop(backend, config))
+    # a parent's partial last block is copied once per extra child: the prompt's 5 tokens
+    # fill 1 of 4 slots of the second block, so the first step copies 2 blocks
+    assert copies >= 2
+
+
+def test_beam_search_without_copy_blocks_is_caught():
+    config = EngineConfig(num_blocks=16, block_size=4, max_seq_len=16, prefix_caching=False)
+    with pytest.raises(AssertionError, match="differs from its contiguous copy"):
+        _beam_search(EngineLoop(_NoCopyBackend(), config))
+
+
+def test_beam_step_preempts_others_then_drops_the_group_when_it_cannot_fit():
+    config = EngineConfig(num_blocks=4, block_size=4, max_seq_len=16, prefix_caching=False)
+    engine = EngineLoop(NumpyBackend(), config)
+    other = engine.add_request([1, 1, 1, 1, 2])  # 2 blocks
+    prompt = engine.add_request([3, 3, 3])  # 1 block
+    assert other is not None and prompt is not None
+    beams = engine.beam_step([prompt], [0, 0], [0, 1])  # one copy: the 4th block
+    assert len(beams) == 2 and other in engine.tokens
+    beams = engine.beam_step(beams, [0, 1], [2, 3])  # both blocks full: 2 new blocks needed
+    assert len(beams) == 2 and engine.preempted == [other]
+    engine.check_invariants()
+    engine.check_attention()
+    # two parents of two children each: a copy-on-write with no block free and nothing
+    # else to preempt, so the whole group goes back (freed), and nothing is written
+    assert engine.beam_step(beams, [0, 0, 1, 1], [0, 1, 2, 3]) == []
+    assert not engine.tokens and {other, *beams} <= set(engine.preempted)
+    engine.check_invariants()
+    assert engine.allocator.num_free_blocks == config.num_blocks
 
 
 def _scripted(engine: EngineLoop) -> None:

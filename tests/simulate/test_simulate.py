@@ -247,11 +247,14 @@ def test_main_replays_a_csv_trace(tmp_path, capsys):
 
 def test_main_rejects_bad_input(tmp_path, capsys):
     assert cli.main(["--trace", str(tmp_path / "missing.csv"), "--no-plot"]) == 2
-    assert cli.main(["--capacity-tokens", "0", "--no-plot"]) == 2
-    assert cli.main(["--capacity-tokens", "100", "--rate", "-1", "--no-plot"]) == 2
-    assert "arrival_rate: must be > 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["--block-sizes", "16,x"])
+    assert "cannot read trace" in capsys.readouterr().err
+    for argv in (["--capacity-tokens", "0"], ["--rate", "-1"], ["--block-sizes", "16,x"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main([*argv, "--no-plot"])
+        assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rate: must be in (0, inf), received -1" in err
+    assert "Traceback" not in err
 
 
 def test_plot_is_skipped_with_a_message_without_matplotlib(monkeypatch, tmp_path):
@@ -260,3 +263,307 @@ def test_plot_is_skipped_with_a_message_without_matplotlib(monkeypatch, tmp_path
     reason = cli.save_plot([(summary, meter)], str(tmp_path / "x.png"))
     assert reason is not None and "matplotlib is not installed" in reason
     assert not (tmp_path / "x.png").exists()
+
+
+# -- the command's edges: help, errors, ranges -------------------------------------------
+
+
+def test_every_option_has_help_and_states_its_default():
+    parser = cli.build_parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, f"{action.option_strings} has no help"
+        text = formatter._get_help_string(action) % {"default": action.default}
+        assert "default" in text, f"{action.option_strings}: {text!r} states no default"
+    rendered = parser.format_help()
+    for option in ("--gpu-utilization", "--params", "--layers", "--requests", "--seed",
+                   "--block-sizes", "--beam-width"):
+        assert option in rendered
+    assert "(default: 16,32,64)" in rendered and "(default: 0.9)" in rendered
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--capacity-tokens", "10"], ["--capacity-tokens", "40", "--block-sizes", "16,64"],
+     ["--capacity-tokens", "8", "--beam-width", "2"]],
+)
+def test_a_budget_below_one_block_is_a_one_line_error(argv, capsys):
+    assert cli.main([*argv, "--no-plot"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "holds no block" in err[0], captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--gpu-utilization", "2"), ("--gpu-utilization", "-1"), ("--gpu-utilization", "0"),
+     ("--gpu-utilization", "nan"), ("--gpu-mib", "-5"), ("--layers", "0"), ("--rate", "0"),
+     ("--prefix-fraction", "1.5"), ("--beam-decay", "0"), ("--requests", "-3")],
+)
+def test_options_out_of_range_exit_2_with_one_line(option, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([option, value, "--no-plot"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and option in err[0] and "must be in" in err[0], err
+
+
+def test_gpu_utilization_range_is_stated():
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--gpu-utilization", "2"])
+    assert cli.build_parser().parse_args(["--gpu-utilization", "1"]).gpu_utilization == 1.0
+
+
+# -- the plot ---------------------------------------------------------------------------------
+
+
+def _figure(**kwargs):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    requests = generate(SMALL)
+    results = cli.run_schemes(requests, 3000, block_sizes=(16, 64), oracle=True, **kwargs)
+    figure = cli.plot_figure(results)
+    figure.canvas.draw()
+    return results, figure
+
+
+def test_plot_legends_cover_no_bar_or_label():
+    import matplotlib.pyplot as plt
+
+    _, figure = _figure()
+    renderer = figure.canvas.get_renderer()
+    bars = figure.axes[0]
+    boxes = [p.get_window_extent(renderer) for p in bars.patches]
+    boxes += [t.get_window_extent(renderer) for t in bars.texts]
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        frame = legend.get_window_extent(renderer)
+        for box in boxes:
+            assert not frame.overlaps(box), f"legend {frame} covers {box}"
+        for other in figure.axes:  # no legend sits on a plotting area
+            assert not frame.overlaps(other.get_window_extent(renderer)), (ax.get_title(), other.get_title())
+    plt.close(figure)
+
+
+def test_plot_bar_labels_use_the_bar_heights_denominator():
+    import matplotlib.pyplot as plt
+
+    results, figure = _figure()
+    bars = figure.axes[0]
+    green = bars.containers[0]  # the token-state segments, one per scheme
+    labels = [t.get_text() for t in bars.texts]
+    heights = [patch.get_height() for patch in green]
+    assert labels == [f"{h:.0f}%" for h in heights]
+    assert heights == pytest.approx([100 * s.used for s, _ in results])
+    plt.close(figure)
+
+
+def test_plot_says_why_prefix_cache_lines_sit_on_the_plain_ones():
+    import matplotlib.pyplot as plt
+
+    results, figure = _figure()  # SMALL shares no prefix: nothing is cached
+    lines = figure.axes[1].get_lines()
+    by_label = {line.get_label().split(" (")[0]: line for line in lines}
+    for summary, _ in results:
+        if cli.PREFIX not in summary.scheme:
+            continue
+        line = by_label[summary.scheme]
+        plain = by_label[summary.scheme.replace(cli.PREFIX, "")]
+        assert line.get_linestyle() != plain.get_linestyle()
+        assert line.get_color() == plain.get_color()
+        assert "= plain, 0% cached" in line.get_label()
+    plt.close(figure)
+
+
+def test_plot_shows_preemptions():
+    import matplotlib.pyplot as plt
+
+    results, figure = _figure()
+    preempts = figure.axes[2]
+    assert "preempt" in preempts.get_title()
+    finals = [line.get_ydata()[-1] for line in preempts.get_lines()]
+    assert finals == [s.preempted for s, _ in results]
+    assert max(finals) > 0, "the workload preempts nothing: the test shows nothing"
+    plt.close(figure)
+
+
+# -- beam search: the survivor model, the paging run, the sharing study -------------------------
+
+
+def test_beam_model_is_seeded_sorted_and_skewed():
+    from pagedattn.simulate.beam import BeamModel
+
+    model = BeamModel(decay=0.5, seed=3)
+    rows = model.parents(index=7, width=4, steps=400)
+    assert rows.shape == (400, 4) and (rows[0] == 0).all()
+    assert (np.diff(rows, axis=1) >= 0).all(), "survivors are ranked by their parent's rank"
+    assert (rows == model.parents(7, 4, 400)).all() and not (rows == model.parents(8, 4, 400)).all()
+    share = np.bincount(rows[1:].ravel(), minlength=4) / rows[1:].size
+    assert share == pytest.approx(model.weights(4), abs=0.03)  # 8/15, 4/15, 2/15, 1/15
+    uniform = BeamModel(decay=1.0).parents(0, 4, 400)[1:]
+    distinct = lambda r: np.mean([len(set(row)) for row in r])  # noqa: E731
+    assert distinct(rows[1:]) < distinct(uniform), "a skew concentrates the parents"
+    for decay in (0.0, 1.5, float("nan")):
+        with pytest.raises(PagedAttentionError, match="decay"):
+            BeamModel(decay=decay)
+
+
+def test_beam_requests_from_the_generator_and_a_trace(tmp_path):
+    from dataclasses import replace
+
+    spec = replace(SMALL, beam_width=4, beam_fraction=0.5, parallel_n=3, parallel_fraction=0.5)
+    requests = generate(spec)
+    beams = [r for r in requests if r.beam_width == 4]
+    assert 30 < len(beams) < 90 and all(r.n == 1 and r.num_seqs == 4 for r in beams)
+    assert all(r.beam_width == 1 for r in requests if r.n == 3)
+    plain = generate(replace(spec, beam_fraction=0.0))
+    assert [r.prompt_len for r in plain] == [r.prompt_len for r in requests]
+    path = tmp_path / "beams.csv"
+    write_csv(requests, path)
+    assert [r.beam_width for r in read_csv(path)] == [r.beam_width for r in requests]
+    path.write_text("arrival,prompt_len,output_len,n,beam_width\n0,5,10,2,4\n")
+    with pytest.raises(PagedAttentionError, match="beam_width"):
+        read_csv(path)
+
+
+def _copies_expected(prompt: int, steps: int, rows: np.ndarray, block_size: int) -> int:
+    """Copy-on-write copies of one beam request: at step t each parent of c children copies its
+    partial last block c - 1 times; a full last block is never copied."""
+    from pagedattn.simulate.beam import children_per_parent
+
+    total, beams = 0, 1
+    for t in range(steps):
+        counts = children_per_parent(rows[t], beams)
+        if (prompt + t) % block_size:
+            total += sum(c - 1 for c in counts if c)
+        beams = rows.shape[1]
+    return total
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("width", [2, 4, 6])
+def test_one_beam_request_copies_exactly_the_partial_blocks_it_must(width, prefix_caching):
+    from pagedattn.simulate.beam import BeamModel
+
+    request = Request(0.0, 21, (40,), 40, beam_width=width)
+    model = BeamModel(decay=0.5, seed=1)
+    summary, meter = simulate_paged([request], 4096, block_size=8, beam_model=model,
+                                    prefix_caching=prefix_caching, check_invariants=True)
+    assert summary.completed == 1 and summary.preempted == 0
+    assert sum(meter.copies) == _copies_expected(21, 40, model.parents(0, width, 40), 8)
+    assert max(meter.references) > max(meter.blocks), "beams share their full blocks"
+    # every beam ends with 61 tokens: 8 blocks each if copied
+    assert meter.references[-2] == 8 * width
+
+
+def test_beam_search_shares_more_than_parallel_sampling_and_copying_shares_nothing():
+    from dataclasses import replace
+
+    from pagedattn.simulate import sharing
+
+    spec = replace(SMALL, num_requests=60)
+    results = {}
+    for mode in sharing.MODES:
+        requests = sharing.workload(spec, mode, 4, 1.0)
+        shared = simulate_paged(requests, 40_000, block_size=16, check_invariants=True)
+        copied = simulate_paged(requests, 40_000, block_size=16, sharing=False,
+                                check_invariants=True)
+        # a budget nothing waits for: both runs make the same steps, and the copying run
+        # holds, step by step, exactly what the sharing run's tables name
+        assert max(copied[1].waiting) == 0 and copied[0].preempted == 0
+        assert shared[1].running == copied[1].running
+        assert copied[1].blocks == shared[1].references == copied[1].references
+        results[mode] = sharing.run_stats(*shared)
+        assert sharing.run_stats(*copied).saving == 0.0
+        assert sum(copied[1].copies) > sum(shared[1].copies)
+    assert results["beam"].saving > results["parallel"].saving > 0.0
+
+
+def test_less_memory_from_sharing_means_more_requests_and_fewer_steps_under_pressure():
+    from pagedattn.simulate import sharing
+
+    spec = WorkloadSpec(num_requests=150, arrival_rate=3.0, mean_prompt=19, mean_output=58,
+                        max_model_len=512, max_tokens_choices=(128,), seed=4)
+    result = sharing.compare_sharing(sharing.workload(spec, "beam", 4, 1.0), "beam", 4, 4000,
+                                     block_size=16)
+    shared, copied = result.shared, result.copied
+    assert shared.summary.completed == copied.summary.completed == 150
+    assert shared.saving > 0.3 and shared.copies_per_step < copied.copies_per_step
+    assert shared.mean_running > copied.mean_running and shared.steps < copied.steps
+    assert shared.preempted < copied.preempted
+
+
+def test_contiguous_reserves_one_range_per_beam():
+    request = Request(0.0, 10, (5,), 20, beam_width=3)
+    _, meter = simulate_contiguous([request], 1000)
+    assert meter.reserved[0] == 3 * (10 + 20)
+
+
+def test_main_beam_width_reports_savings_beside_the_paper_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "beam.png"
+    args = ["--capacity-tokens", "3000", "--requests", "40", "--rate", "2", "--mean-prompt", "19",
+            "--mean-output", "40", "--beam-width", "2,4", "--plot", str(plot)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    for name in ("beam K=2", "parallel n=2", "beam K=4", "parallel n=4", "37.6%", "8.5%"):
+        assert name in out, name
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_main_beam_width_on_a_trace(tmp_path, capsys):
+    path = tmp_path / "trace.csv"
+    write_csv(generate(SMALL)[:20], path)
+    assert cli.main(["--trace", str(path), "--capacity-tokens", "4000", "--beam-width", "3",
+                     "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "beam K=3" in out and "parallel n=3" in out
+
+
+def test_main_replays_a_trace_with_beam_requests(tmp_path, capsys):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival,prompt_len,output_len,beam_width\n0,20,30,4\n1,40,10,1\n2,8,50,2\n")
+    assert cli.main(["--trace", str(path), "--capacity-tokens", "2000", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "paged B=16" in out
+
+
+def test_sharing_study_rejects_an_unknown_mode_or_width():
+    from pagedattn.simulate import sharing
+
+    with pytest.raises(PagedAttentionError, match="mode"):
+        sharing.widen([Request(0.0, 4, (2,), 4)], "greedy", 2)
+    with pytest.raises(PagedAttentionError, match="width"):
+        sharing.workload(SMALL, "beam", 0, 1.0)
+
+
+def test_sharing_plot_has_a_column_per_width_with_its_savings():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pagedattn.simulate import sharing
+
+    spec = WorkloadSpec(num_requests=20, arrival_rate=2.0, mean_prompt=19, mean_output=30,
+                        max_model_len=256, max_tokens_choices=(64,), seed=5)
+    results = [sharing.compare_sharing(sharing.workload(spec, mode, width, 1.0), mode, width,
+                                       3000, block_size=16)
+               for width in (2, 4) for mode in sharing.MODES]
+    figure = sharing.plot_figure(results, 3000 // 16)
+    assert len(figure.axes) == 3 * 2
+    for column, width in enumerate((2, 4)):
+        title = figure.axes[column].get_title()
+        assert f"width {width}" in title
+        for r in results:
+            if r.width == width:
+                assert f"{r.mode} saves {100 * r.shared.saving:.0f}%" in title
+    plt.close(figure)

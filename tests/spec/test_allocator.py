@@ -49,6 +49,23 @@ def test_fork_shares_blocks_without_taking_any():
     assert [alloc.refcount(b) for b in alloc.block_table(0)] == [2, 2]
 
 
+def test_num_references_counts_what_every_table_would_hold_unshared():
+    alloc = BlockAllocator(16, 4, prefix_caching=True)
+    alloc.add_sequence(0, list(range(6)))  # 2 blocks
+    alloc.fork(0, 1)
+    alloc.fork(0, 2)
+    assert (alloc.num_used_blocks, alloc.num_references) == (2, 6)
+    alloc.append(1, [9])  # copy-on-write: 1's private copy of the partial block
+    assert (alloc.num_used_blocks, alloc.num_references) == (3, 6)
+    alloc.free(2)
+    alloc.add_sequence(3, list(range(4)))  # its one full block from the prefix cache
+    assert (alloc.num_used_blocks, alloc.num_references) == (3, 5)
+    for seq in (0, 1, 3):
+        alloc.free(seq)
+    assert alloc.num_references == 0
+    alloc.check_invariants()
+
+
 def test_append_into_shared_partial_block_copies_it_first():
     alloc = BlockAllocator(8, 4)
     alloc.add_sequence(0, 6)  # blocks [a, b], b holds 2 of 4 slots

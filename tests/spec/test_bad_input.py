@@ -81,10 +81,18 @@ def test_unknown_layout() -> None:
         call(kv_layout="NDH")
 
 
-def test_block_tables_must_be_int32() -> None:
+def test_block_tables_must_hold_integers() -> None:
     case = random_paged_inputs([20, 5, 33], [4, 5, 1])
-    with raises("block_tables", "dtype int64"):
-        call(block_tables=case.block_tables.astype(np.int64))
+    with raises("block_tables", "expected integers that fit in int32, received dtype float32"):
+        call(block_tables=case.block_tables.astype(np.float32))
+
+
+def test_index_values_must_fit_in_int32() -> None:
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
+    tables = case.block_tables.astype(np.int64)
+    tables[1, 1:] = 2**31  # an unneeded column, but the device copy is int32
+    with raises("block_tables", f"value {2**31} does not fit"):
+        call(block_tables=tables)
 
 
 @pytest.mark.parametrize("bad", [-1, 10_000])
@@ -147,7 +155,8 @@ def test_decode_needs_one_query_per_sequence() -> None:
 @pytest.mark.parametrize(
     ("option", "value"),
     [("sliding_window", 0), ("sliding_window", 2.5), ("softcap", 0.0), ("softcap", float("nan")),
-     ("scale", float("inf")), ("k_scale", -1.0), ("v_scale", 0.0), ("causal", "yes")],
+     ("scale", float("inf")), ("k_scale", -1.0), ("v_scale", 0.0), ("causal", "yes"), ("return_lse", "yes"),
+     ("return_lse", 1), ("scale", "0.5"), ("scale", True), ("softcap", "30"), ("k_scale", None)],
 )
 def test_bad_scalar_options(option: str, value: Any) -> None:
     with raises(option):

@@ -27,8 +27,9 @@ class DenseBackend(Backend):
     def to_numpy(self, array: Any) -> np.ndarray:
         return np.asarray(array)
 
-    def _plan(self, problem: AttentionProblem, *index_arrays: Any) -> None:
-        return None  # nothing to precompute
+    def _plan(self, problem: AttentionProblem, block_tables: Any, seq_lens: Any, query_start_loc: Any,
+              alibi_slopes: Any) -> None:
+        return None  # nothing to precompute: _run reads the host copies in plan.problem
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
         pr = plan.problem
@@ -38,7 +39,7 @@ class DenseBackend(Backend):
         for s in range(pr.num_seqs):
             start, stop = pr.query_start_loc[s], pr.query_start_loc[s + 1]
             if stop == start or pr.seq_lens[s] == 0:
-                continue  # no query, or no key to see: out stays 0 and lse -inf, as the contract says
+                continue  # no query, or decode padding (L = 0): out 0, lse -inf
             k, v = (x.astype(np.float32) for x in gather_kv(pr, key_cache, value_cache, s))  # [L, Hkv, D]
             heads = np.arange(pr.num_q_heads) // pr.group_size  # query head -> KV head
             scores = pr.scale * np.einsum("thd,lhd->thl", query[start:stop], k[:, heads])

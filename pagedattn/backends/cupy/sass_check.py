@@ -3,8 +3,8 @@ fragments that an ``ldmatrix`` wrote inside that loop.
 
 Why: with Q loaded into registers once before the loop, ptxas 13.0 gave those registers to
 other values inside the loop at head_dim 64 (P, mask scratch), so from the second tile on S
-was computed from the previous tile's P (the first H200 run's failure; PERF_NOTES.md,
-version 8). The kernel now reads Q from shared memory before every S; this check keeps it so.
+was computed from the previous tile's P (docs/backends/cupy.md, the Hopper prefill kernel).
+The kernel reads Q from shared memory before every S; this check keeps it so.
 The 2-CTA/SM variant (``CTAS = 2``) gives wgmma Q's shared-memory descriptor instead: its S
 wgmmas must all take A from shared memory.
 

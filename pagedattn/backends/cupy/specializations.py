@@ -41,7 +41,7 @@ WGMMA_STAGES = 4
 #: CTAs per SM the wgmma kernel's launch bounds ask for (PAGEDATTN_CUPY_WGMMA_CTAS, default
 #: WGMMA_CTAS_DEFAULT): 2 caps registers at 128 a thread and takes fewer K/V stages
 #: (:func:`wgmma_stages`); it ran causal prefill 8 x 4,096 in 2.54-2.65 ms on an H200, 1 CTA
-#: in 3.49-3.52 ms (cupy/PERF_NOTES.md, version 10)
+#: in 3.49-3.52 ms (docs/backends/cupy.md)
 WGMMA_CTAS_CHOICES: tuple[int, ...] = (1, 2)
 WGMMA_CTAS_DEFAULT = 2
 WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)

@@ -44,7 +44,9 @@ class TorchBackend(Backend):
 
     @classmethod
     def availability(cls) -> str | None:
-        return None if importlib.util.find_spec("torch") is not None else "torch is not installed"
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed (pip install 'pagedattn[torch]')"
+        return None
 
     def capabilities(self) -> Capabilities:
         return Capabilities(device=self.device.type)

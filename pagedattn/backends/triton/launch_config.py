@@ -39,8 +39,8 @@ class DecodeTiles(NamedTuple):
 
 
 # Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
-# size (None: any other). Picked on an H200 by `gpu_check --bench-sweep` (PERF_NOTES.md,
-# 2026-11-30b): per block size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's
+# size (None: any other). Picked on an H200 by `gpu_check --bench-sweep` (docs/backends/triton.md):
+# per block size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's
 # timer. 16-key tiles of 2 warps read the block table once per tile and keep 3 K/V buffers
 # in flight (7 stages); 152 registers, 29 KB of shared memory. ``resident`` 4 (the registers
 # allow 6) is what the split heuristic was measured with: 33 splits at 2 x 65,536, 134 us.

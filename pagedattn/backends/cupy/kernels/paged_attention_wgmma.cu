@@ -1,5 +1,5 @@
 // Paged attention on Hopper warpgroup MMA (wgmma.mma_async, sm_90a; float32 accumulation) for
-// float16 and bfloat16 queries and caches: long prefill, issue #5. One CTA of two warpgroups
+// float16 and bfloat16 queries and caches: long prefill. One CTA of two warpgroups
 // takes WGMMA_ROWS = 128 query rows (query tokens x the query heads of one KV head: a work
 // item of planning.build_work at 128 rows); each warpgroup owns 64 rows, and both read every
 // K/V tile staged in shared memory.
