@@ -131,3 +131,20 @@ def test_progress_counts_cells_per_backend_and_estimates_the_rest():
     progress.finished("numpy")
     progress.finished("numpy")
     assert progress.line("numpy").endswith("4/4 cells, 30s, done")
+
+
+def test_an_interpreted_backend_gets_fewer_examples_only_in_the_standard_profile():
+    from pagedattn.backends.capabilities import Capabilities
+    from pagedattn.conformance.profiles import INTERPRETED_EXAMPLES, PROFILES, examples_per_cell
+    from pagedattn.reference.backend import NumpyBackend
+
+    class Interpreted(NumpyBackend):
+        def capabilities(self) -> Capabilities:
+            return Capabilities(device="cpu (Triton interpreter)")
+
+    slow, native = Interpreted(), NumpyBackend()
+    full = PROFILES["standard"]["max_examples"]
+    assert examples_per_cell(slow, "standard") == INTERPRETED_EXAMPLES["standard"] < full
+    assert examples_per_cell(native, "standard") == full == PROFILES["ci"]["max_examples"]
+    for deep in ("ci", "thorough"):
+        assert examples_per_cell(slow, deep) == examples_per_cell(native, deep) == PROFILES[deep]["max_examples"]
