@@ -20,12 +20,12 @@ FLUSH = suite.GPU_FLUSH_BYTES if ON_GPU else suite.CPU_FLUSH_BYTES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_backend(benchmark: Any, backend_name: str, case: Any, ceilings: Ceilings) -> None:
+def test_backend(benchmark: Any, backend_name: str, case: Any, ceilings: Ceilings, input_kind: str) -> None:
     from pagedattn.backends.registry import load_backend
 
     backend = load_backend(backend_name)
     benchmark.group = f"{backend_name}/{case.dtype}/bs{case.block_size}"
-    prepared = suite.prepare(backend, case, FLUSH)
+    prepared = suite.prepare(backend, case, FLUSH, input_kind)
     prepared.warm_up()
     if ON_GPU:
         benchmark.pedantic(prepared.call, rounds=max(20, 2 * prepared.rotations), iterations=1)

@@ -49,12 +49,13 @@ def reference_result(case: shapes.Case, ceilings: Ceilings) -> Result:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_target_case(benchmark: Any, backend_name: str, case: shapes.Case, ceilings: Ceilings) -> None:
+def test_target_case(benchmark: Any, backend_name: str, case: shapes.Case, ceilings: Ceilings,
+                     input_kind: str) -> None:
     from pagedattn.backends.registry import load_backend
 
     backend = load_backend(backend_name)
     benchmark.group = f"targets/{backend_name}"
-    prepared = suite.prepare(backend, case, suite.GPU_FLUSH_BYTES)
+    prepared = suite.prepare(backend, case, suite.GPU_FLUSH_BYTES, input_kind)
     prepared.warm_up()
     start = time.perf_counter()
     prepared.call()
@@ -70,7 +71,7 @@ def test_target_case(benchmark: Any, backend_name: str, case: shapes.Case, ceili
     RESULTS.extend([mine, reference])
     target = TARGET_OF[case.name]
     single = judge(backend_name, Target(target.name, (case.name,), target.min_pct_of_ceiling,
-                                        target.min_speed_vs_reference), RESULTS)
+                                        target.min_speed_vs_reference), RESULTS, on=("back to back",))
     assert single.status == "met", (
         f"{backend_name} {case.name}: {single.status} ({target.bars()}): {info['pct_of_ceiling']:.1f}% of"
         f" {info['read_ceiling_gbps']:.0f} GB/s / {info['matmul_ceiling_tflops']:.0f} TFLOP/s,"
@@ -80,7 +81,8 @@ def test_target_case(benchmark: Any, backend_name: str, case: shapes.Case, ceili
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if t.max_spread is not None], ids=lambda t: t.name)
 def test_target_spread(backend_name: str, target: Target) -> None:
-    verdict = judge(backend_name, Target(target.name, target.cases, max_spread=target.max_spread), RESULTS)
+    verdict = judge(backend_name, Target(target.name, target.cases, max_spread=target.max_spread), RESULTS,
+                    on=("back to back",))
     if verdict.status == "not measured":
         pytest.fail(f"{backend_name}: not every case of {target.name!r} was measured in this session"
                     f" ({verdict.reason})")

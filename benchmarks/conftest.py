@@ -26,6 +26,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pagedattn perf")
     group.addoption("--perf-backends", nargs="+", default=None,
                     help="backends to benchmark (default: every available one for this device)")
+    group.addoption("--perf-inputs", choices=("torch", "native"), default="torch",
+                    help="what run receives: torch tensors where the backend takes them (default), or its own arrays")
     group.addoption("--perf-baseline", choices=("auto", "off"), default="auto",
                     help="auto: compare with benchmarks/baselines/<device>/baseline.json when it exists")
     group.addoption("--perf-conformance", action="store_true", default=False,
@@ -110,3 +112,9 @@ def cpu_ceilings() -> Ceilings:
     from pagedattn.perf import ceilings as ceilings_mod
 
     return ceilings_mod.measure_cpu()
+
+
+@pytest.fixture(scope="session")
+def input_kind(request: pytest.FixtureRequest) -> str:
+    """What ``run`` receives (``--perf-inputs``): torch tensors where the backend takes them, or native."""
+    return str(request.config.getoption("--perf-inputs"))

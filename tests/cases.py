@@ -1,13 +1,32 @@
-"""Drawn small paged-attention cases shared by the unit tests (fixed ones: :mod:`pagedattn.spec.pools`)."""
+"""Cases shared by the unit tests: drawn small ones (:func:`paged_configs`), named poisoned ones for
+the GPU tests (:func:`poisoned_case`), and the cache operations' cases (:func:`operation_cases`).
+
+Every attention case is the spec's :class:`~pagedattn.spec.case.AttentionCase`, built by
+:func:`pagedattn.spec.pools.random_paged_inputs`.
+"""
 
 from __future__ import annotations
 
+import functools
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import pytest
 from hypothesis import strategies as st
 
-from pagedattn.spec.pools import random_paged_inputs
+from pagedattn.backends.interface import Backend
+from pagedattn.conformance import checks
+from pagedattn.conformance.cases import CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.spec.case import AttentionCase
+from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.pools import in_pool, random_paged_inputs
+
+#: ALiBi slopes of 8 query heads (the GPU cases' default head count)
+SLOPES = (2.0 ** -np.arange(1, 9)).astype(np.float32)
+#: fp8 cache scales of the GPU cases
+FP8_SCALES: dict[str, Any] = {"k_scale": 0.37, "v_scale": 2.5}
 
 
 @st.composite
@@ -52,3 +71,66 @@ def paged_configs(
                      kv_layout=draw(st.sampled_from(["NHD", "HND"]), label="layout"),
                      seed=draw(st.integers(0, 2**16), label="seed"))
     return {"case": case, "dtype": dtype, "cache_dtype": cache_dtype, "options": options}
+
+
+def poisoned_case(name: str, seq_lens: Sequence[int], q_lens: Sequence[int] | None = None, *, pool: bool = False,
+                  **settings: Any) -> AttentionCase:
+    """A named GPU case: ``q_lens`` None is decode; NaN and +-inf in every slot it must not read and
+    wild ids in unused block-table columns; bfloat16, head_dim 128, 8 query and 2 KV heads, block
+    size 16 unless ``settings`` say otherwise (they take :func:`random_paged_inputs`' keywords and
+    the call's options; ``return_lse`` is on). ``pool``: on views of a two-layer pool. The seed
+    follows from the name."""
+    shape = {"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dtype": "bfloat16", **settings}
+    case = random_paged_inputs(list(seq_lens), None if q_lens is None else list(q_lens), garbage="wild",
+                               seed=zlib.crc32(name.encode()) % 2**31, name=name, return_lse=True, **shape)
+    return in_pool(case) if pool else case
+
+
+def gpu_case(name: str, seq_lens: Sequence[int], q_lens: Sequence[int] | None = None, *, marks: Any = (),
+             **settings: Any) -> Any:
+    """A pytest param holding a builder of :func:`poisoned_case` (the arrays are made when a test
+    runs, not when it is collected), with the case's name as its id."""
+    return pytest.param(functools.partial(poisoned_case, name, seq_lens, q_lens, **settings), id=name, marks=marks)
+
+
+def check_operation(backend: Backend, case: WriteKVCase | CopyBlocksCase | MergeCase) -> None:
+    """The conformance check of a cache operation's case."""
+    check = {WriteKVCase: checks.write_kv_matches_spec, CopyBlocksCase: checks.copy_blocks_matches_spec,
+             MergeCase: checks.merge_states_matches_spec}[type(case)]
+    check(backend, case)  # type: ignore[operator]
+
+
+def operation_cases() -> list[Any]:
+    """write_kv at every query dtype into 16-bit, float32 and fp8 caches of both layouts (skipped
+    slots, fp8 overflow, -0 and subnormals, scales), copy_blocks with chains and a cycle, and
+    merge_states with empty sides (lse = -inf, NaN out); as pytest params with ids."""
+    rng = np.random.default_rng(10)
+    cases: list[Any] = []
+    writes = [(d, None, layout) for d in ("bfloat16", "float16", "float32") for layout in ("NHD", "HND")]
+    writes += [("bfloat16", "float8_e4m3fn", "NHD"), ("float16", "float8_e5m2", "HND"),
+               ("float32", "float8_e4m3fn", "HND"), ("float32", "float8_e5m2", "NHD")]
+    for dtype, cache, layout in writes:
+        shape = (8, 16, 4, 64) if layout == "NHD" else (8, 4, 16, 64)
+        caches = [rng.standard_normal(shape).astype(numpy_dtype(cache or dtype)) for _ in range(2)]
+        magnitude = np.exp(rng.uniform(-25.0, 12.0 if cache else 4.0, (40, 4, 64)))  # fp8: subnormal to overflow
+        key = (magnitude * rng.choice([-1.0, 1.0], magnitude.shape)).astype(numpy_dtype(dtype))
+        key[0, 0, :2] = [-0.0, 0.0]
+        if cache:
+            key[0, 0, 2:4] = [464.0 * 0.37, 61440.0 * 2.5]  # fp8 rounding boundaries
+        value = (rng.standard_normal((40, 4, 64)) * 300).astype(numpy_dtype(dtype))
+        slots = rng.permutation(128)[:40].astype(np.int64)
+        slots[::7] = -1
+        scales = FP8_SCALES if cache else {}
+        cases.append(pytest.param(WriteKVCase(key, value, *caches, slots, layout, **scales),
+                                  id=f"write_kv {dtype} -> {cache or dtype} {layout}"))
+    for layout in ("NHD", "HND"):
+        cache = rng.standard_normal((10, 16, 4, 64)).astype(numpy_dtype("bfloat16"))
+        pairs = np.array([[0, 1], [1, 2], [2, 0], [5, 9]], dtype=np.int64)  # a cycle: sources first
+        cases.append(pytest.param(CopyBlocksCase(cache, cache[::-1].copy(), pairs, layout), id=f"copy_blocks {layout}"))
+    for dtype in ("bfloat16", "float16", "float32"):
+        out_a, out_b = (rng.standard_normal((50, 8, 64)).astype(numpy_dtype(dtype)) for _ in range(2))
+        lse_a, lse_b = (rng.normal(0, 4, (50, 8)).astype(np.float32) for _ in range(2))
+        lse_a[0], out_a[0] = -np.inf, np.nan
+        lse_a[1] = lse_b[1] = -np.inf
+        cases.append(pytest.param(MergeCase(out_a, lse_a, out_b, lse_b), id=f"merge_states {dtype}"))
+    return cases

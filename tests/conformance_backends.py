@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pagedattn.backends.capabilities import Capabilities
-from pagedattn.reference.backend import NumpyBackend
+from pagedattn.backends.numpy.backend import NumpyBackend
 
 
 class NarrowBackend(NumpyBackend):

@@ -45,6 +45,20 @@ class Plan:
     signatures: dict[str, tuple[tuple[int, ...], str]]
     state: Any
 
+    @property
+    def capturable(self) -> bool:
+        """Whether ``run`` of this plan may be captured in a CUDA graph and replayed: the
+        backend's state says so with a ``capturable`` attribute (False where it has none)."""
+        return bool(getattr(self.state, "capturable", False))
+
+    @property
+    def fixed_in_graph(self) -> tuple[str, ...]:
+        """What a CUDA graph that captured ``run`` of this plan holds fixed, as the backend's
+        state lists it (``fixed_in_graph``): a replay sees new contents of the captured query
+        and caches, never new index arrays, shapes or addresses; those need a new plan and a
+        new capture."""
+        return tuple(getattr(self.state, "fixed_in_graph", ()))
+
 
 class Backend(abc.ABC):
     """Base class of all backends. Subclasses set ``name`` and implement the ``_`` methods.
@@ -56,6 +70,9 @@ class Backend(abc.ABC):
     name: ClassVar[str] = ""
     version: ClassVar[str] = "0"
     description: ClassVar[str] = ""
+    #: whether ``run`` takes torch tensors on the backend's device as they are (the benchmark
+    #: then passes torch tensors, as an engine does)
+    accepts_torch: ClassVar[bool] = False
 
     # -- what the backend is -------------------------------------------------
     @classmethod
@@ -91,37 +108,21 @@ class Backend(abc.ABC):
         return np.asarray(self.to_numpy(array))
 
     # -- paged attention -----------------------------------------------------
-    def plan(
-        self,
-        query: Any,
-        key_cache: Any,
-        value_cache: Any,
-        block_tables: Any,
-        seq_lens: Any,
-        query_start_loc: Any = None,
-        *,
-        kv_layout: str = "NHD",
-        scale: float | None = None,
-        causal: bool = True,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        alibi_slopes: Any = None,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
-        return_lse: bool = False,
-    ) -> Plan:
-        """Validate a call and build per-batch metadata; see :func:`check_paged_attention`.
+    def plan(self, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any,
+             query_start_loc: Any = None, **options: Any) -> Plan:
+        """Validate a call and build per-batch metadata.
 
-        query and caches are inspected for shape and dtype only; the index arrays are read
-        on the host (copied from the device if needed).
+        The keyword options and their defaults are those of :func:`check_paged_attention`
+        (kv_layout, scale, causal, sliding_window, softcap, alibi_slopes, k_scale, v_scale,
+        return_lse). query and caches are inspected for shape and dtype only; the index arrays
+        and ``alibi_slopes`` are read on the host (copied from the device if needed).
         """
+        alibi_slopes = options.get("alibi_slopes")
+        host_options = {**options, "alibi_slopes": self._host_or_none(alibi_slopes)}
         problem = check_paged_attention(
             query, key_cache, value_cache,
             self._host_or_none(block_tables), self._host_or_none(seq_lens),
-            self._host_or_none(query_start_loc),
-            kv_layout=kv_layout, scale=scale, causal=causal, sliding_window=sliding_window,
-            softcap=softcap, alibi_slopes=self._host_or_none(alibi_slopes),
-            k_scale=k_scale, v_scale=v_scale, return_lse=return_lse,
+            self._host_or_none(query_start_loc), **host_options,
         )
         self.capabilities().require(problem, backend=self.name)
         if not self.capabilities().supports("strided_caches"):

@@ -23,7 +23,7 @@ ENTRY_POINT_GROUP = "pagedattn.backends"
 
 #: The built-in backends, as in pyproject.toml's ``[project.entry-points."pagedattn.backends"]``.
 BUILTIN_BACKENDS: dict[str, str] = {
-    "numpy": "pagedattn.reference.backend:NumpyBackend",
+    "numpy": "pagedattn.backends.numpy.backend:NumpyBackend",
     "triton": "pagedattn.backends.triton.backend:TritonBackend",
     "cupy": "pagedattn.backends.cupy.backend:CupyBackend",
     "torch": "pagedattn.backends.torch.backend:TorchBackend",

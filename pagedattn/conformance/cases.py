@@ -1,17 +1,20 @@
 """Conformance cases: the inputs of one call, how to run them on a backend, and their ``.npz`` form.
 
-A case holds host (NumPy) arrays; :meth:`AttentionCase.run` moves them to the backend's
-device, calls it through the public interface only, and brings the results back. Saved
+The attention case is the spec's :class:`~pagedattn.spec.case.AttentionCase`; :func:`run_case`
+moves it to the backend's device, calls it through the public interface only, and brings
+the results back. Saved
 cases are standalone: ``pagedattn replay CASE.npz --backend NAME`` needs nothing else.
 bfloat16/fp8 arrays are stored as their raw bits plus the dtype name, because ``.npz``
-does not know ml_dtypes.
+does not know ml_dtypes. Caches of more than :data:`SPARSE_ELEMENTS` elements (the scale
+cells' pools past 2**31 elements) are stored as their non-zero blocks and rebuilt lazily
+(:func:`~pagedattn.spec.pools.lazy_cache`), so such a case file stays small.
 """
 
 from __future__ import annotations
 
 import json
 import zipfile
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,18 +22,13 @@ import numpy as np
 
 from pagedattn.backends.interface import Backend
 from pagedattn.errors import PagedAttentionError
+from pagedattn.spec.case import AttentionCase, pretty, summary
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
+from pagedattn.spec.pools import occupied_blocks
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def _pretty(self: Any, printer: Any, cycle: bool) -> None:
-    """Hypothesis' and IPython's pretty printers: the short repr, not every array element."""
-    printer.text(repr(self))
-
-
-def _summary(x: np.ndarray | None) -> str:
-    return "None" if x is None else f"{dtype_name(x.dtype)}{list(x.shape)}"
+#: Arrays with more elements are saved as their non-zero blocks (axis 0) only.
+SPARSE_ELEMENTS = 2**26
 
 
 class AttentionResult(NamedTuple):
@@ -40,97 +38,40 @@ class AttentionResult(NamedTuple):
     lse: np.ndarray | None
 
 
-@dataclass(frozen=True, repr=False)
-class AttentionCase:
-    """One paged-attention call on host arrays (see :mod:`pagedattn.spec.arrays` for their meaning).
+def device_caches(backend: Backend, case: AttentionCase) -> tuple[Any, Any, Any]:
+    """Return ``(key_cache, value_cache, pool or None)`` of ``case`` on the backend's device, views kept."""
+    if case.pool is not None:
+        pool = backend.to_device(case.pool)
+        return pool[:, 0, case.layer], pool[:, 1, case.layer], pool
+    return backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy()), None
 
-    ``pool`` (when not None) is the multi-layer pool ``[num_blocks, 2, num_layers, ...]`` of
-    which ``key_cache = pool[:, 0, layer]`` and ``value_cache = pool[:, 1, layer]`` are strided
-    views. ``seed`` drives the variants the invariant checks build; ``labels`` describe the draw.
-    """
 
-    query: np.ndarray
-    key_cache: np.ndarray
-    value_cache: np.ndarray
-    block_tables: np.ndarray
-    seq_lens: np.ndarray
-    query_start_loc: np.ndarray | None
-    options: dict[str, Any]
-    pool: np.ndarray | None = None
-    layer: int = 0
-    seed: int = 0
-    labels: dict[str, str] = field(default_factory=dict)
+def run_case(backend: Backend, case: AttentionCase, *, caches: tuple[Any, Any, Any] | None = None) -> AttentionResult:
+    """Call ``backend.paged_attention`` on device copies of ``case``; return host results."""
+    key_cache, value_cache, _ = caches if caches is not None else device_caches(backend, case)
+    options = dict(case.options)
+    if options.get("alibi_slopes") is not None:
+        options["alibi_slopes"] = backend.to_device(options["alibi_slopes"])
+    qsl = None if case.query_start_loc is None else backend.to_device(case.query_start_loc)
+    result = backend.paged_attention(
+        backend.to_device(case.query), key_cache, value_cache,
+        backend.to_device(case.block_tables), backend.to_device(case.seq_lens), qsl, **options,
+    )
+    backend.synchronize()
+    if options.get("return_lse"):
+        out, lse = result
+        return AttentionResult(np.asarray(backend.to_numpy(out)), np.asarray(backend.to_numpy(lse)))
+    return AttentionResult(np.asarray(backend.to_numpy(result)), None)
 
-    @property
-    def kv_layout(self) -> str:
-        return str(self.options.get("kv_layout", "NHD"))
 
-    @property
-    def dtype(self) -> str:
-        return dtype_name(self.query.dtype)
+class _ShortRepr:
+    """Hypothesis' and IPython's pretty printers show a case by its short repr."""
 
-    @property
-    def cache_dtype(self) -> str:
-        return dtype_name(self.key_cache.dtype)
-
-    @property
-    def block_size(self) -> int:
-        return int(self.key_cache.shape[1 if self.kv_layout == "NHD" else 2])
-
-    def replace(self, **changes: Any) -> AttentionCase:
-        """Return a copy with some fields changed (the caches follow ``pool`` when it changes)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        if "pool" in changes and changes["pool"] is not None:
-            values["key_cache"] = changes["pool"][:, 0, values["layer"]]
-            values["value_cache"] = changes["pool"][:, 1, values["layer"]]
-        return AttentionCase(**values)
-
-    _repr_pretty_ = _pretty
-
-    def __repr__(self) -> str:
-        opts = {k: (_summary(v) if isinstance(v, np.ndarray) else v) for k, v in self.options.items()}
-        qsl = None if self.query_start_loc is None else self.query_start_loc.tolist()
-        pool = "" if self.pool is None else f", pool={_summary(self.pool)}[:, k/v, {self.layer}]"
-        return (
-            f"AttentionCase(query={_summary(self.query)}, key_cache={_summary(self.key_cache)}{pool},"
-            f" seq_lens={self.seq_lens.tolist()}, query_start_loc={qsl},"
-            f" block_tables={self.block_tables.tolist()}, options={opts}, labels={self.labels})"
-        )
-
-    # -- running --------------------------------------------------------------------------
-    def device_caches(self, backend: Backend) -> tuple[Any, Any, Any]:
-        """Return ``(key_cache, value_cache, pool or None)`` on the backend's device, views kept."""
-        if self.pool is not None:
-            pool = backend.to_device(self.pool)
-            return pool[:, 0, self.layer], pool[:, 1, self.layer], pool
-        return backend.to_device(self.key_cache.copy()), backend.to_device(self.value_cache.copy()), None
-
-    def run(self, backend: Backend, *, caches: tuple[Any, Any, Any] | None = None) -> AttentionResult:
-        """Call ``backend.paged_attention`` on device copies of this case; return host results."""
-        key_cache, value_cache, _ = caches if caches is not None else self.device_caches(backend)
-        options = dict(self.options)
-        if options.get("alibi_slopes") is not None:
-            options["alibi_slopes"] = backend.to_device(options["alibi_slopes"])
-        qsl = None if self.query_start_loc is None else backend.to_device(self.query_start_loc)
-        result = backend.paged_attention(
-            backend.to_device(self.query), key_cache, value_cache,
-            backend.to_device(self.block_tables), backend.to_device(self.seq_lens), qsl, **options,
-        )
-        backend.synchronize()
-        if options.get("return_lse"):
-            out, lse = result
-            return AttentionResult(np.asarray(backend.to_numpy(out)), np.asarray(backend.to_numpy(lse)))
-        return AttentionResult(np.asarray(backend.to_numpy(result)), None)
-
-    def host_args(self) -> tuple[Any, ...]:
-        """The positional arguments of the spec's :func:`~pagedattn.spec.exact.exact_attention`."""
-        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
-                self.query_start_loc)
+    _repr_pretty_ = pretty
 
 
 @dataclass(frozen=True)
-class WriteKVCase:
+class WriteKVCase(_ShortRepr):
     """A ``write_kv`` call: key/value ``[T, Hkv, D]``, caches of ``kv_layout``, slot_mapping ``[T]``."""
 
     key: np.ndarray
@@ -142,15 +83,13 @@ class WriteKVCase:
     k_scale: float = 1.0
     v_scale: float = 1.0
 
-    _repr_pretty_ = _pretty
-
     def __repr__(self) -> str:
-        return (f"WriteKVCase(key={_summary(self.key)}, key_cache={_summary(self.key_cache)} {self.kv_layout},"
+        return (f"WriteKVCase(key={summary(self.key)}, key_cache={summary(self.key_cache)} {self.kv_layout},"
                 f" slot_mapping={self.slot_mapping.tolist()}, k_scale={self.k_scale}, v_scale={self.v_scale})")
 
 
 @dataclass(frozen=True)
-class CopyBlocksCase:
+class CopyBlocksCase(_ShortRepr):
     """A ``copy_blocks`` call: caches of ``kv_layout`` and pairs int ``[n, 2]`` of (src, dst)."""
 
     key_cache: np.ndarray
@@ -158,15 +97,13 @@ class CopyBlocksCase:
     pairs: np.ndarray
     kv_layout: str
 
-    _repr_pretty_ = _pretty
-
     def __repr__(self) -> str:
-        return (f"CopyBlocksCase(key_cache={_summary(self.key_cache)} {self.kv_layout},"
+        return (f"CopyBlocksCase(key_cache={summary(self.key_cache)} {self.kv_layout},"
                 f" pairs={self.pairs.tolist()})")
 
 
 @dataclass(frozen=True)
-class MergeCase:
+class MergeCase(_ShortRepr):
     """A ``merge_states`` call: outs ``[T, H, D]``, lses float32 ``[T, H]`` (-inf = empty part)."""
 
     out_a: np.ndarray
@@ -174,10 +111,8 @@ class MergeCase:
     out_b: np.ndarray
     lse_b: np.ndarray
 
-    _repr_pretty_ = _pretty
-
     def __repr__(self) -> str:
-        return (f"MergeCase(out_a={_summary(self.out_a)}, lse_a={self.lse_a.tolist()},"
+        return (f"MergeCase(out_a={summary(self.out_a)}, lse_a={self.lse_a.tolist()},"
                 f" lse_b={self.lse_b.tolist()})")
 
 
@@ -193,10 +128,27 @@ def _pack(arrays: dict[str, np.ndarray], meta: dict[str, Any], name: str, x: np.
     arrays[name] = x.view(_BITS[x.dtype.itemsize]) if x.dtype.kind == "V" or x.dtype.itemsize in (1, 2) else x
 
 
+def _pack_array(arrays: dict[str, np.ndarray], meta: dict[str, Any], name: str, x: np.ndarray) -> None:
+    """Pack ``x`` whole, or past :data:`SPARSE_ELEMENTS` as its shape, non-zero block ids and blocks."""
+    if x.size <= SPARSE_ELEMENTS or x.ndim < 2:
+        _pack(arrays, meta, name, x)
+        return
+    blocks = occupied_blocks(x)
+    meta.setdefault("sparse", {})[name] = list(x.shape)
+    arrays[f"{name}.blocks"] = blocks
+    _pack(arrays, meta, name, x[blocks])
+
+
 def _unpack(data: Any, meta: dict[str, Any], name: str) -> np.ndarray:
     x = data[name]
     dtype = numpy_dtype(meta["dtypes"][name])
-    return x.view(dtype) if x.dtype != dtype else x
+    x = x.view(dtype) if x.dtype != dtype else x
+    shape = meta.get("sparse", {}).get(name)
+    if shape is None:
+        return x
+    full = np.zeros(tuple(shape), dtype=dtype)  # lazy: only the stored blocks are touched
+    full[data[f"{name}.blocks"]] = x
+    return full
 
 
 def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, Any] | None = None) -> Path:
@@ -211,7 +163,7 @@ def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, An
         if isinstance(value, np.ndarray):
             if f.name in ("key_cache", "value_cache") and getattr(case, "pool", None) is not None:
                 continue  # views of the pool: rebuilt from it
-            _pack(arrays, meta, f.name, value)
+            _pack_array(arrays, meta, f.name, value)
         elif f.name == "options":
             opts = {}
             for key, item in value.items():

@@ -24,18 +24,28 @@ from pagedattn.conformance.assertions import (
     assert_close_to_spec,
     describe_call,
 )
-from pagedattn.conformance.cases import AttentionCase, AttentionResult, CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.conformance.cases import (
+    AttentionCase,
+    AttentionResult,
+    CopyBlocksCase,
+    MergeCase,
+    WriteKVCase,
+    device_caches,
+    run_case,
+)
+from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
 from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
 from pagedattn.spec.error_model import merge_tolerance, tolerance
 from pagedattn.spec.exact import exact_attention_problem
 from pagedattn.spec.online_softmax import merge_states as spec_merge_states
+from pagedattn.spec.pools import lazy_copy
 
 
 def problem_of(case: AttentionCase) -> AttentionProblem:
     """The validated problem of a case (the spec's own check)."""
-    return check_paged_attention(*case.host_args(), **case.options)
+    return check_paged_attention(*case.args(), **case.options)
 
 
 def _call(backend: Backend, case: AttentionCase) -> str:
@@ -45,8 +55,8 @@ def _call(backend: Backend, case: AttentionCase) -> str:
 def run_checked(backend: Backend, case: AttentionCase) -> AttentionResult:
     """Run ``case`` and assert the backend wrote nothing but its outputs (caches, pool, inputs intact)."""
     __tracebackhide__ = True
-    caches = case.device_caches(backend)
-    result = case.run(backend, caches=caches)
+    caches = device_caches(backend, case)
+    result = run_case(backend, case, caches=caches)
     call = _call(backend, case)
     key_cache, value_cache, pool = caches
     if pool is not None and case.pool is not None:
@@ -139,14 +149,20 @@ def _assert_same_result(backend: Backend, a: AttentionResult, b: AttentionResult
         assert_bit_identical("lse", a.lse, b.lse, what, call, problem)
 
 
+def _unchanged_by(backend: Backend, case: AttentionCase,
+                  variant: Callable[[AttentionCase, np.random.Generator], AttentionCase], what: str) -> float:
+    """The variant of ``case`` (seeded by ``case.seed``) gives the same bits as ``case`` itself."""
+    __tracebackhide__ = True
+    first = run_checked(backend, case)
+    other = variant(case, np.random.default_rng(case.seed))
+    _assert_same_result(backend, run_checked(backend, other), first, what, case)
+    return 0.0
+
+
 def garbage_ignored(backend: Backend, case: AttentionCase) -> float:
     """New garbage in unused slots, blocks and table entries leaves the output's bits unchanged."""
     __tracebackhide__ = True
-    first = run_checked(backend, case)
-    other = with_garbage(case, np.random.default_rng(case.seed))
-    _assert_same_result(backend, run_checked(backend, other), first,
-                        "garbage in unused slots/blocks/table entries changed the output", case)
-    return 0.0
+    return _unchanged_by(backend, case, with_garbage, "garbage in unused slots/blocks/table entries changed the output")
 
 
 def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
@@ -167,11 +183,7 @@ def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
 def relocation_invariant(backend: Backend, case: AttentionCase) -> float:
     """The same logical K/V placed in other physical blocks gives bit-identical output."""
     __tracebackhide__ = True
-    first = run_checked(backend, case)
-    moved = relocated(case, np.random.default_rng(case.seed))
-    _assert_same_result(backend, run_checked(backend, moved), first,
-                        "moving the blocks to other physical ids changed the output", case)
-    return 0.0
+    return _unchanged_by(backend, case, relocated, "moving the blocks to other physical ids changed the output")
 
 
 def deterministic(backend: Backend, case: AttentionCase) -> float:
@@ -323,6 +335,94 @@ def _merge_problem(T: int, H: int, D: int, dtype: str) -> AttentionProblem:
     return check_paged_attention(dummy, cache, cache, np.zeros((T, 1), np.int32), np.ones(T, np.int32))
 
 
+# -- caches past 2**31 elements ------------------------------------------------------------
+# A far-pool case's caches are zero outside the blocks its index arrays name (see
+# pagedattn.conformance.scale), so each check copies only those blocks to the device
+# (pools.lazy_copy) and compares only those blocks: a huge pool never costs its size.
+
+def _require_pool(backend: Backend, elements: int) -> None:
+    """Raise UnsupportedError if the backend declares a smaller ``max_pool_elements``."""
+    limit = backend.capabilities().max_pool_elements
+    if limit is not None and elements > limit:
+        raise UnsupportedError("key_cache", f"caches of {elements:,} elements (max_pool_elements {limit:,})",
+                               backend=backend.name, capability="max_pool_elements")
+
+
+def table_blocks(problem: AttentionProblem) -> np.ndarray:
+    """int64 ids of every block a block table names (valid ids in any column)."""
+    ids = problem.block_tables[(problem.block_tables >= 0) & (problem.block_tables < problem.num_blocks)]
+    return np.unique(ids.astype(np.int64))
+
+
+def far_pool_matches_spec(backend: Backend, case: AttentionCase) -> float:
+    """On caches past 2**31 elements: out (and lse) within the error model; the blocks in use unchanged."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    _require_pool(backend, case.key_cache.size)
+    blocks = table_blocks(problem)
+    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    result = run_case(backend, case, caches=(caches[0], caches[1], None))
+    call = _call(backend, case)
+    for name, device, original in zip(("key_cache", "value_cache"), caches, (case.key_cache, case.value_cache),
+                                      strict=True):
+        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], original[blocks],
+                             "the call wrote into a block in use", call, coordinates="(block in use, ...)")
+    exact = exact_attention_problem(problem, case.query, case.key_cache, case.value_cache)
+    tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
+                    tf32=backend.capabilities().tf32)
+    return assert_attention_matches(result.out, result.lse, exact, tol, problem, call)
+
+
+def _remapped(ids: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Positions of ``ids`` (all in the sorted ``blocks``) in ``blocks``."""
+    return np.searchsorted(blocks, ids)
+
+
+def far_write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
+    """write_kv past element 2**31: the slots written hold x, the other slots of their blocks unchanged."""
+    __tracebackhide__ = True
+    _require_pool(backend, case.key_cache.size)
+    block_size = case.key_cache.shape[1 if case.kv_layout == "NHD" else 2]
+    slots = case.slot_mapping.astype(np.int64)
+    blocks = np.unique(slots[slots >= 0] // block_size)
+    small = np.where(slots >= 0, _remapped(np.maximum(slots, 0) // block_size, blocks) * block_size
+                     + slots % block_size, -1)
+    expected = [c[blocks].copy() for c in (case.key_cache, case.value_cache)]
+    kv_ops.write_kv(case.key, case.value, expected[0], expected[1], small, kv_layout=case.kv_layout)
+    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    backend.write_kv(backend.to_device(case.key), backend.to_device(case.value), caches[0], caches[1],
+                     backend.to_device(case.slot_mapping), kv_layout=case.kv_layout)
+    backend.synchronize()
+    call = (f"[call: backend={backend.name} write_kv dtype={dtype_name(case.key.dtype)} kv_layout={case.kv_layout}"
+            f" block_size={block_size} caches of {case.key_cache.size:,} elements,"
+            f" slot_mapping={case.slot_mapping.tolist()}]")
+    for name, device, want in zip(("key_cache", "value_cache"), caches, expected, strict=True):
+        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], want,
+                             "write_kv past element 2**31 differs from the spec in the blocks written", call,
+                             coordinates=f"(index in blocks {blocks.tolist()}, ...)")
+    return 0.0
+
+
+def far_copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> float:
+    """copy_blocks past element 2**31 equals the spec's on every block named, bit for bit."""
+    __tracebackhide__ = True
+    _require_pool(backend, case.key_cache.size)
+    blocks = np.unique(case.pairs.astype(np.int64))
+    expected = [c[blocks].copy() for c in (case.key_cache, case.value_cache)]
+    kv_ops.copy_blocks(expected[0], expected[1], _remapped(case.pairs.astype(np.int64), blocks),
+                       kv_layout=case.kv_layout)
+    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    backend.copy_blocks(caches[0], caches[1], backend.to_device(case.pairs), kv_layout=case.kv_layout)
+    backend.synchronize()
+    call = (f"[call: backend={backend.name} copy_blocks dtype={dtype_name(case.key_cache.dtype)}"
+            f" kv_layout={case.kv_layout} caches of {case.key_cache.size:,} elements pairs={case.pairs.tolist()}]")
+    for name, device, want in zip(("key_cache", "value_cache"), caches, expected, strict=True):
+        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], want,
+                             "copy_blocks past element 2**31 differs from the spec", call,
+                             coordinates=f"(index in blocks {blocks.tolist()}, ...)")
+    return 0.0
+
+
 Check = Callable[[Backend, Any], float]
 
 #: Every check by name (saved cases record the name; ``replay`` looks it up here).
@@ -335,4 +435,7 @@ CHECKS: dict[str, Check] = {
     "write_kv_matches_spec": write_kv_matches_spec,
     "copy_blocks_matches_spec": copy_blocks_matches_spec,
     "merge_states_matches_spec": merge_states_matches_spec,
+    "far_pool_matches_spec": far_pool_matches_spec,
+    "far_write_kv_matches_spec": far_write_kv_matches_spec,
+    "far_copy_blocks_matches_spec": far_copy_blocks_matches_spec,
 }

@@ -1,7 +1,8 @@
 """``pagedattn conform``: run the conformance suite on backends and print the matrix.
 
     pagedattn conform --backend NAME|all [--backend NAME ...] [--profile quick|ci|thorough]
-                      [--out DIR] [-n WORKERS] [-k EXPR] [--resume LEDGER]
+                      [--out DIR] [-n WORKERS | --gpus all|IDS [--workers-per-gpu N]]
+                      [-k EXPR] [--seed N] [--resume LEDGER]
 
 Prints pytest's progress, then per backend a matrix (feature x dtype x block size: pass,
 FAIL, unsupported; examples tried and the worst error as a fraction of the tolerance), writes
@@ -10,7 +11,8 @@ as ``DIR/cases/*.npz`` and prints the ``pagedattn replay`` command of each. Exit
 any failure (and when a backend passes nothing). ``--resume LEDGER`` records each settled
 cell in LEDGER as it finishes and skips the cells an earlier run on the same code, profile
 and backends already settled (:mod:`pagedattn.conformance.ledger`): a long profile can be
-run in pieces under a time limit; the matrix then shows only this piece's cells.
+run in pieces under a time limit; the matrix then shows only this piece's cells. ``--gpus``
+runs the cells on pytest-xdist workers pinned to those GPUs (:mod:`pagedattn.conformance.gpus`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "--workers", default=None,
                         help="pytest-xdist workers, e.g. 2 or auto; needs pytest-xdist installed (default: none, "
                              "one process)")
+    parser.add_argument("--gpus", default=None, metavar="all|IDS",
+                        help="pytest-xdist workers pinned to these GPUs, instead of -n: 'all' or ids such as 0,1 "
+                             "(default: none, no pinning)")
+    parser.add_argument("--workers-per-gpu", type=int, default=1, metavar="N", help="workers per GPU with --gpus")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="hypothesis seed (pytest's --hypothesis-seed): each cell draws the same examples "
+                             "whenever the command is repeated, with or without --gpus (default: none; quick and "
+                             "ci are derandomized, thorough draws anew)")
     parser.add_argument("-k", dest="keyword", default=None,
                         help="pytest -k expression to select cells (default: every cell)")
     parser.add_argument("--resume", type=Path, default=None, metavar="LEDGER",
@@ -64,6 +74,21 @@ def check_backends(specs: Sequence[str]) -> None:
             raise UsageError(str(error)) from None
 
 
+def check_gpus(gpus: str, workers_per_gpu: int, workers: str | None) -> None:
+    """Raise :class:`UsageError` unless ``--gpus`` and ``--workers-per-gpu`` can start their workers."""
+    from pagedattn.conformance.gpus import worker_specs
+    from pagedattn.errors import PagedAttentionError
+
+    if workers:
+        raise UsageError("--gpus starts one worker per GPU times --workers-per-gpu: leave out -n")
+    if not xdist_installed():
+        raise UsageError("--gpus runs cells on pytest-xdist workers, which is not installed (pip install pytest-xdist)")
+    try:
+        worker_specs(gpus, workers_per_gpu)
+    except PagedAttentionError as error:
+        raise UsageError(str(error)) from None
+
+
 def xdist_installed() -> bool:
     try:
         import xdist  # noqa: F401
@@ -83,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"-n {args.workers} runs cells in parallel with pytest-xdist, which is not installed "
                          "(pip install pytest-xdist, or pip install 'pagedattn[dev]'); without -n it runs in "
                          "one process")
+    if args.gpus is not None:
+        check_gpus(args.gpus, args.workers_per_gpu, args.workers)
     check_backends(args.backend)
     make_folder(args.out, "--out")
     cases = args.out / "cases"
@@ -93,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers:
         # work stealing: cells differ a lot in time (a GPU backend's compiles), so idle workers take queued ones
         pytest_args += ["-n", str(args.workers), "--dist", "worksteal"]
+    if args.gpus:
+        pytest_args += ["--gpus", args.gpus, "--workers-per-gpu", str(args.workers_per_gpu)]
+    if args.seed is not None:
+        pytest_args.append(f"--hypothesis-seed={args.seed}")
     if args.keyword:
         pytest_args += ["-k", args.keyword]
     settled: list[str] = []

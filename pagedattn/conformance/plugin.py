@@ -12,8 +12,8 @@ Loaded in every pytest run once pagedattn is installed, it does nothing unless
 - reports a cell outside the backend's capabilities as UNSUPPORTED (its own status, neither
   pass nor skip), lists saved failing cases with their replay command, and fails the run
   of a backend that passed zero cases;
-- under pytest-xdist on a host with several GPUs, gives each worker one GPU through
-  ``CUDA_VISIBLE_DEVICES``, from its worker id;
+- with ``--gpus all|IDS`` (and ``--workers-per-gpu N``), runs on pytest-xdist workers
+  pinned one GPU each (:mod:`pagedattn.conformance.gpus`);
 - with ``--conformance-ledger FILE``, appends each cell to FILE the moment it passes or is
   unsupported (:mod:`pagedattn.conformance.ledger`), so a run cut short can be resumed.
 """
@@ -21,9 +21,6 @@ Loaded in every pytest run once pagedattn is installed, it does nothing unless
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -64,39 +61,14 @@ def selected_backend_names(config: pytest.Config) -> list[str]:
     return expand(specs) if specs else []
 
 
-def _gpu_ids() -> list[str]:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return [d for d in visible.split(",") if d.strip()]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU")]
-
-
-def assign_gpu(worker_id: str) -> str | None:
-    """Give xdist worker ``gwN`` GPU ``N mod count`` via CUDA_VISIBLE_DEVICES; return it (None: unchanged)."""
-    match = re.fullmatch(r"gw(\d+)", worker_id)
-    if match is None:
-        return None
-    gpus = _gpu_ids()
-    if len(gpus) < 2:
-        return None
-    chosen = gpus[int(match.group(1)) % len(gpus)]
-    os.environ["CUDA_VISIBLE_DEVICES"] = chosen
-    return chosen
+#: ``--gpus`` and ``--workers-per-gpu``: xdist workers pinned to GPUs.
+pytest_plugins = ["pagedattn.conformance.gpus"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pagedattn_conformance: a test of the conformance suite (needs --backend)")
     if not (config.getoption("pagedattn_backends", default=[]) or os.environ.get("PAGEDATTN_BACKEND")):
         return
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:
-        assign_gpu(worker)
     if config.getoption("pagedattn_cases", default=None):
         os.environ["PAGEDATTN_CASES_DIR"] = str(config.getoption("pagedattn_cases"))
     if not config.getoption("hypothesis_profile", default=None):

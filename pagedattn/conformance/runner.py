@@ -42,9 +42,14 @@ class Unsupported(Exception):
 
 
 def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | None = None,
-            block_size: int | None = None, kv_layout: str | None = None, features: tuple[str, ...] = ()) -> None:
-    """Raise :class:`Unsupported` if the backend's capabilities exclude this combination."""
+            block_size: int | None = None, kv_layout: str | None = None, features: tuple[str, ...] = (),
+            pool_elements: int | None = None) -> None:
+    """Raise :class:`Unsupported` if the backend's capabilities exclude this combination
+    (``pool_elements``: caches of that many elements, against ``max_pool_elements``)."""
     caps = backend.capabilities()
+    if pool_elements is not None and caps.max_pool_elements is not None and pool_elements > caps.max_pool_elements:
+        raise Unsupported(f"{backend.name}: caches of {pool_elements:,} elements exceed max_pool_elements"
+                          f" {caps.max_pool_elements:,}")
     if dtype is not None and dtype not in caps.dtypes:
         raise Unsupported(f"{backend.name}: dtype {dtype} not declared (dtypes: {', '.join(caps.dtypes)})")
     if cache_dtype is not None and cache_dtype not in caps.cache_dtypes:
@@ -103,12 +108,15 @@ def _in_final_replay() -> bool:
 
 def run_property(request: Any, backend: Backend, strategy: Callable[[], st.SearchStrategy[Any]],
                  check: Callable[[Backend, Any], float], *, cell: dict[str, Any],
-                 requires: dict[str, Any] | None = None, max_examples: int | None = None) -> None:
+                 requires: dict[str, Any] | None = None, max_examples: int | None = None,
+                 settings_overrides: dict[str, Any] | None = None) -> None:
     """Run ``check(backend, case)`` for hypothesis examples of ``strategy()``; record the cell's result.
 
     ``requires`` (keywords of :func:`require`) is checked first: outside the capabilities the
     cell raises :class:`Unsupported` and nothing runs. ``request`` is pytest's request fixture
-    (or None outside pytest). ``max_examples`` caps the profile's count (for costly cells).
+    (or None outside pytest). ``max_examples`` caps the profile's count (for costly cells);
+    ``settings_overrides`` are further hypothesis settings of this cell (costly cells stop at
+    their first failure with ``report_multiple_bugs=False``).
     On failure the shrunk case is saved as ``.npz`` and the replay command is added to the
     exception's notes.
     """
@@ -131,7 +139,8 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
 
     @settings(max_examples=min(examples, max_examples) if max_examples else examples,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+                                     HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+              **(settings_overrides or {}))
     @given(case=strategy())
     def cell_property(case: Any) -> None:
         __tracebackhide__ = True

@@ -5,7 +5,8 @@ caches are flat ``[num_slots, Hkv, D]`` NHD slot arrays that a backend receives 
 views as ``[num_slots / block_size, block_size, Hkv, D]``. The pool holds ``rotations``
 disjoint regions, each with its own shuffled block tables and query, so consecutive timed
 runs read different memory and the L2 cache does not flatter small cases. Values are a
-random (never zero) pattern tiled over the pool.
+random (never zero) pattern tiled over the pool. :func:`attention_case` gives one rotation's
+call as the spec's :class:`~pagedattn.spec.case.AttentionCase`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagedattn.perf.shapes import BLOCK_SIZES, Case
+from pagedattn.spec.case import AttentionCase
 from pagedattn.spec.dtypes import numpy_dtype
 
 PATTERN_LENGTH = (1 << 22) + 17  # random values tiled over the pool (prime-ish: no slot alignment)
@@ -79,17 +81,9 @@ def make_pool(case: Case, rotations: int, seed: int = 0) -> Pool:
                 slots_per_seq, case.batch)
 
 
-@dataclass(frozen=True)
-class Tables:
-    """Index arrays of one rotation at one block size."""
-
-    block_tables: np.ndarray  # int32 [batch, max_blocks_per_seq]
-    seq_lens: np.ndarray  # int32 [batch]
-    query_start_loc: np.ndarray | None  # int32 [batch + 1], None for decode
-
-
-def make_tables(case: Case, pool: Pool, rotation: int, seed: int = 0) -> Tables:
-    """Block tables of ``rotation``'s region at ``case.block_size``: its blocks shuffled, or in order."""
+def attention_case(case: Case, pool: Pool, rotation: int, seed: int = 0) -> AttentionCase:
+    """The call of ``rotation``'s region at ``case.block_size``: the pool's caches viewed at that block
+    size, the rotation's query, and block tables of the region's blocks, shuffled or in order."""
     bs = case.block_size
     per_region = case.batch * pool.slots_per_seq // bs
     first = rotation * per_region
@@ -104,7 +98,10 @@ def make_tables(case: Case, pool: Pool, rotation: int, seed: int = 0) -> Tables:
     qsl = None
     if case.kind != "decode":
         qsl = np.concatenate([[0], np.cumsum(case.q_lens)]).astype(np.int32)
-    return Tables(tables, seq_lens, qsl)
+    shape = cache_shape(case, pool)
+    return AttentionCase(pool.queries[rotation], pool.key_cache.reshape(shape), pool.value_cache.reshape(shape),
+                         tables, seq_lens, qsl, {"kv_layout": "NHD", **case.options}, seed=seed,
+                         labels={"name": case.name})
 
 
 def cache_shape(case: Case, pool: Pool) -> tuple[int, int, int, int]:

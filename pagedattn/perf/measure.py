@@ -1,9 +1,12 @@
 """One measurement: a case on a backend (through the Backend interface) or on a peer.
 
-A backend receives the pool's caches once (``to_device``), views them at each block size,
-plans once per rotation, and only ``run`` is timed. Figures: GB/s and TFLOP/s from
-:mod:`pagedattn.perf.roofline`, and % of ceiling = roofline floor / measured time with the
-ceilings of :mod:`pagedattn.perf.ceilings`.
+A backend receives the pool's caches once (torch tensors where it takes them, else its own
+``to_device`` arrays: :mod:`pagedattn.perf.engine`), views them at each block size, plans
+once per rotation, and only ``run`` is timed, three ways (:func:`pagedattn.perf.timing.three_timings`):
+one call with the L2 flushed, back to back, and CUDA-graph replay where the plan is
+capturable. Figures: GB/s and TFLOP/s from :mod:`pagedattn.perf.roofline`, and % of ceiling
+= roofline floor / measured time with the ceilings of :mod:`pagedattn.perf.ceilings`, of the
+back-to-back time (``seconds``).
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pagedattn.backends.interface import Backend
+from pagedattn.backends.interface import Backend, Plan
 from pagedattn.errors import UnsupportedError
-from pagedattn.perf import inputs, timing
+from pagedattn.perf import device, engine, inputs, timing
 from pagedattn.perf.ceilings import Ceilings
 from pagedattn.perf.roofline import Work, work
 from pagedattn.perf.shapes import Case
@@ -36,7 +39,11 @@ class Result:
     dtype: str
     status: str
     reason: str = ""
-    seconds: float | None = None
+    seconds: float | None = None  # back to back
+    one_call_s: float | None = None  # one call after an L2 flush
+    graph_s: float | None = None  # per run, replaying a CUDA graph
+    graph_note: str = ""  # why graph_s is None
+    inputs: str = "native"  # what run received: torch tensors or the backend's own arrays
     bytes: int = 0
     flops: int = 0
     gbps: float | None = None
@@ -53,21 +60,8 @@ class Result:
 
 def case_work(case: Case, pool: inputs.Pool) -> Work:
     """The spec's work of ``case`` (rotation 0; every rotation has the same)."""
-    tables = inputs.make_tables(case, pool, 0)
-    shape = inputs.cache_shape(case, pool)
-    problem = check_paged_attention(
-        pool.queries[0], _ShapeOnly(shape, pool.key_cache.dtype), _ShapeOnly(shape, pool.key_cache.dtype),
-        tables.block_tables, tables.seq_lens, tables.query_start_loc, **case.options,  # type: ignore[arg-type]
-    )
-    return work(problem)
-
-
-@dataclass(frozen=True)
-class _ShapeOnly:
-    """Shape and dtype of an array without its data (validation inspects nothing else)."""
-
-    shape: tuple[int, ...]
-    dtype: Any
+    call = inputs.attention_case(case, pool, 0)
+    return work(check_paged_attention(*call.args(), **call.options))
 
 
 def _result(runner: str, case: Case, status: str, **fields: Any) -> Result:
@@ -76,13 +70,18 @@ def _result(runner: str, case: Case, status: str, **fields: Any) -> Result:
 
 
 def figures(runner: str, case: Case, seconds: timing.Timing, w: Work, ceilings: Ceilings, rotations: int,
-            detail: str = "") -> Result:
-    """A successful measurement's row: throughput and % of the roofline floor."""
+            detail: str = "", three: timing.ThreeTimings | None = None, input_kind: str = "native") -> Result:
+    """A successful measurement's row: throughput and % of the roofline floor of ``seconds``
+    (back to back), and the one-call and graph times of ``three`` when given."""
     t = seconds.median_s
     floor = w.floor_seconds(ceilings.read_bytes_per_s, ceilings.matmul_flops_per_s)
+    extra: dict[str, Any] = {}
+    if three is not None:
+        extra = dict(one_call_s=three.one_call.median_s,
+                     graph_s=None if three.graph is None else three.graph.median_s, graph_note=three.graph_note)
     return _result(runner, case, "ok", seconds=t, bytes=w.bytes, flops=w.flops, gbps=w.bytes / t / 1e9,
                    tflops=w.flops / t / 1e12, pct_of_ceiling=100.0 * floor / t, rotations=rotations,
-                   samples_s=seconds.samples_s, detail=detail)
+                   samples_s=seconds.samples_s, detail=detail, inputs=input_kind, **extra)
 
 
 def measure_peer_group(peer: Any, cases: Sequence[Case], rotations: int, works: Mapping[Case, Work],
@@ -104,55 +103,87 @@ def restate(measured: Result, case: Case, w: Work, ceilings: Ceilings) -> Result
     if measured.status != "ok" or measured.seconds is None:
         return _result(measured.runner, case, measured.status, reason=measured.reason, detail=measured.detail)
     detail = f"{measured.detail}; timed once per shape (bs{measured.block_size} row)".lstrip("; ")
-    return figures(measured.runner, case, timing.Timing(measured.seconds, measured.samples_s, 1), w, ceilings,
-                   measured.rotations, detail)
+    row = figures(measured.runner, case, timing.Timing(measured.seconds, measured.samples_s, 1), w, ceilings,
+                  measured.rotations, detail, input_kind=measured.inputs)
+    row.one_call_s, row.graph_s, row.graph_note = measured.one_call_s, measured.graph_s, measured.graph_note
+    return row
 
 
 class DevicePool:
-    """A pool's caches on one backend's device, viewed at any block size."""
+    """A pool's caches on one backend's device, viewed at any block size: torch tensors under
+    ``input_kind="torch"`` where the backend takes them, else its own arrays."""
 
-    def __init__(self, backend: Backend, pool: inputs.Pool) -> None:
+    def __init__(self, backend: Backend, pool: inputs.Pool, input_kind: str = "torch") -> None:
         self.pool = pool
-        self.key_cache = backend.to_device(pool.key_cache)
-        self.value_cache = backend.to_device(pool.value_cache)
-        self.queries = [backend.to_device(q) for q in pool.queries]
+        self.input_kind = "torch" if input_kind == "torch" and engine.takes_torch_cuda(backend) else "native"
+        self.key_cache = engine.to_device(backend, pool.key_cache, input_kind)
+        self.value_cache = engine.to_device(backend, pool.value_cache, input_kind)
+        self.queries = [engine.to_device(backend, q, input_kind) for q in pool.queries]
 
     def caches(self, case: Case) -> tuple[Any, Any]:
         shape = inputs.cache_shape(case, self.pool)
         return self.key_cache.reshape(shape), self.value_cache.reshape(shape)
 
+    def plans(self, backend: Backend, case: Case) -> list[Plan]:
+        """``case`` planned once per rotation on the caches of :meth:`caches`."""
+        kc, vc = self.caches(case)
+        plans = []
+        for r in range(self.pool.rotations):
+            call = inputs.attention_case(case, self.pool, r)
+            plans.append(backend.plan(self.queries[r], kc, vc, call.block_tables, call.seq_lens,
+                                      call.query_start_loc, **call.options))
+        return plans
+
+
+def capture_for(capturable: bool, on_gpu: bool, why_not: str) -> tuple[Any, str]:
+    """The capture function of :func:`~.timing.three_timings` and, when there is none, why."""
+    if not on_gpu:
+        return None, "no CUDA device"
+    if not capturable:
+        return None, why_not
+    return engine.torch_graph_capture, ""
+
 
 def measure_backend(backend: Backend, case: Case, device_pool: DevicePool, w: Work, ceilings: Ceilings,
-                    policy: timing.TimingPolicy) -> Result:
-    """Plan ``case`` once per rotation, time ``run``; unsupported or failing cases become rows."""
+                    policy: timing.TimingPolicy, on_gpu: bool | None = None) -> Result:
+    """Plan ``case`` once per rotation, time ``run`` three ways; unsupported or failing cases
+    become rows. ``on_gpu`` (default: the backend runs on CUDA) picks events and the L2 flush."""
     pool = device_pool.pool
     try:
         kc, vc = device_pool.caches(case)
-        plans = []
-        for r in range(pool.rotations):
-            t = inputs.make_tables(case, pool, r)
-            plans.append(backend.plan(device_pool.queries[r], kc, vc, t.block_tables, t.seq_lens,
-                                      t.query_start_loc, **case.options))
+        plans = device_pool.plans(backend, case)
 
         def run(i: int) -> Any:
             r = i % pool.rotations
             return backend.run(plans[r], device_pool.queries[r], kc, vc)
 
-        measured = timing.measure(run, backend.synchronize, rotations=pool.rotations, policy=policy)
+        gpu = backend.capabilities().device == "cuda" if on_gpu is None else on_gpu
+        capture, why_not = capture_for(all(p.capturable for p in plans), gpu,
+                                       f"{backend.name}: its plan is not capturable")
+        three = timing.three_timings(run, backend.synchronize, marks=engine.marks(gpu, backend.synchronize),
+                                     flush=engine.flusher(gpu), capture=capture, rotations=pool.rotations,
+                                     policy=policy, graph_note=why_not)
     except UnsupportedError as error:
         return _result(backend.name, case, "unsupported", reason=str(error))
     except Exception as error:  # a failing backend is reported, and the run goes on
         return _result(backend.name, case, "error", reason=f"{type(error).__name__}: {error}"[:300])
-    return figures(backend.name, case, measured, w, ceilings, pool.rotations)
+    return figures(backend.name, case, three.back_to_back, w, ceilings, pool.rotations, three=three,
+                   input_kind=device_pool.input_kind)
 
 
 def measure_peer(peer: Any, case: Case, rotations: int, w: Work, ceilings: Ceilings,
                  policy: timing.TimingPolicy) -> Result:
-    """Time a peer of :mod:`pagedattn.perf.peers` on ``case``."""
+    """Time a peer of :mod:`pagedattn.perf.peers` on ``case``, the three ways a backend is
+    (on a GPU: events, L2 flush, graph replay where its ``capturable`` says so)."""
     try:
         start = time.perf_counter()
         run = peer.prepare(case, rotations)
-        measured = timing.measure(run, peer.synchronize, rotations=rotations, policy=policy)
+        gpu = getattr(peer, "device", "cuda") == "cuda" and device.gpu_name() is not None
+        capture, why_not = capture_for(getattr(peer, "capturable", False), gpu, f"{peer.name}: not captured here")
+        three = timing.three_timings(run, peer.synchronize, marks=engine.marks(gpu, peer.synchronize),
+                                     flush=engine.flusher(gpu), capture=capture, rotations=rotations,
+                                     policy=policy, graph_note=why_not)
+        measured = three.back_to_back
         detail = getattr(peer, "kernel", "") or f"prepare {time.perf_counter() - start:.1f} s"
     except UnsupportedError as error:
         return _result(peer.name, case, "unsupported", reason=error.problem)
@@ -160,7 +191,7 @@ def measure_peer(peer: Any, case: Case, rotations: int, w: Work, ceilings: Ceili
         return _result(peer.name, case, "error", reason=f"{type(error).__name__}: {error}"[:300])
     finally:
         _release_gpu_cache()
-    return figures(peer.name, case, measured, w, ceilings, rotations, detail)
+    return figures(peer.name, case, measured, w, ceilings, rotations, detail, three=three, input_kind="torch")
 
 
 def _release_gpu_cache() -> None:

@@ -39,6 +39,7 @@ class SdpaPeer:
 
     name = "sdpa"
     uses_block_size = False  # contiguous K/V: one time per shape serves every block size
+    capturable = True  # timed in a CUDA graph too, as the backends are
     SDPA_ORDER = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 
     def __init__(self) -> None:
@@ -103,6 +104,7 @@ class FlexPeer:
 
     name = "flex"
     uses_block_size = True  # pages of block_size tokens
+    capturable = False  # torch.compile'd: its graph column says so
 
     def __init__(self, budget_s: float = 30.0, device: str = "cuda") -> None:
         self.budget_s = budget_s

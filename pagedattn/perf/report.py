@@ -14,7 +14,8 @@ from pagedattn.perf.measure import Result
 
 REFERENCE_PEER = "sdpa"  # the unpaged reference: ratio = time / this peer's time
 BLOCK_PART = re.compile(r"bs\d+")  # the block-size part of a case name
-HEADERS = ("backend", "shape", "block", "time", "GB/s", "TFLOP/s", "% ceiling", "x unpaged")
+HEADERS = ("backend", "shape", "block", "one call", "back to back", "graph", "GB/s", "TFLOP/s", "% ceiling",
+           "x unpaged")
 
 
 def format_seconds(seconds: float) -> str:
@@ -61,11 +62,13 @@ def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
         shape = "/".join(part for part in r.case.split("/") if not BLOCK_PART.fullmatch(part))  # block: own column
         if r.status != "ok" or r.seconds is None:
             note = numbers[(r.runner, r.status, r.reason)]
-            rows.append((r.runner, shape, str(r.block_size), f"{r.status} [{note}]", "", "", "", ""))
+            rows.append((r.runner, shape, str(r.block_size), f"{r.status} [{note}]", "", "", "", "", "", ""))
             continue
         ratio = "" if r.ratio_to_reference is None else f"{r.ratio_to_reference:.2f}"
-        rows.append((r.runner, shape, str(r.block_size), format_seconds(r.seconds), format_rate(r.gbps or 0.0),
-                     format_rate(r.tflops or 0.0), f"{r.pct_of_ceiling:.1f}", ratio))
+        one = "" if r.one_call_s is None else format_seconds(r.one_call_s)
+        graph = format_seconds(r.graph_s) if r.graph_s is not None else (r.graph_note[:40] or "not timed")
+        rows.append((r.runner, shape, str(r.block_size), one, format_seconds(r.seconds), graph,
+                     format_rate(r.gbps or 0.0), format_rate(r.tflops or 0.0), f"{r.pct_of_ceiling:.1f}", ratio))
     return rows
 
 
@@ -83,8 +86,12 @@ def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, mac
         "ceilings": ceilings.as_dict(),
         "elapsed_s": elapsed_s,
         "columns": {
-            "gbps": "bytes the spec says the case must move / median time (pagedattn.perf.roofline)",
-            "pct_of_ceiling": "max(bytes / read bandwidth, flops / matrix rate) / median time, in %",
+            "seconds": "median time per run, runs back to back (batches between synchronizations)",
+            "one_call_s": "median time of one run after an L2 flush (device events on a GPU)",
+            "graph_s": "median time per run replaying a CUDA graph of several runs (None: graph_note says why)",
+            "inputs": "what run received: torch tensors (as an engine passes) or the backend's own arrays",
+            "gbps": "bytes the spec says the case must move / back-to-back time (pagedattn.perf.roofline)",
+            "pct_of_ceiling": "max(bytes / read bandwidth, flops / matrix rate) / back-to-back time, in %",
             "ratio_to_reference": f"median time / median time of the '{REFERENCE_PEER}' peer (unpaged K/V)",
         },
         "results": [r.as_dict() for r in results],

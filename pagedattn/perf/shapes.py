@@ -112,8 +112,14 @@ def cases(models: Iterable[str], kinds: Iterable[str], batches: Iterable[int], c
     ]
 
 
+#: (batch, context) of the small-batch decode targets (llama3-8b heads, every block size):
+#: where latency matters most, and where a split-KV plan must fill the device
+SMALL_BATCH_DECODE: tuple[tuple[int, int], ...] = ((1, 2048), (1, 32768), (4, 8192), (8, 2048), (16, 2048))
+
+
 def _gpu_quick() -> list[Case]:
     return [
+        *cases(["llama3-8b"], ["decode"], [1, 4, 8, 16], [2048, 8192]),
         *cases(["llama3-8b"], ["decode"], [8, 64], [1024, 4096, 16384]),
         *cases(["llama3-70b-tp8"], ["decode"], [64], [4096, 16384], [16]),
         *cases(["llama2-7b"], ["decode"], [16], [1024, 4096], [16]),
@@ -147,9 +153,11 @@ SETS: dict[str, list[Case]] = {
         *cases(["llama3-8b"], ["decode"], [2], [65536]),
         *cases(["llama3-8b"], ["prefill"], [8], [4096]),
     ],
+    "small-batch": [c for batch, context in SMALL_BATCH_DECODE for c in cases(["llama3-8b"], ["decode"], [batch],
+                                                                             [context])],
 }
 SETS["full"] = SETS["decode"] + SETS["prefill"] + SETS["mixed"]
-SETS["full"] += [c for c in SETS["targets"] if c not in SETS["full"]]
+SETS["full"] += [c for c in SETS["targets"] + SETS["small-batch"] if c not in SETS["full"]]
 
 
 def resolve(names: Sequence[str], *, dtype: str | None = None, blocks: str | None = None) -> list[Case]:

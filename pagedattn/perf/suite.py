@@ -75,16 +75,13 @@ def _pool(case_key: tuple[object, ...], case: shapes.Case, flush_bytes: int) -> 
     return inputs.make_pool(case, inputs.rotations_for(case, flush_bytes))
 
 
-def prepare(backend: Backend, case: shapes.Case, flush_bytes: int) -> PreparedRun:
-    """Upload the case's pool, plan each rotation, and return the timed call."""
+def prepare(backend: Backend, case: shapes.Case, flush_bytes: int, input_kind: str = "torch") -> PreparedRun:
+    """Upload the case's pool (torch tensors where the backend takes them, unless
+    ``input_kind="native"``), plan each rotation, and return the timed call."""
     pool = _pool(inputs.pool_key(case), case, flush_bytes)
-    device_pool = DevicePool(backend, pool)
+    device_pool = DevicePool(backend, pool, input_kind)
     kc, vc = device_pool.caches(case)
-    plans = []
-    for r in range(pool.rotations):
-        t = inputs.make_tables(case, pool, r)
-        plans.append(backend.plan(device_pool.queries[r], kc, vc, t.block_tables, t.seq_lens, t.query_start_loc,
-                                  **case.options))
+    plans = device_pool.plans(backend, case)
     counter = [0]
 
     def step() -> None:

@@ -12,6 +12,7 @@ from pagedattn.spec.arrays import (
     check_paged_attention,
     check_write_kv,
 )
+from pagedattn.spec.case import AttentionCase
 from pagedattn.spec.error_model import Tolerance, merge_tolerance, tolerance
 from pagedattn.spec.exact import ExactResult, exact_attention, exact_attention_problem
 from pagedattn.spec.kv_ops import copy_blocks, write_kv
@@ -20,6 +21,7 @@ from pagedattn.spec.prefix_cache import PrefixCache, block_hash
 
 __all__ = [
     "AppendResult",
+    "AttentionCase",
     "AttentionProblem",
     "BlockAllocator",
     "BlockTableArrays",

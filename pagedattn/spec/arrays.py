@@ -197,6 +197,11 @@ def cache_dims(key_cache: Any, value_cache: Any, kv_layout: str) -> tuple[int, i
     return num_blocks, block_size, num_kv_heads, head_dim
 
 
+def _first_true(mask: np.ndarray) -> int | None:
+    """Index of the first True of a 1-d bool array, or None."""
+    return int(np.argmax(mask)) if mask.any() else None
+
+
 def _check_scalar(value: Any, argument: str, *, positive: bool) -> float:
     """A real number (Python or NumPy int or float, not a bool or a string) as a float."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
@@ -311,9 +316,8 @@ def check_paged_attention(
     used_cols = -(-lens // block_size)  # ceil(L / block_size)
     for s in range(num_seqs):
         row = tables[s, : used_cols[s]]
-        bad = (row < 0) | (row >= num_blocks)
-        if bad.any():
-            c = int(np.argmax(bad))
+        c = _first_true((row < 0) | (row >= num_blocks))
+        if c is not None:
             raise _fail(
                 "block_tables",
                 f"block_tables[{s}, {c}]={row[c]} is outside [0, num_blocks={num_blocks})"
@@ -416,9 +420,8 @@ def check_write_kv(
     if slots.shape[0] != k_shape[0]:
         raise _fail("slot_mapping", f"has {slots.shape[0]} entries, key has num_tokens={k_shape[0]}")
     num_slots = num_blocks * block_size
-    bad = (slots < -1) | (slots >= num_slots)
-    if bad.any():
-        t = int(np.argmax(bad))
+    t = _first_true((slots < -1) | (slots >= num_slots))
+    if t is not None:
         raise _fail(
             "slot_mapping",
             f"slot_mapping[{t}]={slots[t]} is outside [-1, num_blocks * block_size"

@@ -11,11 +11,12 @@ device checks.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from pagedattn.errors import PagedAttentionError
+from pagedattn.spec.case import AttentionCase
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.kv_ops import slot_view
 
@@ -23,23 +24,6 @@ from pagedattn.spec.kv_ops import slot_view
 GARBAGE_KINDS = ("none", "nan", "wild")
 #: Unused block-table entries under ``"wild"``: unused, past int32, and negative.
 WILD_BLOCK_IDS = (-1, 2**31 - 1, -(2**31))
-
-
-class PagedInputs(NamedTuple):
-    """The arrays of one paged-attention call on the host (see :mod:`pagedattn.spec.arrays`)."""
-
-    query: np.ndarray
-    key_cache: np.ndarray
-    value_cache: np.ndarray
-    block_tables: np.ndarray
-    seq_lens: np.ndarray
-    query_start_loc: np.ndarray | None
-    kv_layout: str
-
-    def args(self) -> tuple[Any, ...]:
-        """The positional arguments of ``paged_attention`` / ``plan``."""
-        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
-                self.query_start_loc)
 
 
 def random_paged_inputs(
@@ -57,8 +41,13 @@ def random_paged_inputs(
     spare_columns: int = 1,
     seed: int = 0,
     garbage: str = "none",
-) -> PagedInputs:
+    name: str = "",
+    **options: Any,
+) -> AttentionCase:
     """Standard-normal K/V and queries in shuffled blocks; ``q_lens=None`` is decode.
+
+    ``options`` (the call's keyword options besides ``kv_layout``) go into the case's
+    options; ``name`` into its labels.
 
     The pool has ``spare_blocks`` blocks no sequence uses, and the block table
     ``spare_columns`` columns past the longest sequence's blocks. ``garbage`` (one of
@@ -103,4 +92,60 @@ def random_paged_inputs(
             junk = rng.choice(np.array([np.nan, np.inf, -np.inf]), size=(int((~read).sum()), *slots_k.shape[2:]))
             slots_k[~read] = junk.astype(cdt)
             slots_v[~read] = junk.astype(cdt)
-    return PagedInputs(query, key_cache, value_cache, tables, np.asarray(seq_lens, dtype=np.int32), starts, kv_layout)
+    return AttentionCase(query, key_cache, value_cache, tables, np.asarray(seq_lens, dtype=np.int32), starts,
+                         {"kv_layout": kv_layout, **options}, seed=seed, labels={"name": name} if name else {})
+
+
+def in_pool(case: AttentionCase, *, num_layers: int = 2, layer: int = 1) -> AttentionCase:
+    """The same call on strided views ``pool[:, 0, layer]`` / ``pool[:, 1, layer]`` of a NaN-filled
+    multi-layer pool ``[num_blocks, 2, num_layers, ...]`` (as engines keep one pool for all layers)."""
+    pool = np.full((case.key_cache.shape[0], 2, num_layers, *case.key_cache.shape[1:]), np.nan,
+                   dtype=np.float32).astype(case.key_cache.dtype)
+    pool[:, 0, layer], pool[:, 1, layer] = case.key_cache, case.value_cache
+    return case.replace(pool=pool, layer=layer)
+
+
+# -- pools above 2**31 elements ----------------------------------------------------------
+
+#: Elements of a cache past which an int32 element offset overflows.
+INT32_OFFSET_LIMIT = 2**31
+
+
+def blocks_past(min_elements: int, block_elements: int) -> int:
+    """The smallest odd ``num_blocks`` whose pool holds more than ``min_elements`` elements.
+
+    Odd, so that the pool's block count is no power of two either.
+    """
+    num_blocks = min_elements // block_elements + 1
+    return num_blocks if num_blocks % 2 else num_blocks + 1
+
+
+def lazy_cache(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A zero cache of ``shape`` that costs memory only where it is written.
+
+    ``np.zeros`` takes pages from the operating system on first touch (calloc), and the
+    contract's never-read rules mean a conforming backend touches only the blocks in use, so
+    a pool of 2**31 elements costs the blocks a case fills, not gigabytes.
+    """
+    return np.zeros(shape, dtype=numpy_dtype(dtype))
+
+
+def lazy_copy(cache: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """A copy of ``cache`` (axis 0: blocks) that holds its ``blocks`` and zeros elsewhere, lazily.
+
+    The copy of a huge pool whose other blocks are zero, at the cost of those blocks.
+    """
+    copy = np.zeros(cache.shape, dtype=cache.dtype)
+    ids = np.unique(np.asarray(blocks, dtype=np.int64))
+    copy[ids] = cache[ids]
+    return copy
+
+
+def occupied_blocks(cache: np.ndarray, *, chunk: int = 4096) -> np.ndarray:
+    """int64 ids of the blocks (axis 0) with any non-zero bit, read a chunk of blocks at a time."""
+    bits = cache.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[cache.dtype.itemsize])
+    found = []
+    for start in range(0, cache.shape[0], chunk):
+        part = bits[start:start + chunk].reshape(min(chunk, cache.shape[0] - start), -1)
+        found.append(start + np.flatnonzero(part.any(axis=1)))
+    return np.concatenate(found) if found else np.zeros(0, np.int64)

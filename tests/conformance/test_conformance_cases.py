@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.conformance import checks
 from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import load_case, save_case
@@ -19,7 +20,6 @@ from pagedattn.conformance.strategies import (
     query_layouts,
     seq_lens,
 )
-from pagedattn.reference.backend import NumpyBackend
 from pagedattn.spec.arrays import check_paged_attention
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -74,7 +74,7 @@ def test_attention_cases_are_valid_calls_and_round_trip_through_npz(data, tmp_pa
     feature = data.draw(st.sampled_from(("combined", "fp8", "strided_caches", "decode")))
     layout = data.draw(st.sampled_from(("NHD", "HND")))
     case = data.draw(attention_cases(CAPS, dtype=dtype, block_size=16, kv_layout=layout, feature=feature))
-    problem = check_paged_attention(*case.host_args(), **case.options)
+    problem = check_paged_attention(*case.args(), **case.options)
     if feature == "strided_caches":
         assert case.pool is not None and np.shares_memory(case.key_cache, case.pool)
     if feature == "fp8":

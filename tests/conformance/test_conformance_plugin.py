@@ -1,11 +1,10 @@
-"""The conformance plugin: harmless without --backend, UNSUPPORTED status, zero-pass rule, xdist, GPUs."""
+"""The conformance plugin: harmless without --backend, UNSUPPORTED status, zero-pass rule, xdist."""
 
 from __future__ import annotations
 
 import pytest
 
 from pagedattn.conformance.mutants.run import run_pytest_in_process
-from pagedattn.conformance.plugin import assign_gpu
 from pagedattn.conformance.report import RecordCollector
 
 PLUGIN = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=quick"]
@@ -63,14 +62,6 @@ def test_runs_under_xdist(tmp_path):
                            tmp_path=tmp_path)
     assert code == 0
     assert any(r["status"] == "pass" and r["examples"] > 0 for r in collector.records)
-
-
-def test_each_xdist_worker_gets_one_gpu(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    assert assign_gpu("gw5") == "1"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    assert assign_gpu("gw1") is None
-    assert assign_gpu("master") is None
 
 
 def test_profile_from_environment_and_header(monkeypatch, capsys, tmp_path):
@@ -135,8 +126,8 @@ def test_progress_counts_cells_per_backend_and_estimates_the_rest():
 
 def test_an_interpreted_backend_gets_fewer_examples_only_in_the_standard_profile():
     from pagedattn.backends.capabilities import Capabilities
+    from pagedattn.backends.numpy.backend import NumpyBackend
     from pagedattn.conformance.profiles import INTERPRETED_EXAMPLES, PROFILES, examples_per_cell
-    from pagedattn.reference.backend import NumpyBackend
 
     class Interpreted(NumpyBackend):
         def capabilities(self) -> Capabilities:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.conformance import runner
 from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import MergeCase, load_case
 from pagedattn.conformance.strategies import merge_cases
-from pagedattn.reference.backend import NumpyBackend
 
 CELL = {"feature": "merge_states", "dtype": "float32", "block_size": "-", "kv_layout": "-"}
 

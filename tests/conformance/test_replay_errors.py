@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.backends.registry import refresh_backends
 from pagedattn.conformance import replay
 from pagedattn.conformance.cases import MergeCase, save_case
-from pagedattn.reference.backend import NumpyBackend
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path, capsys: pytest.Capture
     assert row["status"] == "ok" and row["runner"] == "numpy" and row["case"] == CASE
     assert row["gbps"] == pytest.approx(row["bytes"] / row["seconds"] / 1e9)
     assert 0 < row["pct_of_ceiling"] < 100
+    assert row["one_call_s"] > 0 and row["inputs"] == "native"
+    assert row["graph_s"] is None and row["graph_note"] == "no CUDA device", "no number in the graph column"
     assert doc["ceilings"]["read_bytes_per_s"] > 0 and doc["command"].startswith("pagedattn bench --backend numpy")
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -59,7 +61,8 @@ def test_ratio_is_time_over_the_unpaged_reference() -> None:
     assert rows[0].ratio_to_reference == pytest.approx(3.0) and rows[1].ratio_to_reference == pytest.approx(1.0)
     assert rows[2].ratio_to_reference is None
     table = report.table_rows(rows)
-    assert table[0][3] == "30.0 us" and table[0][-1] == "3.00" and table[2][3].startswith("unsupported")
+    assert table[0][4] == "30.0 us" and table[0][-1] == "3.00" and table[2][3].startswith("unsupported")
+    assert table[0][5] == "not timed", "a row without a graph time says so in the graph column, never a number"
 
 
 def test_bench_in_order_blocks_are_their_own_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,6 +70,6 @@ def test_bench_in_order_blocks_are_their_own_rows(tmp_path: Path, capsys: pytest
                    "--budget", "0.05", "--no-plot"])
     assert rc == 0
     out, _ = capsys.readouterr()
-    assert "llama3-70b-tp8/decode/b8/ctx1024/in-order" in out
+    assert "llama3-70b-tp8/decode/b8/ctx1024/" in out and "in-order" in out  # a narrow table wraps the shape
     (row,) = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert row["case"] == CASE + "/in-order" and row["status"] == "ok"

@@ -58,12 +58,11 @@ def test_pool_regions_are_disjoint_valid_and_shared_across_block_sizes() -> None
     for bs in (16, 32, 64):
         case = shapes.Case(base.model, base.kind, base.batch, base.context, bs, base.dtype, base.chunk)
         assert inputs.pool_key(case) == pool.key
-        shape = inputs.cache_shape(case, pool)
         used = []
         for r in range(pool.rotations):
-            t = inputs.make_tables(case, pool, r)
-            check_paged_attention(pool.queries[r], pool.key_cache.reshape(shape), pool.value_cache.reshape(shape),
-                                  t.block_tables, t.seq_lens, t.query_start_loc)
+            t = inputs.attention_case(case, pool, r)
+            assert np.shares_memory(t.key_cache, pool.key_cache) and t.query is pool.queries[r]
+            check_paged_attention(*t.args(), **t.options)
             used.append(set(t.block_tables.ravel().tolist()))
             assert len(used[-1]) == t.block_tables.size, "no block is shared inside a batch"
         assert not (used[0] & used[1]) and not (used[1] & used[2]), "rotations read disjoint regions"
@@ -85,8 +84,8 @@ def test_in_order_blocks_are_consecutive_and_named() -> None:
     pool = inputs.make_pool(base, rotations=2)
     per_region = base.batch * pool.slots_per_seq // base.block_size
     for r in range(2):
-        scattered = inputs.make_tables(base, pool, r).block_tables
-        ordered = inputs.make_tables(in_order, pool, r).block_tables
+        scattered = inputs.attention_case(base, pool, r).block_tables
+        ordered = inputs.attention_case(in_order, pool, r).block_tables
         assert (np.diff(ordered, axis=1) == 1).all(), "each sequence's blocks follow one another"
         assert set(ordered.ravel().tolist()) <= set(range(r * per_region, (r + 1) * per_region))
         assert (np.diff(scattered, axis=1) != 1).any(), "the default stays shuffled"

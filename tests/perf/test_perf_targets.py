@@ -16,8 +16,10 @@ DECODE = TARGETS[0]
 
 def row(runner: str, case: str, seconds: float, pct: float = 95.0, status: str = "ok") -> Result:
     model, kind, batch, context, bs = case.split("/")
+    ok = status == "ok"
     return Result(runner, case, model, kind, int(batch[1:]), int(context[3:]), int(bs[2:]), "bfloat16", status,
-                  seconds=seconds if status == "ok" else None, pct_of_ceiling=pct if status == "ok" else None)
+                  seconds=seconds if ok else None, pct_of_ceiling=pct if ok else None,
+                  one_call_s=seconds if ok else None, graph_s=seconds if ok else None)
 
 
 def decode_rows(seconds: tuple[float, float, float], reference: float = 1.0, pct: float = 95.0) -> list[Result]:

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.backends.registry import backend_status, list_backends, load_backend
-from pagedattn.reference.backend import NumpyBackend
 from pagedattn.simulate.engine_loop import (
     BEAM_COVERAGE,
     EngineConfig,

@@ -11,15 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    initialize,
-    invariant,
-    multiple,
-    rule,
-)
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, rule
 
 from pagedattn.errors import OutOfBlocksError, PagedAttentionError
 from pagedattn.spec.allocator import BlockAllocator

@@ -15,7 +15,8 @@ from pagedattn.spec.pools import random_paged_inputs
 def literal_attention(case, *, scale=None, causal=True, sliding_window=None, softcap=None,
                       alibi_slopes=None, k_scale=1.0, v_scale=1.0):
     """The contract's "Meaning" section as loops, one query, head and key position at a time."""
-    q, kc, vc, tables, lens, starts, layout = case
+    q, kc, vc, tables, lens, starts = case.args()
+    layout = case.kv_layout
     T, Hq, D = q.shape
     Hkv = kc.shape[2] if layout == "NHD" else kc.shape[1]
     bs = kc.shape[1] if layout == "NHD" else kc.shape[2]
@@ -98,7 +99,7 @@ def test_gqa_head_mapping_any_ratio() -> None:
     q = case.query.copy()
     q[0, 7:] = q[0, :7]  # same queries for both groups: outputs differ only through the KV head
     result = exact_attention(q, *case.args()[1:])
-    out, _ = literal_attention(case._replace(query=q))
+    out, _ = literal_attention(case.replace(query=q))
     assert np.allclose(result.out, out, atol=1e-12)
     assert not np.allclose(result.out[0, :7], result.out[0, 7:])
 

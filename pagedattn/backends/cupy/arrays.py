@@ -2,8 +2,10 @@
 
 cupy has no bfloat16 or fp8 dtype the kernels rely on, so those arrays live on the device as
 :class:`RawArray`: a cupy array of their 16-/8-bit patterns plus the contract dtype (ml_dtypes),
-which is what validation reads. torch CUDA tensors are accepted through DLPack (bfloat16 and
-fp8 tensors are viewed as int16/uint8 first). cupy and torch are imported inside functions.
+which is what validation reads. ``run`` reads any of them (and torch CUDA tensors) by pointer,
+shape and strides (:func:`launch_view`), with no conversion; the other operations take torch
+tensors through DLPack (bfloat16 and fp8 viewed as integers first). cupy and torch are
+imported inside functions.
 """
 
 from __future__ import annotations
@@ -12,15 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.backends.bitviews import BIT_VIEWS, torch_bits, torch_to_numpy
 from pagedattn.errors import PagedAttentionError
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 
 #: Contract dtypes held as raw bits, and the unsigned integer type of their bits.
-RAW_DTYPES: dict[str, Any] = {
-    "bfloat16": np.uint16,
-    "float8_e4m3fn": np.uint8,
-    "float8_e5m2": np.uint8,
-}
+RAW_DTYPES: dict[str, Any] = {name: views[0] for name, views in BIT_VIEWS.items()}
 
 
 class RawArray:
@@ -79,14 +78,7 @@ def to_numpy(array: Any) -> np.ndarray:
     if isinstance(array, RawArray):
         return np.asarray(array.raw.get()).view(array.dtype)
     if is_torch(array):
-        name = dtype_name(array.dtype)
-        tensor = array.detach().cpu()
-        if name in RAW_DTYPES:
-            import torch
-
-            bits = torch.int16 if RAW_DTYPES[name] is np.uint16 else torch.uint8
-            return tensor.contiguous().view(bits).numpy().view(numpy_dtype(name))
-        return tensor.numpy()
+        return torch_to_numpy(array)
     if hasattr(array, "get"):  # cupy
         return np.asarray(array.get())
     return np.asarray(array)
@@ -105,29 +97,67 @@ def raw_view(array: Any, argument: str) -> tuple[Any, str]:
             raise PagedAttentionError(
                 argument, f"expected a CUDA tensor, received one on {array.device}"
             )
-        import torch
-
         name = dtype_name(array.dtype)
-        if name in RAW_DTYPES:
-            bits = torch.int16 if RAW_DTYPES[name] is np.uint16 else torch.uint8
-            raw = cupy.from_dlpack(array.view(bits))
-            return (raw.view(cupy.uint16) if bits is torch.int16 else raw), name
-        return cupy.from_dlpack(array), name
+        raw = cupy.from_dlpack(torch_bits(array))
+        return (raw.view(RAW_DTYPES[name]) if name in RAW_DTYPES else raw), name
     raise PagedAttentionError(
         argument,
         f"expected a cupy array, RawArray or torch CUDA tensor, received {type(array).__name__}",
     )
 
 
-def raw_bits(array: Any, argument: str) -> Any:
-    """The cupy array of ``array``'s bits or values (:func:`raw_view` without the dtype name)."""
-    if isinstance(array, RawArray):
-        return array.raw
+def launch_view(array: Any, argument: str) -> tuple[Any, tuple[int, ...], tuple[int, ...], int]:
+    """``(pointer, shape, element strides, itemsize)`` of a device array (cupy, RawArray, torch
+    CUDA tensor), read from its attributes with no conversion; the pointer is an ``np.uint64``,
+    which a kernel takes for any pointer argument. What every ``run`` does with its arrays."""
+    raw = array.raw if isinstance(array, RawArray) else array
+    if is_torch(raw):
+        if not raw.is_cuda:
+            raise PagedAttentionError(
+                argument, f"expected a CUDA tensor, received one on {raw.device}"
+            )
+        return np.uint64(raw.data_ptr()), tuple(raw.shape), tuple(raw.stride()), raw.element_size()
+    data = getattr(raw, "data", None)
+    if data is None or not hasattr(data, "ptr"):
+        raise PagedAttentionError(
+            argument,
+            f"expected a cupy array, RawArray or torch CUDA tensor, received {type(array).__name__}",
+        )
+    return np.uint64(data.ptr), tuple(raw.shape), element_strides(raw), raw.itemsize
+
+
+def contiguous_query(query: Any) -> Any:
+    """``query`` itself when C-contiguous and 16-byte aligned, else an aligned contiguous copy of
+    the same kind (the kernels read query rows with 16-byte loads)."""
+    raw = query.raw if isinstance(query, RawArray) else query
+    if is_torch(raw):
+        if raw.is_contiguous() and raw.data_ptr() % 16 == 0:
+            return query
+        return raw.contiguous().clone()
+    if raw.flags.c_contiguous and raw.data.ptr % 16 == 0:
+        return query
     import cupy
 
-    if isinstance(array, cupy.ndarray):
-        return array
-    return raw_view(array, argument)[0]
+    copy = cupy.ascontiguousarray(raw).copy()
+    return RawArray(copy, query.dtype) if isinstance(query, RawArray) else copy
+
+
+def empty_outputs(query: Any, shape: tuple[int, int, int]) -> tuple[Any, Any, Any, Any]:
+    """``(out, out pointer, lse, lse pointer)``: out ``shape`` in the query's dtype and float32 lse
+    ``shape[:2]``, both in the query's kind (torch, RawArray, cupy)."""
+    raw = query.raw if isinstance(query, RawArray) else query
+    if is_torch(raw):
+        import torch
+
+        out_t = torch.empty(shape, dtype=raw.dtype, device=raw.device)
+        lse_t = torch.empty(shape[:2], dtype=torch.float32, device=raw.device)
+        return out_t, np.uint64(out_t.data_ptr()), lse_t, np.uint64(lse_t.data_ptr())
+    import cupy
+
+    raw_out = cupy.empty(shape, dtype=raw.dtype)
+    raw_lse = cupy.empty(shape[:2], dtype=cupy.float32)
+    out = RawArray(raw_out, query.dtype) if isinstance(query, RawArray) else raw_out
+    return out, np.uint64(raw_out.data.ptr), raw_lse, np.uint64(raw_lse.data.ptr)
 
 
 def element_strides(raw: Any) -> tuple[int, ...]:

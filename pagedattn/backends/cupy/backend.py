@@ -1,9 +1,12 @@
 """The ``cupy`` backend: CUDA C++ kernels (``kernels/*.cu``) compiled by NVRTC (``cupy.RawModule``).
 
-``plan`` builds the work items (:mod:`.planning`) and uploads them with the block tables;
-``run`` launches ``paged_attention`` (and ``merge_partials`` when ranges were split) on the
-current stream. Arrays: cupy arrays, :class:`~.arrays.RawArray` for bfloat16/fp8 bits, or
-torch CUDA tensors (DLPack); outputs come back in the query's kind.
+``plan`` picks the kernel once (:func:`.planning.choose_kernel`, from the backend's options),
+builds the work items (:mod:`.planning`), uploads them with the block tables and makes the
+split-KV partial buffers; ``run`` allocates the outputs and launches the attention kernel (and
+``merge_partials`` when ranges were split) on the current stream (torch's when torch uses
+CUDA), so it can be captured in a CUDA graph. Arrays: torch CUDA tensors, cupy arrays or
+:class:`~.arrays.RawArray` for bfloat16/fp8 bits, passed by pointer; outputs come back in the
+query's kind.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import numpy as np
 
 from pagedattn.backends.capabilities import ALL_FEATURES, Capabilities
 from pagedattn.backends.cupy import arrays, planning, specializations
+from pagedattn.backends.cupy.options import CupyOptions
+from pagedattn.backends.cupy.options import resolve as resolve_options
 from pagedattn.backends.cupy.runtime import (
     current_stream,
     kernel,
@@ -31,12 +36,22 @@ from pagedattn.spec.dtypes import QUERY_DTYPES
 NUM_THREADS = specializations.NUM_THREADS
 
 
+#: what a CUDA graph that captured ``run`` of a cupy plan holds fixed (see docs/backends/cupy.md)
+FIXED_IN_GRAPH: tuple[str, ...] = (
+    "the work items, split-KV parts and kernel chosen by plan",
+    "the device copies of block_tables, seq_lens, query_start_loc and alibi_slopes made by plan",
+    "the plan's split-KV partial buffers: one run of a plan at a time",
+    "the addresses and strides of query, key_cache and value_cache",
+)
+
+
 @dataclass
 class CupyPlanState:
     """Device copies of what the kernels read besides query and caches, and the launch setup.
 
     Everything a run needs that does not depend on the arrays' addresses is prepared here
-    once, so that ``run`` does little more than allocate the output and launch.
+    once, including the split-KV partial buffers, so that ``run`` allocates only its outputs
+    and launches: no host-to-device copy, no synchronisation (a run can be graph-captured).
     """
 
     work: planning.WorkPlan
@@ -53,24 +68,64 @@ class CupyPlanState:
     scalars: tuple[Any, ...]  # the attention kernel's trailing scalar arguments
     attention_kernel: Any  # the compiled kernels (runtime.prepared)
     merge_kernel: Any
-    #: partial_out / partial_lse when no range is split (never written, passed as arguments)
-    no_partials: tuple[Any, Any] | None
+    #: float32 partial_out [max(1, parts), rows, head_dim] and partial_lse [max(1, parts), rows]
+    partials: tuple[Any, Any]
+    #: the attention kernel's arguments between the outputs and the strides (plan's arrays)
+    table_args: tuple[Any, ...] = ()
+    #: the merge kernel's arguments before out and lse, and after them
+    merge_args: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
+    sync: bool = False
     #: (shape, dtype) of query, key_cache, value_cache as last accepted by the full check of
     #: ``Backend.run``; equal ones skip it (the same check, done once)
     accepted: tuple[Any, ...] | None = None
-    #: (pointer, shape, strides) of the raw caches last seen, and their checked strides
+    #: (pointer, shape, strides) of the caches last seen, and their checked strides
     strides_seen: tuple[Any, ...] | None = None
     strides: tuple[Any, ...] = ()
 
+    @property
+    def capturable(self) -> bool:
+        """Whether ``run`` of this plan can be captured in a CUDA graph (not with ``sync``)."""
+        return not self.sync
+
+    @property
+    def fixed_in_graph(self) -> tuple[str, ...]:
+        return FIXED_IN_GRAPH
+
 
 class CupyBackend(Backend):
-    """Paged attention on CUDA cores with split-KV; write_kv, copy_blocks, merge_states kernels."""
+    """Paged attention on CUDA cores and tensor cores with split-KV; write_kv, copy_blocks,
+    merge_states kernels.
+
+    Options (see :class:`~.options.CupyOptions`; each left out takes its ``PAGEDATTN_CUPY_*``
+    environment variable, else its default): ``prefill="auto"``, ``decode="mma"``,
+    ``split_kv=True``, ``wgmma_ctas=2``, ``wgmma_schedule="overlap"``, ``sync=False``.
+    """
 
     name = "cupy"
+    accepts_torch = True
     version = "0.1.0"
     description = (
         "CuPy RawModule: hand-written CUDA C++ compiled by NVRTC (online softmax, split-KV)"
     )
+
+    def __init__(
+        self,
+        *,
+        prefill: str | None = None,
+        decode: str | None = None,
+        split_kv: bool | None = None,
+        wgmma_ctas: int | None = None,
+        wgmma_schedule: str | None = None,
+        sync: bool | None = None,
+    ) -> None:
+        self.options: CupyOptions = resolve_options(
+            prefill=prefill,
+            decode=decode,
+            split_kv=split_kv,
+            wgmma_ctas=wgmma_ctas,
+            wgmma_schedule=wgmma_schedule,
+            sync=sync,
+        )
 
     @classmethod
     def availability(cls) -> str | None:
@@ -134,36 +189,39 @@ class CupyBackend(Backend):
                 backend=self.name,
                 capability="fp8",
             )
-        work = planning.build_work(problem, slots=self._resident_ctas(problem))
+        choice = planning.choose_kernel(problem, self.options, sm90=planning.device_has_wgmma())
+        work = planning.build_work(
+            problem,
+            choice,
+            slots=self._resident_ctas(problem, choice),
+            split_kv=self.options.split_kv,
+        )
         slopes = (
             problem.alibi_slopes if problem.alibi_slopes is not None else np.zeros(1, np.float32)
         )
         with current_stream():  # uploads ordered before the launches on the same stream
-            return self._upload(work, problem, slopes)
+            return self._upload(work, choice, problem, slopes)
 
     def _upload(
-        self, work: planning.WorkPlan, problem: AttentionProblem, slopes: np.ndarray
-    ) -> Any:
+        self,
+        work: planning.WorkPlan,
+        choice: planning.KernelChoice,
+        problem: AttentionProblem,
+        slopes: np.ndarray,
+    ) -> CupyPlanState:
         import cupy
 
         rows, name, cache = work.rows, problem.dtype, problem.cache_dtype
         fp8 = cache in specializations.FP8_TYPES
-        attention = (
-            specializations.wgmma_attention(name, problem.head_dim, problem.block_size)
-            if work.kernel == "wgmma"
-            else specializations.attention(name, problem.head_dim, problem.block_size, rows, cache)
-        )
+        attention = choice.spec
         merge = specializations.merge_partials(name, problem.head_dim, rows)
         smem = specializations.smem_bytes(name, problem.head_dim, rows, cache, attention)
-        no_partials = (
-            None
-            if work.num_partials
-            else (
-                cupy.empty((1, rows, problem.head_dim), dtype=cupy.float32),
-                cupy.empty((1, rows), dtype=cupy.float32),
-            )
+        parts = max(1, work.num_partials)
+        partials = (
+            cupy.empty((parts, rows, problem.head_dim), dtype=cupy.float32),
+            cupy.empty((parts, rows), dtype=cupy.float32),
         )
-        return CupyPlanState(
+        state = CupyPlanState(
             work=work,
             items=cupy.asarray(work.items),
             merges=cupy.asarray(work.merges),
@@ -189,8 +247,19 @@ class CupyBackend(Backend):
             ),
             attention_kernel=prepared(attention, smem),
             merge_kernel=prepared(merge) if len(work.merges) else None,
-            no_partials=no_partials,
+            partials=partials,
+            sync=self.options.sync,
         )
+        state.table_args = (
+            *partials,
+            state.block_tables,
+            state.seq_lens,
+            state.query_start_loc,
+            state.alibi_slopes,
+            state.items,
+        )
+        state.merge_args = ((*partials, state.merges), state.scalars[1:3])
+        return state
 
     def run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> Any:
         """As :meth:`Backend.run`; the (shape, dtype) check is skipped for arrays whose shape
@@ -205,13 +274,13 @@ class CupyBackend(Backend):
         out, lse = self._run(plan, query, key_cache, value_cache)
         return (out, lse) if plan.problem.return_lse else out
 
-    def _resident_ctas(self, problem: AttentionProblem) -> int:
-        """CTAs of the attention kernel resident on the whole device (registers, shared memory)."""
+    def _resident_ctas(self, problem: AttentionProblem, choice: planning.KernelChoice) -> int:
+        """CTAs of the attention kernel ``choice`` resident on the whole device (registers,
+        shared memory)."""
         import cupy
 
         attributes = cupy.cuda.Device().attributes
-        rows = planning.choose_rows(problem)
-        spec = planning.attention_spec(problem, rows)
+        rows, spec = choice.rows, choice.spec
         registers = int(getattr(kernel(spec), "num_regs", 0) or 255)
         per_warp = -(-registers * 32 // 256) * 256  # registers are allocated per warp in 256s
         threads = specializations.threads(rows, spec)
@@ -227,106 +296,87 @@ class CupyBackend(Backend):
         return per_sm * attributes["MultiProcessorCount"]
 
     def _cache_strides(
-        self, raw: Any, argument: str, kv_layout: str
+        self, view: tuple[Any, ...], argument: str, kv_layout: str
     ) -> tuple[Any, Any, Any]:
-        """``(stride_block, stride_slot, stride_head)`` of a raw cache (cupy) in elements, as
-        np.int64; raises the unsupported error unless head_dim has unit stride and rows are
-        16-byte aligned."""
-        s_block, s1, s2, s_dim = arrays.element_strides(raw)
+        """``(stride_block, stride_slot, stride_head)`` in elements, as np.int64, of a cache's
+        :func:`~.arrays.launch_view`; raises the unsupported error unless head_dim has unit
+        stride and rows are 16-byte aligned."""
+        pointer, _, strides, itemsize = view
+        s_block, s1, s2, s_dim = strides
         s_slot, s_head = (s1, s2) if kv_layout == "NHD" else (s2, s1)
-        aligned = raw.data.ptr % 16 == 0 and all(
-            (s * raw.itemsize) % 16 == 0 for s in (s_block, s_slot, s_head)
+        aligned = int(pointer) % 16 == 0 and all(
+            (s * itemsize) % 16 == 0 for s in (s_block, s_slot, s_head)
         )
         if s_dim != 1 or not aligned:
             raise UnsupportedError(
                 argument,
-                f"cache view with element strides {arrays.element_strides(raw)}: the kernel needs"
+                f"cache view with element strides {tuple(strides)}: the kernel needs"
                 " a unit head_dim stride and 16-byte aligned rows",
                 backend=self.name,
                 capability="strided_caches",
             )
         return np.int64(s_block), np.int64(s_slot), np.int64(s_head)
 
-    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
-        stream = current_stream()
-        with stream:  # allocations and launches on one stream, entered once
-            return self._launch_attention(plan, query, key_cache, value_cache, stream)
-
     def _checked_strides(
-        self, state: CupyPlanState, raw_k: Any, raw_v: Any, kv_layout: str
+        self, state: CupyPlanState, k_view: tuple[Any, ...], v_view: tuple[Any, ...], kv_layout: str
     ) -> tuple[Any, ...]:
         """The six cache strides of the kernel arguments, checked once per (pointer, shape,
         strides) of the two caches (:meth:`_cache_strides` does the checking)."""
-        seen = (raw_k.data.ptr, raw_k.shape, raw_k.strides, raw_v.data.ptr, raw_v.shape, raw_v.strides)
+        seen = (k_view, v_view)
         if seen != state.strides_seen:
-            k_strides = self._cache_strides(raw_k, "key_cache", kv_layout)
-            v_strides = self._cache_strides(raw_v, "value_cache", kv_layout)
+            k_strides = self._cache_strides(k_view, "key_cache", kv_layout)
+            v_strides = self._cache_strides(v_view, "value_cache", kv_layout)
             state.strides, state.strides_seen = (*k_strides, *v_strides), seen
         return state.strides
 
-    def _launch_attention(
-        self, plan: Plan, query: Any, key_cache: Any, value_cache: Any, stream: Any
-    ) -> tuple[Any, Any]:
-        import cupy
-
+    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        """Allocate out and lse in the query's kind and launch on the current stream (torch's
+        when torch uses CUDA). Arrays are passed by pointer: no conversion, copy or
+        synchronisation, so the launches can be graph-captured."""
         p: AttentionProblem = plan.problem
         state: CupyPlanState = plan.state
         work = state.work
-        raw_q = arrays.raw_bits(query, "query")
-        raw_k = arrays.raw_bits(key_cache, "key_cache")
-        raw_v = arrays.raw_bits(value_cache, "value_cache")
-        strides = self._checked_strides(state, raw_k, raw_v, p.kv_layout)
-        if not raw_q.flags.c_contiguous or raw_q.data.ptr % 16:
-            raw_q = cupy.ascontiguousarray(raw_q).copy()
-        out, raw_out = arrays.empty_like_output(query, raw_q, p.dtype)
-        lse, raw_lse = arrays.empty_lse(query, (p.num_tokens, p.num_q_heads))
-        if state.no_partials is not None:
-            partial_out, partial_lse = state.no_partials
-        else:
-            partial_out = cupy.empty((work.num_partials, work.rows, p.head_dim), cupy.float32)
-            partial_lse = cupy.empty((work.num_partials, work.rows), cupy.float32)
-        launch_prepared(
-            state.attention_kernel,
-            state.attention.name_expression,
-            (len(work.items),),
-            (state.threads,),
-            (
-                raw_q,
-                raw_k,
-                raw_v,
-                raw_out,
-                raw_lse,
-                partial_out,
-                partial_lse,
-                state.block_tables,
-                state.seq_lens,
-                state.query_start_loc,
-                state.alibi_slopes,
-                state.items,
-                *strides,
-                *state.scalars,
-            ),
-            state.smem,
-            stream,
+        k_view = arrays.launch_view(key_cache, "key_cache")
+        v_view = arrays.launch_view(value_cache, "value_cache")
+        strides = self._checked_strides(state, k_view, v_view, p.kv_layout)
+        query = arrays.contiguous_query(query)
+        q_pointer = arrays.launch_view(query, "query")[0]
+        out, out_pointer, lse, lse_pointer = arrays.empty_outputs(
+            query, (p.num_tokens, p.num_q_heads, p.head_dim)
         )
-        if state.merge_kernel is not None:
+        stream = current_stream()
+        with stream:
             launch_prepared(
-                state.merge_kernel,
-                state.merge.name_expression,
-                (len(work.merges), work.rows),  # one CTA per (merge, row)
-                (NUM_THREADS,),
+                state.attention_kernel,
+                state.attention.name_expression,
+                (len(work.items),),
+                (state.threads,),
                 (
-                    partial_out,
-                    partial_lse,
-                    state.merges,
-                    raw_out,
-                    raw_lse,
-                    state.scalars[1],
-                    state.scalars[2],
+                    q_pointer,
+                    k_view[0],
+                    v_view[0],
+                    out_pointer,
+                    lse_pointer,
+                    *state.table_args,
+                    *strides,
+                    *state.scalars,
                 ),
-                0,
+                state.smem,
                 stream,
+                state.sync,
             )
+            if state.merge_kernel is not None:
+                before, after = state.merge_args
+                launch_prepared(
+                    state.merge_kernel,
+                    state.merge.name_expression,
+                    (len(work.merges), work.rows),  # one CTA per (merge, row)
+                    (NUM_THREADS,),
+                    (*before, out_pointer, lse_pointer, *after),
+                    0,
+                    stream,
+                    state.sync,
+                )
         return out, (lse if p.return_lse else None)
 
     # -- other operations (uploads, copies and launches all on the current stream) --
@@ -394,6 +444,7 @@ class CupyBackend(Backend):
                 # x / scale is taken in float64, as the spec does
                 *((np.float64(problem.k_scale), np.float64(problem.v_scale)) if fp8 else ()),
             ),
+            sync=self.options.sync,
         )
 
     def _copy_blocks_on_stream(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
@@ -429,6 +480,7 @@ class CupyBackend(Backend):
                     np.int32(d3),
                     *(np.int64(s) for s in arrays.element_strides(raw)),
                 ),
+                sync=self.options.sync,
             )
             buffers.append(buffer)
         for (raw, _), buffer in zip(raws, buffers, strict=True):
@@ -446,6 +498,7 @@ class CupyBackend(Backend):
                     np.int32(d3),
                     *(np.int64(s) for s in arrays.element_strides(raw)),
                 ),
+                sync=self.options.sync,
             )
 
     def _merge_states_on_stream(
@@ -476,5 +529,6 @@ class CupyBackend(Backend):
             (-(-total // 256),),
             (256,),
             (raws[0], raws[1], raws[2], raws[3], raw_out, raw_lse, np.int64(T * H), np.int32(D)),
+            sync=self.options.sync,
         )
         return out, lse

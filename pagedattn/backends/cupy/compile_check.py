@@ -41,13 +41,14 @@ class CompileError(RuntimeError):
 
 
 def compile_module(
-    module: str, name_expressions: list[str], arch: str = ARCH
+    module: str, name_expressions: list[str], arch: str = ARCH, text: str | None = None
 ) -> list[CompiledKernel]:
-    """Compile ``module`` with ``name_expressions`` for ``arch``; return their resource reports."""
+    """Compile ``module`` (``text``: this source in place of its file) with
+    ``name_expressions`` for ``arch``; return their resource reports."""
     from pagedattn.backends.cupy.runtime import KernelLaunchError, compile_cubin
 
     try:
-        _, names, log = compile_cubin(module, name_expressions, arch, ("-Xptxas=-v",))
+        _, names, log = compile_cubin(module, name_expressions, arch, ("-Xptxas=-v",), text)
     except KernelLaunchError as error:
         raise CompileError(str(error)) from None
     lowered = {low: name for name, low in names.items()}

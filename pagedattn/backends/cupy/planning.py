@@ -11,11 +11,11 @@ are split (split-KV) into parts of about equal length; their partial results are
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.backends.cupy.specializations import (
     DECODE_ROWS,
     FP8_TYPES,
@@ -25,12 +25,13 @@ from pagedattn.backends.cupy.specializations import (
     MMA_HEAD_DIMS,
     MMA_ROWS,
     ROWS,
+    WGMMA_MODULE,
     WGMMA_ROWS,
     Specialization,
     attention,
-    prefill_kernel,
     tile_n,
     wgmma_attention,
+    wgmma_overlap_possible,
     wgmma_supports,
 )
 from pagedattn.spec.arrays import AttentionProblem
@@ -48,10 +49,25 @@ class WorkPlan:
     kernel: str = "mma"  # "wgmma": paged_attention_wgmma takes the WGMMA_ROWS-row items
 
 
+@dataclass(frozen=True)
+class KernelChoice:
+    """The attention kernel a plan takes, chosen once: its rows per CTA and its specialization."""
+
+    rows: int
+    spec: Specialization
+
+    @property
+    def kernel(self) -> str:
+        """"wgmma" (paged_attention_wgmma) or "mma" (every other attention kernel)."""
+        return "wgmma" if self.spec.module == WGMMA_MODULE else "mma"
+
+
 #: rows (query tokens x query heads of a KV head) per sequence, on average, from which
-#: PAGEDATTN_CUPY_PREFILL=auto takes the Hopper kernel (WGMMA_ROWS rows per CTA): 4 of its
-#: tiles, so at most a quarter of a sequence's rows sit in its last, partly empty tile
+#: ``prefill="auto"`` takes the Hopper kernel (WGMMA_ROWS rows per CTA): 4 of its tiles, so
+#: at most a quarter of a sequence's rows sit in its last, partly empty tile
 WGMMA_MIN_ROWS_PER_SEQ = 4 * WGMMA_ROWS
+#: the options of a backend built with no arguments and no PAGEDATTN_CUPY_* variable set
+DEFAULT_OPTIONS = CupyOptions()
 
 
 def device_has_wgmma() -> bool:
@@ -73,66 +89,63 @@ def enough_rows_for_wgmma(problem: AttentionProblem) -> bool:
     return rows_per_seq >= WGMMA_MIN_ROWS_PER_SEQ * max(1, problem.num_seqs)
 
 
-def uses_wgmma(problem: AttentionProblem) -> bool:
+def uses_wgmma(problem: AttentionProblem, options: CupyOptions, *, sm90: bool) -> bool:
     """Whether the Hopper kernel (paged_attention_wgmma) takes this problem: a prefill batch the
     tensor-core prefill kernels take (at least 8 queries per sequence on average), 16-bit
-    queries and caches at head_dim 64 or 128, a compute capability 9.0 device, and
-    ``PAGEDATTN_CUPY_PREFILL`` "wgmma", or "auto" with :func:`enough_rows_for_wgmma`. Anything else
+    queries and caches at head_dim 64 or 128, a compute capability 9.0 device (``sm90``), and
+    ``options.prefill`` "wgmma", or "auto" with :func:`enough_rows_for_wgmma`. Anything else
     (fp8 caches, other head dims, other devices) stays on the mma.sync kernels."""
-    switch = prefill_kernel()
+    switch = options.prefill
     if switch == "mma" or not wgmma_supports(problem.dtype, problem.head_dim, problem.cache_dtype):
         return False
     if problem.is_decode or problem.num_tokens < 8 * problem.num_seqs:
         return False
     if switch == "auto" and not enough_rows_for_wgmma(problem):
         return False
-    return device_has_wgmma()
+    return sm90
 
 
-def attention_spec(problem: AttentionProblem, rows: int) -> Specialization:
-    """The attention kernel for ``problem`` at ``rows`` rows per CTA (:func:`choose_rows`)."""
-    if rows == WGMMA_ROWS:
-        return wgmma_attention(problem.dtype, problem.head_dim, problem.block_size)
-    return attention(problem.dtype, problem.head_dim, problem.block_size, rows, problem.cache_dtype)
-
-
-def prefill_rows(problem: AttentionProblem) -> int:
-    """Rows per CTA of the tensor-core prefill kernels: ``WGMMA_ROWS`` where the Hopper kernel
-    takes the problem (:func:`uses_wgmma`), else ``MMA_ROWS`` (the mma.sync kernel)."""
-    return WGMMA_ROWS if uses_wgmma(problem) else MMA_ROWS
-
-
-def choose_rows(problem: AttentionProblem) -> int:
-    """Rows per CTA, which also picks the kernel.
+def choose_kernel(
+    problem: AttentionProblem, options: CupyOptions = DEFAULT_OPTIONS, *, sm90: bool = False
+) -> KernelChoice:
+    """The attention kernel of ``problem``, which also fixes the rows per CTA.
 
     ``DECODE_ROWS`` (tensor-core decode, keys split among warps) for float16/bfloat16 decode
-    at head_dim 64 or 128 with up to 16 query heads per KV head, unless the environment sets
-    ``PAGEDATTN_CUPY_DECODE=simt``; the tensor-core prefill kernel (:func:`prefill_rows`:
-    ``WGMMA_ROWS`` or ``MMA_ROWS``) for float16/bfloat16 batches of at least 8 queries per
-    sequence on average at head_dim 64 or 128; else the CUDA-core kernel with 4 rows (decode
-    with up to 4 query heads per KV head) or 8. fp8 caches go to the tensor-core kernels only
-    (decode, else the prefill kernel whatever the batch); the backend refuses fp8 where
-    neither applies (float32 queries, head_dim 256).
+    at head_dim 64 or 128 with up to 16 query heads per KV head, unless ``options.decode`` is
+    "simt"; the tensor-core prefill kernels for float16/bfloat16 batches of at least 8 queries
+    per sequence on average at head_dim 64 or 128: the Hopper kernel (``WGMMA_ROWS``) where
+    :func:`uses_wgmma`, else the mma.sync kernel (``MMA_ROWS``); else the CUDA-core kernel
+    with 4 rows (decode with up to 4 query heads per KV head) or 8. fp8 caches go to the
+    tensor-core kernels only (decode, else the prefill kernel whatever the batch); the backend
+    refuses fp8 where neither applies (float32 queries, head_dim 256).
     """
     tensor_cores = problem.dtype in MMA_DTYPES and problem.head_dim in MMA_HEAD_DIMS
+    decode_mma = problem.is_decode and problem.group_size <= DECODE_ROWS
     if problem.cache_dtype in FP8_TYPES:
-        decode = problem.is_decode and problem.group_size <= DECODE_ROWS
-        return DECODE_ROWS if decode else prefill_rows(problem)
-    if (
-        problem.is_decode
-        and tensor_cores
-        and problem.group_size <= DECODE_ROWS
-        and os.environ.get("PAGEDATTN_CUPY_DECODE", "mma") != "simt"
-    ):
-        return DECODE_ROWS
-    if (
-        not problem.is_decode
-        and problem.dtype in MMA_DTYPES
-        and problem.head_dim in MMA_HEAD_DIMS
-        and problem.num_tokens >= 8 * problem.num_seqs
-    ):
-        return prefill_rows(problem)
-    return ROWS[0] if problem.is_decode and problem.group_size <= ROWS[0] else ROWS[-1]
+        prefill = not decode_mma
+    elif decode_mma and tensor_cores and options.decode == "mma":
+        prefill = False
+    else:
+        prefill = (
+            not problem.is_decode and tensor_cores and problem.num_tokens >= 8 * problem.num_seqs
+        )
+        if not prefill:
+            rows = ROWS[0] if problem.is_decode and problem.group_size <= ROWS[0] else ROWS[-1]
+            return KernelChoice(rows, attention(problem.dtype, problem.head_dim, problem.block_size, rows))
+    if not prefill:
+        rows = DECODE_ROWS
+    elif uses_wgmma(problem, options, sm90=sm90):
+        overlap = options.wgmma_schedule == "overlap" and wgmma_overlap_possible(
+            problem.head_dim, options.wgmma_ctas
+        )
+        spec = wgmma_attention(
+            problem.dtype, problem.head_dim, problem.block_size, overlap, options.wgmma_ctas
+        )
+        return KernelChoice(WGMMA_ROWS, spec)
+    else:
+        rows = MMA_ROWS
+    spec = attention(problem.dtype, problem.head_dim, problem.block_size, rows, problem.cache_dtype)
+    return KernelChoice(rows, spec)
 
 
 def choose_split(
@@ -172,14 +185,23 @@ def choose_split(
 
 
 def build_work(
-    problem: AttentionProblem, *, slots: int = 396, min_tiles_per_split: int = 4
+    problem: AttentionProblem,
+    choice: KernelChoice | None = None,
+    *,
+    slots: int = 396,
+    min_tiles_per_split: int = 4,
+    split_kv: bool = True,
 ) -> WorkPlan:
-    """Return the :class:`WorkPlan` of ``problem`` for ``slots`` CTAs resident on the device.
+    """Return the :class:`WorkPlan` of ``problem`` for the kernel ``choice`` (None:
+    :func:`choose_kernel` with the default options, no sm_90 device) and ``slots`` CTAs
+    resident on the device.
 
-    Ranges are split into parts of :func:`choose_split` tiles (at least ``min_tiles_per_split``).
+    With ``split_kv``, ranges are split into parts of :func:`choose_split` tiles (at least
+    ``min_tiles_per_split``); without, every item covers its whole range.
     """
     G = problem.group_size
-    rows = choose_rows(problem)
+    choice = choose_kernel(problem) if choice is None else choice
+    rows = choice.rows
     TILE_N = tile_n(problem.dtype, rows)
     num_groups = min(G, rows)
     tokens_per_item = max(1, rows // G)
@@ -226,11 +248,15 @@ def build_work(
     # a split part's partial (float32 rows x head_dim, written, then read by the merge) in
     # tiles of K/V traffic (2 x TILE_N x head_dim elements of 16 bits: an estimate)
     partial_tiles = (2 * rows * 4) / (2 * TILE_N * 2)
-    per_split = choose_split(
-        base_tiles,
-        max(1, slots),
-        min_tiles=min_tiles_per_split,
-        partial_overhead=partial_tiles,
+    per_split = (
+        choose_split(
+            base_tiles,
+            max(1, slots),
+            min_tiles=min_tiles_per_split,
+            partial_overhead=partial_tiles,
+        )
+        if split_kv
+        else max(1, int(base_tiles.max(initial=0)))
     )
     splits = np.maximum(1, -(-base_tiles // per_split))
     item_base = np.repeat(np.arange(base_tiles.size), splits)
@@ -292,5 +318,5 @@ def build_work(
         items=items,
         merges=merges,
         num_partials=int(split.sum()),
-        kernel="wgmma" if rows == WGMMA_ROWS else "mma",
+        kernel=choice.kernel,
     )

@@ -2,8 +2,8 @@
 
 Kernels launch on torch's current stream when torch is imported and has initialised CUDA,
 otherwise on cupy's current stream. A failed launch raises :class:`KernelLaunchError` naming
-the kernel; ``PAGEDATTN_CUPY_SYNC=1`` (read when this module is imported) also synchronises
-after each launch to surface asynchronous faults at the launch that caused them.
+the kernel; ``sync=True`` (the backend's ``sync`` option) also synchronises after the launch,
+to surface asynchronous faults at the launch that caused them.
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ def kernel(spec: Specialization) -> Any:
 
 
 def compile_cubin(module: str, name_expressions: list[str], arch: str,
-                  extra_options: tuple[str, ...] = ()) -> tuple[bytes, dict[str, str], str]:
-    """NVRTC-compile ``module`` for ``arch``: (cubin, lowered name of each name expression, log).
-    Raises KernelLaunchError with NVRTC's log on a compile error."""
+                  extra_options: tuple[str, ...] = (),
+                  text: str | None = None) -> tuple[bytes, dict[str, str], str]:
+    """NVRTC-compile ``module`` (``text``: this source in place of its file) for ``arch``:
+    (cubin, lowered name of each name expression, log). Raises KernelLaunchError with NVRTC's
+    log on a compile error."""
     from cupy.cuda import nvrtc
 
-    program = nvrtc.createProgram(source(module), f"{module}.cu", [], [])
+    program = nvrtc.createProgram(source(module) if text is None else text, f"{module}.cu", [], [])
     try:
         for name in name_expressions:
             nvrtc.addNameExpression(program, name)
@@ -104,8 +106,6 @@ def device_arch() -> str:
 _EXTERNAL_STREAMS: dict[tuple[int, int], Any] = {}
 #: dynamic shared memory each kernel has been allowed so far (cuFuncSetAttribute once)
 _SMEM_ALLOWED: dict[Specialization, int] = {}
-#: PAGEDATTN_CUPY_SYNC=1 (read at import): synchronise after each launch
-_SYNC = os.environ.get("PAGEDATTN_CUPY_SYNC") == "1"
 
 
 def _torch_stream(torch: Any) -> tuple[int, int]:
@@ -153,6 +153,7 @@ def launch_prepared(
     args: tuple[Any, ...],
     shared_mem: int,
     stream: Any,
+    sync: bool = False,
 ) -> None:
     """Launch a :func:`prepared` kernel inside ``with stream:`` (the caller's); raise
     KernelLaunchError naming it. The short path of :func:`launch`, for every run's launches."""
@@ -160,7 +161,7 @@ def launch_prepared(
         return
     try:
         function(grid, block, args, shared_mem=shared_mem)
-        if _SYNC:
+        if sync:
             stream.synchronize()
     except Exception as error:
         raise KernelLaunchError(f"launching {name} grid={grid} block={block}: {error}") from error
@@ -174,6 +175,7 @@ def launch(
     *,
     shared_mem: int = 0,
     stream: Any = None,
+    sync: bool = False,
 ) -> None:
     """Launch ``spec`` on ``stream`` (default: :func:`current_stream`); raise KernelLaunchError."""
     if grid[0] == 0:
@@ -183,7 +185,7 @@ def launch(
     try:
         with stream:
             function(grid, block, args, shared_mem=shared_mem)
-        if _SYNC:
+        if sync:
             stream.synchronize()
     except Exception as error:
         raise KernelLaunchError(

@@ -10,7 +10,6 @@ can launch has been compiled without a GPU first. The wgmma kernel is compiled f
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,13 +32,13 @@ MMA_STAGES = 3
 MMA_TILE_N = 64
 #: The Hopper prefill kernel (kernels/paged_attention_wgmma.cu, sm_90a): work items of
 #: WGMMA_ROWS rows and MMA_TILE_N-key tiles, 2 warpgroups, WGMMA_STAGES K/V stages, 16-bit
-#: caches at these head dims; taken as PAGEDATTN_CUPY_PREFILL says (:func:`prefill_kernel`),
-#: on compute capability 9.0 only
+#: caches at these head dims; taken as the backend's ``prefill`` option says (planning), on
+#: compute capability 9.0 only
 WGMMA_ROWS = 128
 WGMMA_THREADS = 256
 WGMMA_STAGES = 4
-#: CTAs per SM the wgmma kernel's launch bounds ask for (PAGEDATTN_CUPY_WGMMA_CTAS, default
-#: WGMMA_CTAS_DEFAULT): 2 caps registers at 128 a thread and takes fewer K/V stages
+#: CTAs per SM the wgmma kernel's launch bounds ask for (the backend's ``wgmma_ctas`` option,
+#: default WGMMA_CTAS_DEFAULT): 2 caps registers at 128 a thread and takes fewer K/V stages
 #: (:func:`wgmma_stages`); it ran causal prefill 8 x 4,096 in 2.54-2.65 ms on an H200, 1 CTA
 #: in 3.49-3.52 ms (docs/backends/cupy.md)
 WGMMA_CTAS_CHOICES: tuple[int, ...] = (1, 2)
@@ -48,10 +47,6 @@ WGMMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 WGMMA_OVERLAP_HEAD_DIMS: tuple[int, ...] = (128,)
 WGMMA_ARCH = "sm_90a"
 WGMMA_MODULE = "paged_attention_wgmma"
-#: PAGEDATTN_CUPY_PREFILL when unset (see :func:`prefill_kernel`): the Hopper kernel for long
-#: prefill (0.70-0.72x cuDNN on causal prefill 8 x 4,096, the mma.sync kernel 0.31-0.34x)
-PREFILL_DEFAULT = "auto"
-PREFILL_CHOICES: tuple[str, ...] = ("mma", "wgmma", "auto")
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 4 warps
@@ -80,32 +75,12 @@ class Specialization:
     arch: str | None = None
 
 
-def prefill_kernel() -> str:
-    """``PAGEDATTN_CUPY_PREFILL`` (default ``PREFILL_DEFAULT``): "mma" (the mma.sync kernels
-    only), "wgmma" (the Hopper kernel for every prefill it supports) or "auto" (the Hopper
-    kernel for long prefill, see planning.uses_wgmma)."""
-    switch = os.environ.get("PAGEDATTN_CUPY_PREFILL", PREFILL_DEFAULT)
-    if switch not in PREFILL_CHOICES:
-        raise ValueError(f"PAGEDATTN_CUPY_PREFILL={switch!r}: expected one of {PREFILL_CHOICES}")
-    return switch
-
-
 def wgmma_supports(dtype: str, head_dim: int, cache_dtype: str | None = None) -> bool:
     """Whether paged_attention_wgmma has an instantiation for these dtypes and head_dim (16-bit
     queries and the same 16-bit cache; fp8 caches stay on the mma.sync kernels)."""
     return (
         dtype in MMA_DTYPES and head_dim in WGMMA_HEAD_DIMS and (cache_dtype or dtype) == dtype
     )
-
-
-def wgmma_ctas() -> int:
-    """``PAGEDATTN_CUPY_WGMMA_CTAS`` (default ``WGMMA_CTAS_DEFAULT``): CTAs per SM of the wgmma
-    kernel, 1 (up to 255 registers a thread, 4 K/V stages) or 2 (128 registers,
-    :func:`wgmma_stages` stages)."""
-    switch = os.environ.get("PAGEDATTN_CUPY_WGMMA_CTAS", str(WGMMA_CTAS_DEFAULT))
-    if switch not in tuple(str(c) for c in WGMMA_CTAS_CHOICES):
-        raise ValueError(f"PAGEDATTN_CUPY_WGMMA_CTAS={switch!r}: expected 1 or 2")
-    return int(switch)
 
 
 def wgmma_stages(head_dim: int, ctas: int = 1) -> int:
@@ -116,33 +91,19 @@ def wgmma_stages(head_dim: int, ctas: int = 1) -> int:
     return 2 if head_dim == 128 else 3
 
 
-def wgmma_overlap(head_dim: int, ctas: int = 1) -> bool:
-    """Whether the wgmma kernel leaves P V running into the next tile's copies and S (its
-    ``OVERLAP`` schedule): ``PAGEDATTN_CUPY_WGMMA_SCHEDULE`` "overlap" (default) or "serial";
-    head_dim 128 only (at 64 ptxas serialises that schedule's wgmmas, warning C7515), and at
-    least 3 stages (it loads into the stage read two tiles before)."""
-    schedule = os.environ.get("PAGEDATTN_CUPY_WGMMA_SCHEDULE", "overlap")
-    if schedule not in ("overlap", "serial"):
-        raise ValueError(
-            f"PAGEDATTN_CUPY_WGMMA_SCHEDULE={schedule!r}: expected overlap or serial"
-        )
-    return schedule == "overlap" and wgmma_overlap_possible(head_dim, ctas)
-
-
 def wgmma_attention(
     dtype: str,
     head_dim: int,
     block_size: int,
     overlap: bool | None = None,
-    ctas: int | None = None,
+    ctas: int = WGMMA_CTAS_DEFAULT,
 ) -> Specialization:
-    """``paged_attention_wgmma<T, head_dim, block_size, OVERLAP[, CTAS]>`` (``ctas`` None: as
-    :func:`wgmma_ctas` says; ``overlap`` None: as :func:`wgmma_overlap` says), compiled for
-    ``WGMMA_ARCH``. CTAS is named only when it is 2 (1 is the template's default)."""
-    if ctas is None:
-        ctas = wgmma_ctas()
+    """``paged_attention_wgmma<T, head_dim, block_size, OVERLAP[, CTAS]>`` compiled for
+    ``WGMMA_ARCH`` (``overlap`` None: the overlap schedule wherever it exists,
+    :func:`wgmma_overlap_possible`). CTAS is named only when it is 2 (1 is the template's
+    default)."""
     if overlap is None:
-        overlap = wgmma_overlap(head_dim, ctas)
+        overlap = wgmma_overlap_possible(head_dim, ctas)
     if overlap and not wgmma_overlap_possible(head_dim, ctas):
         raise ValueError(f"wgmma kernel: no overlap schedule at head_dim {head_dim}, {ctas} CTAs/SM")
     suffix = "" if ctas == 1 else f", {ctas}"
@@ -165,7 +126,7 @@ def wgmma_spec_ctas(spec: Specialization) -> int:
 
 
 def wgmma_layout_check(dtype: str, head_dim: int) -> Specialization:
-    """``wgmma_layout_check<T, head_dim>``: one warpgroup's S = Q K^T and O = P V (gpu_check)."""
+    """``wgmma_layout_check<T, head_dim>``: one warpgroup's S = Q K^T and O = P V (the gpu tests)."""
     return Specialization(
         WGMMA_MODULE, f"wgmma_layout_check<{CUDA_TYPES[dtype]}, {head_dim}>", WGMMA_ARCH
     )
@@ -354,13 +315,13 @@ def all_specializations() -> list[Specialization]:
     return specs
 
 
-def source(module: str) -> str:
-    """The CUDA C++ source of ``module`` (``kernels/<module>.cu``), ending in a comment with a
-    digest of every header in ``KERNEL_DIR``: cupy caches compiled modules on disk by their
+def source(module: str, kernel_dir: Path = KERNEL_DIR) -> str:
+    """The CUDA C++ source of ``module`` (``kernel_dir/<module>.cu``), ending in a comment with a
+    digest of every header in ``kernel_dir``: cupy caches compiled modules on disk by their
     source text, which names its headers but does not hold them, so an edited header must
     change the text."""
     headers = hashlib.sha256()
-    for header in sorted(KERNEL_DIR.glob("*.cuh")):
+    for header in sorted(kernel_dir.glob("*.cuh")):
         headers.update(header.name.encode() + b"\0" + header.read_bytes())
-    text = (KERNEL_DIR / f"{module}.cu").read_text()
+    text = (kernel_dir / f"{module}.cu").read_text()
     return f"{text}\n// headers: {headers.hexdigest()}\n"

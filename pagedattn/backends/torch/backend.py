@@ -15,14 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.backends.bitviews import numpy_to_torch, torch_to_numpy
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.backends.torch.groups import plan_groups
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
-from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name, numpy_dtype
-
-#: NumPy (ml_dtypes) dtypes that torch.from_numpy cannot take, moved as raw bits.
-_BIT_VIEWS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+from pagedattn.spec.dtypes import FP8_DTYPES
 
 
 def _torch() -> Any:
@@ -35,6 +33,7 @@ class TorchBackend(Backend):
     """Paged attention in PyTorch: gather blocks, then SDPA (or explicit float32 softmax)."""
 
     name = "torch"
+    accepts_torch = True
     version = "0.1.0"
     description = "PyTorch: gather the blocks, then scaled_dot_product_attention (CPU or CUDA)"
 
@@ -66,24 +65,12 @@ class TorchBackend(Backend):
         return getattr(_torch(), name)
 
     def to_device(self, array: np.ndarray) -> Any:
-        torch = _torch()
-        array = np.asarray(array)
-        name = dtype_name(array.dtype)
-        if name in _BIT_VIEWS:
-            bits = torch.from_numpy(np.ascontiguousarray(array).view(_BIT_VIEWS[name]))
-            return bits.to(self.device).view(self._torch_dtype(name))
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return numpy_to_torch(np.asarray(array), self.device)
 
     def to_numpy(self, array: Any) -> np.ndarray:
-        torch = _torch()
-        if not isinstance(array, torch.Tensor):
+        if not isinstance(array, _torch().Tensor):
             return np.asarray(array)
-        name = dtype_name(array.dtype)
-        host = array.detach().to("cpu").contiguous()
-        if name in _BIT_VIEWS:
-            bits_dtype = torch.uint16 if name == "bfloat16" else torch.uint8
-            return host.view(bits_dtype).numpy().view(numpy_dtype(name))
-        return host.numpy()
+        return torch_to_numpy(array)
 
     # -- paged attention -----------------------------------------------------
     def _plan(self, problem: AttentionProblem, block_tables: Any, seq_lens: Any,

@@ -11,21 +11,22 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from pagedattn.backends.bitviews import as_tensor, numpy_to_torch, torch_to_numpy
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.backends.triton.launch_config import (
     MAX_HEAD_DIM,
+    DecodeTiles,
     Tiles,
     choose_num_splits,
     choose_tiles,
     next_power_of_2,
 )
 from pagedattn.backends.triton.relaunch import Relauncher
-from pagedattn.backends.triton.tensors import as_tensor, numpy_to_torch, torch_to_numpy
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.dtypes import FP8_DTYPES
@@ -65,7 +66,27 @@ class TritonPlanState:
     alibi_slopes: Any
     device: Any
     unused_output: Any  # float32 [1]: passed for an output the launch does not write (lse, partials)
+    #: float32 split-KV partials [num_splits, T, Hq, D] and [num_splits, T, Hq] (unused_output
+    #: when the plan does not split): made once by plan, written by every run
+    part_out: Any = None
+    part_lse: Any = None
+    #: what the launches take that only the plan decides: grid, the attention kernel's
+    #: arguments after the caches' strides, its constexprs and options, the merge's
+    grid: tuple[int, int, int] = (1, 1, 1)
+    tail_args: tuple[Any, ...] = ()
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    launch_options: dict[str, Any] = field(default_factory=dict)
+    merge_constexprs: dict[str, Any] = field(default_factory=dict)
     relauncher: Relauncher = field(default_factory=Relauncher)  # compiled kernels of this plan, reused by run
+
+    #: a CUDA graph that captured ``run`` of a triton plan holds these fixed
+    fixed_in_graph: ClassVar[tuple[str, ...]] = (
+        "the tiles, work list and split-KV count chosen by plan",
+        "the device copies of block_tables, seq_lens, query_start_loc and alibi_slopes made by plan",
+        "the plan's split-KV partial buffers: one run of a plan at a time",
+        "the addresses and strides of query, key_cache and value_cache",
+    )
+    capturable: ClassVar[bool] = True
 
 
 def _work_list(problem: AttentionProblem, tiles: Tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -92,18 +113,24 @@ class TritonBackend(Backend):
 
     ``num_splits`` and ``tiles`` (tests and tuning only) replace the choices of
     :func:`~pagedattn.backends.triton.launch_config.choose_num_splits` and
-    :func:`~pagedattn.backends.triton.launch_config.choose_tiles`.
+    :func:`~pagedattn.backends.triton.launch_config.choose_tiles`; ``decode_table`` replaces
+    :data:`~pagedattn.backends.triton.launch_config.DECODE_TABLE` (decode tiles by block size).
     """
 
     name = "triton"
+    accepts_torch = True
     version = "0.1.0"
     description = "Triton kernels: varlen paged attention (GQA-packed, split-KV), write_kv, copy_blocks, merge"
 
-    def __init__(self, *, num_splits: int | None = None, tiles: Tiles | None = None) -> None:
+    def __init__(self, *, num_splits: int | None = None, tiles: Tiles | None = None,
+                 decode_table: dict[int | None, DecodeTiles] | None = None) -> None:
         if num_splits is not None and num_splits < 1:
             raise PagedAttentionError("num_splits", f"expected None or an integer >= 1, received {num_splits!r}")
+        if decode_table is not None and None not in decode_table:
+            raise PagedAttentionError("decode_table", "needs an entry for None (every other block size)")
         self._forced_splits = num_splits
         self._forced_tiles = tiles
+        self._decode_table = decode_table
 
     # -- what the backend is -------------------------------------------------
     @classmethod
@@ -168,7 +195,7 @@ class TritonBackend(Backend):
         device = self._device()
         max_q_len = int(problem.q_lens.max(initial=0))
         tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype,
-                                                   problem.block_size)
+                                                   problem.block_size, self._decode_table)
         work_seq, work_q, key_tiles = _work_list(problem, tiles)
         num_programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
         if self._forced_splits is not None:
@@ -181,92 +208,109 @@ class TritonBackend(Backend):
             return numpy_to_torch(np.ascontiguousarray(values, dtype=dtype), device)
 
         slopes = problem.alibi_slopes
+        T, Hq, D = problem.num_tokens, problem.num_q_heads, problem.head_dim
+        unused = upload(np.zeros(1), np.float32)
+        if num_splits > 1:
+            import torch
+
+            part_out = torch.empty((num_splits, T, Hq, D), dtype=torch.float32, device=device)
+            part_lse = torch.empty((num_splits, T, Hq), dtype=torch.float32, device=device)
+        else:  # float32 like real partials, so a batch that splits and one that does not share a binary
+            part_out = part_lse = unused
+        fp8 = problem.cache_dtype in FP8_DTYPES
+        scale_k = problem.scale * (problem.k_scale if fp8 else 1.0)
+        head_programs = problem.num_kv_heads * tiles.num_group_tiles
+        num_work = int(work_seq.shape[0])
+        grid = ((num_work * head_programs, num_splits, 1) if tiles.heads_fastest
+                else (num_work, head_programs, num_splits))
+        block_tables_dev = upload(problem.block_tables)
+        options: dict[str, Any] = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+        if tiles.max_registers is not None:
+            options["maxnreg"] = tiles.max_registers
         return TritonPlanState(
             tiles=tiles,
             num_splits=num_splits,
-            num_work=int(work_seq.shape[0]),
-            block_tables=upload(problem.block_tables),
+            num_work=num_work,
+            block_tables=block_tables_dev,
             seq_lens=upload(problem.seq_lens),
             query_start_loc=upload(problem.query_start_loc),
             work_seq=upload(work_seq),
             work_q=upload(work_q),
             alibi_slopes=None if slopes is None else upload(slopes, np.float32),
             device=device,
-            unused_output=upload(np.zeros(1), np.float32),
+            unused_output=unused,
+            part_out=part_out,
+            part_lse=part_lse,
+            grid=grid,
+            tail_args=(
+                block_tables_dev.stride(0),
+                T, Hq, num_splits, head_programs,
+                scale_k * LOG2E, scale_k, problem.v_scale if fp8 else 1.0,
+                problem.softcap if problem.softcap is not None else 1.0,
+                int(problem.causal), min(problem.sliding_window or NO_WINDOW, NO_WINDOW),
+                problem.group_size, tiles.num_group_tiles, int(problem.return_lse), int(num_splits > 1),
+            ),
+            constexprs=dict(
+                GROUP_TILE=tiles.group_tile,
+                HEAD_DIM=D, HEAD_DIM_PAD=tiles.head_dim_pad, BLOCK_SIZE=problem.block_size,
+                BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, TABLE_MODE=tiles.table_mode(problem.block_size),
+                HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
+                HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
+                IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
+            ),
+            launch_options=options,
+            merge_constexprs=dict(
+                HEAD_DIM=D, HEAD_DIM_PAD=next_power_of_2(D), SPLITS_PAD=next_power_of_2(num_splits),
+                STORE_LSE=problem.return_lse, INTERPRET=interpreter_mode(),
+            ),
         )
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        """Allocate out (and lse) and launch on torch's current stream; everything else was
+        made by plan, so a run copies nothing to the device and never synchronises."""
         import torch
 
         from pagedattn.backends.triton.attention_kernels import merge_splits_kernel, paged_attention_kernel
 
         problem, state = plan.problem, plan.state
-        tiles: Tiles = state.tiles
-        q = as_tensor(query, state.device)
-        k_cache = as_tensor(key_cache, state.device)
-        v_cache = as_tensor(value_cache, state.device)
+        device = state.device
+        q = as_tensor(query, device)
+        k_cache = as_tensor(key_cache, device)
+        v_cache = as_tensor(value_cache, device)
         T, Hq, D = problem.num_tokens, problem.num_q_heads, problem.head_dim
         out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device) if problem.return_lse else None
         if T == 0 or state.num_work == 0:
             return out, lse
-        num_splits = state.num_splits
-        split = num_splits > 1
-        if split:
-            part_out = torch.empty((num_splits, T, Hq, D), dtype=torch.float32, device=q.device)
-            part_lse = torch.empty((num_splits, T, Hq), dtype=torch.float32, device=q.device)
-        else:  # float32 like real partials, so a batch that splits and one that does not share a binary
-            part_out = part_lse = state.unused_output
+        part_out, part_lse = state.part_out, state.part_lse
         kb, k1, k2, kd = k_cache.stride()
         vb, v1, v2, vd = v_cache.stride()
         # NHD [blocks, slot, head, d]; HND [blocks, head, slot, d]
         (ks, kh), (vs, vh) = ((k1, k2), (v1, v2)) if problem.kv_layout == "NHD" else ((k2, k1), (v2, v1))
-        scale_k = problem.scale * (problem.k_scale if problem.cache_dtype in FP8_DTYPES else 1.0)
-        v_scale = problem.v_scale if problem.cache_dtype in FP8_DTYPES else 1.0
-        head_programs = problem.num_kv_heads * tiles.num_group_tiles
-        if tiles.heads_fastest:
-            grid: tuple[int, int, int] = (state.num_work * head_programs, num_splits, 1)
-        else:
-            grid = (state.num_work, head_programs, num_splits)
         lse_arg = lse if lse is not None else state.unused_output
+        q_strides = q.stride()
         args = [
             out, lse_arg, part_out, part_lse,
             q, k_cache, v_cache,
             state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
             state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens,
-            *q.stride(),
+            *q_strides,
             out.stride(0), out.stride(1),
             kb, ks, kh, kd,
             vb, vs, vh, vd,
-            state.block_tables.stride(0),
-            T, Hq, num_splits, head_programs,
-            scale_k * LOG2E, scale_k, v_scale,
-            problem.softcap if problem.softcap is not None else 1.0,
-            int(problem.causal), min(problem.sliding_window or NO_WINDOW, NO_WINDOW),
-            problem.group_size, tiles.num_group_tiles, int(lse is not None), int(split),
+            *state.tail_args,
         ]
-        constexprs = dict(
-            GROUP_TILE=tiles.group_tile,
-            HEAD_DIM=D, HEAD_DIM_PAD=tiles.head_dim_pad, BLOCK_SIZE=problem.block_size,
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, TABLE_MODE=tiles.table_mode(problem.block_size),
-            HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
-            HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
-            IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
-        )
         # what may differ between runs of this plan: the arrays' strides and 16-byte alignment
-        arrays = (q, k_cache, v_cache, out, lse_arg, part_out, part_lse)
-        key = (q.stride(), k_cache.stride(), v_cache.stride(), tuple(a.data_ptr() % 16 == 0 for a in arrays))
-        options: dict[str, Any] = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
-        if tiles.max_registers is not None:
-            options["maxnreg"] = tiles.max_registers
-        state.relauncher.launch(paged_attention_kernel, grid, key, args, constexprs, options, interpreter_mode())
-        if split:
+        key = (q_strides, (kb, k1, k2, kd), (vb, v1, v2, vd),
+               tuple(a.data_ptr() % 16 == 0 for a in (q, k_cache, v_cache, out, lse_arg)))
+        interpret = interpreter_mode()
+        state.relauncher.launch(paged_attention_kernel, state.grid, key, args, state.constexprs,
+                                state.launch_options, interpret)
+        if state.num_splits > 1:
             state.relauncher.launch(
                 merge_splits_kernel, (T, Hq, 1), key,
-                [out, lse_arg, part_out, part_lse, T, Hq, num_splits, out.stride(0), out.stride(1)],
-                dict(HEAD_DIM=D, HEAD_DIM_PAD=next_power_of_2(D), SPLITS_PAD=next_power_of_2(num_splits),
-                     STORE_LSE=lse is not None, INTERPRET=interpreter_mode()),
-                {"num_warps": 4}, interpreter_mode())
+                [out, lse_arg, part_out, part_lse, T, Hq, state.num_splits, out.stride(0), out.stride(1)],
+                state.merge_constexprs, {"num_warps": 4}, interpret)
         return out, lse
 
     # -- other operations ------------------------------------------------------

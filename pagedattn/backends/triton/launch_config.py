@@ -39,11 +39,11 @@ class DecodeTiles(NamedTuple):
 
 
 # Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
-# size (None: any other). Picked on an H200 by `gpu_check --bench-sweep` (docs/backends/triton.md):
-# per block size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's
-# timer. 16-key tiles of 2 warps read the block table once per tile and keep 3 K/V buffers
-# in flight (7 stages); 152 registers, 29 KB of shared memory. ``resident`` 4 (the registers
-# allow 6) is what the split heuristic was measured with: 33 splits at 2 x 65,536, 134 us.
+# size (None: any other). Picked on an H200 by `tools/triton-tile-sweep --decode`: per block
+# size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's timer. 16-key tiles of 2
+# warps read the block table once per tile and keep 3 K/V buffers in flight (7 stages); 152
+# registers, 29 KB of shared memory. ``resident`` 4 (the registers allow 6) is what the split
+# heuristic was measured with: 33 splits at 2 x 65,536, 134 us.
 DECODE_TILES = DecodeTiles(16, 2, 7, 4, False)
 DECODE_TABLE: dict[int | None, DecodeTiles] = {None: DECODE_TILES, 16: DECODE_TILES, 32: DECODE_TILES,
                                                64: DECODE_TILES}
@@ -97,8 +97,9 @@ class Tiles:
         return self.block_m // self.group_tile
 
 
-def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, block_size: int | None = None) -> Tiles:
-    """Pick tiles from the fixed tables.
+def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, block_size: int | None = None,
+                 decode_table: dict[int | None, DecodeTiles] | None = None) -> Tiles:
+    """Pick tiles from the fixed tables (``decode_table``: this one in place of ``DECODE_TABLE``).
 
     Decode-like batches (``max_q_len <= 1``): one query, its group's heads padded to 16 rows (the
     tl.dot minimum, whatever the group size) or to the group's power of two above 16; for
@@ -123,7 +124,8 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     num_stages = 3 if head_dim_pad <= 128 else 2
     resident, keys_major, max_registers, table_by_block = PROGRAMS_PER_SM, False, None, True
     if decode and not wide and block_m == 16:
-        entry = DECODE_TABLE.get(block_size, DECODE_TABLE[None])
+        table = DECODE_TABLE if decode_table is None else decode_table
+        entry = table.get(block_size, table[None])
         block_n, num_warps, num_stages, resident, keys_major, table_by_block = entry
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pagedattn.backends.interface import Plan
-from pagedattn.reference.backend import NumpyBackend
+from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.spec.arrays import AttentionProblem
 from pagedattn.spec.kv_ops import slot_view
 

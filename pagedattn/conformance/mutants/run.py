@@ -21,6 +21,7 @@ import pytest
 #: The suite's modules, cheapest first.
 SUITE_MODULES: tuple[str, ...] = (
     "pagedattn.conformance.test_operations",
+    "pagedattn.conformance.test_scale",
     "pagedattn.conformance.test_bad_input",
     "pagedattn.conformance.test_meaning",
     "pagedattn.conformance.test_never",

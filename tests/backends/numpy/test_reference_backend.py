@@ -42,7 +42,7 @@ def test_reference_matches_spec(config) -> None:
 
 def test_reference_with_alibi_and_large_scores() -> None:
     case = random_paged_inputs([40, 7], [40, 2], dtype="bfloat16")
-    case = case._replace(query=(case.query.astype(np.float32) * 30).astype(case.query.dtype))
+    case = case.replace(query=(case.query.astype(np.float32) * 30).astype(case.query.dtype))
     assert_within_model(case, "bfloat16", alibi_slopes=np.array([0.5, 0.1, 1.0, 2.0], np.float32))
 
 

@@ -28,28 +28,29 @@ from pagedattn.backends.triton.backend import TritonBackend, interpreter_mode
 from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec import exact_attention, kv_ops, tolerance
+from pagedattn.spec.case import AttentionCase
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.error_model import merge_tolerance
 from pagedattn.spec.online_softmax import merge_states as spec_merge
-from pagedattn.spec.pools import PagedInputs, random_paged_inputs
+from pagedattn.spec.pools import random_paged_inputs
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 BACKEND = TritonBackend()
 CALL = "backend=triton"
 
 
-def block_size_of(case: PagedInputs) -> int:
+def block_size_of(case: AttentionCase) -> int:
     return int(case.key_cache.shape[1 if case.kv_layout == "NHD" else 2])
 
 
-def run(backend: TritonBackend, case: PagedInputs, **options) -> tuple[np.ndarray, np.ndarray]:
+def run(backend: TritonBackend, case: AttentionCase, **options) -> tuple[np.ndarray, np.ndarray]:
     """Run the backend on device copies of ``case``; return host ``(out, lse)``."""
     args = [None if a is None else backend.to_device(a) for a in case.args()]
     out, lse = backend.paged_attention(*args, kv_layout=case.kv_layout, return_lse=True, **options)
     return backend.to_numpy(out), backend.to_numpy(lse)
 
 
-def assert_within_model(case: PagedInputs, *, backend: TritonBackend = BACKEND, cache_dtype: str | None = None,
+def assert_within_model(case: AttentionCase, *, backend: TritonBackend = BACKEND, cache_dtype: str | None = None,
                         **options) -> tuple[np.ndarray, np.ndarray]:
     """Compare out and lse with the exact answer under the error model; report the worst element."""
     dtype = str(case.query.dtype) if case.query.dtype != numpy_dtype("bfloat16") else "bfloat16"
@@ -259,24 +260,29 @@ def test_split_heuristic_from_batch_shape() -> None:
     assert (prefill.block_m, prefill.block_q, prefill.num_warps) == (128, 32, 8) and not prefill.heads_fastest
 
 
-def test_decode_table_by_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_table_by_block_size() -> None:
     from pagedattn.backends.triton import launch_config as lc
 
     table = {None: lc.DecodeTiles(64, 4, 5, 2, True), 32: lc.DecodeTiles(32, 4, 5, 4, False)}
-    monkeypatch.setattr(lc, "DECODE_TABLE", table)
-    at_32 = choose_tiles(1, 4, 128, "bfloat16", block_size=32)
-    at_64 = choose_tiles(1, 4, 128, "bfloat16", block_size=64)
+    at_32 = choose_tiles(1, 4, 128, "bfloat16", block_size=32, decode_table=table)
+    at_64 = choose_tiles(1, 4, 128, "bfloat16", block_size=64, decode_table=table)
     assert (at_32.block_n, at_32.resident, at_32.keys_major) == (32, 4, False)
     assert (at_64.block_n, at_64.num_stages, at_64.keys_major) == (64, 5, True)
-    assert not choose_tiles(1, 4, 128, "float32", block_size=32).keys_major  # float32: not from the table
+    assert not choose_tiles(1, 4, 128, "float32", block_size=32, decode_table=table).keys_major  # not from it
     case = random_paged_inputs([70, 0, 33], None, block_size=32, dtype="bfloat16", num_q_heads=8, num_kv_heads=2,
                                seed=25)
-    assert_within_model(case, backend=TritonBackend())
+    backend = TritonBackend(decode_table=table)
+    plan = backend.plan(*case.args(), kv_layout=case.kv_layout)
+    tiles = plan.state.tiles
+    assert (tiles.block_n, tiles.keys_major) == (32, False), "the backend's table, not the module's"
+    assert_within_model(case, backend=backend)
+    with pytest.raises(PagedAttentionError, match="decode_table"):
+        TritonBackend(decode_table={32: table[32]})
 
 
 # -- never: garbage in unused entries, placement, repeatability ---------------------------------
 
-def _poisoned(case: PagedInputs, seed: int) -> PagedInputs:
+def _poisoned(case: AttentionCase, seed: int) -> AttentionCase:
     """The same logical K/V with NaN/inf in every unread slot and wild unread table entries."""
     rng = np.random.default_rng(seed)
     bs = block_size_of(case)
@@ -292,7 +298,7 @@ def _poisoned(case: PagedInputs, seed: int) -> PagedInputs:
     garbage = rng.choice(np.array([np.nan, np.inf, -np.inf, 1e4]), size=(int((~used).sum()), *slots_k.shape[2:]))
     slots_k[~used] = garbage.astype(k.dtype)
     slots_v[~used] = garbage[::-1].astype(v.dtype)
-    return case._replace(key_cache=k, value_cache=v, block_tables=tables)
+    return case.replace(key_cache=k, value_cache=v, block_tables=tables)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -328,7 +334,7 @@ def test_same_bits_for_other_placement_and_repeated_runs() -> None:
     moved[case.block_tables < 0] = -1
     new_k = case.key_cache[::-1].copy()
     new_v = case.value_cache[::-1].copy()
-    out_c, lse_c = run(BACKEND, case._replace(key_cache=new_k, value_cache=new_v, block_tables=moved))
+    out_c, lse_c = run(BACKEND, case.replace(key_cache=new_k, value_cache=new_v, block_tables=moved))
     assert np.array_equal(out_a.view(np.uint16), out_c.view(np.uint16)) and np.array_equal(lse_a, lse_c)
 
 

@@ -87,3 +87,34 @@ __device__ __forceinline__ float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
+
+// The parameters every paged-attention kernel takes, in the launch order of the host
+// (backend.py): query [T, Hq, D] of T, caches of C read through their element strides, the
+// outputs and split-KV partials, the index arrays and work items, then the call's scalars.
+#define PAGED_ATTENTION_PARAMS(T, C)                                                              \
+  const T *__restrict__ query, const C *__restrict__ key_cache, const C *__restrict__ value_cache, \
+      T *__restrict__ out, float *__restrict__ lse, float *__restrict__ partial_out,              \
+      float *__restrict__ partial_lse, const int *__restrict__ block_tables,                      \
+      const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,                  \
+      const float *__restrict__ alibi_slopes, const int *__restrict__ items,                      \
+      long long k_stride_block, long long k_stride_slot, long long k_stride_head,                 \
+      long long v_stride_block, long long v_stride_slot, long long v_stride_head,                 \
+      int max_blocks_per_seq, int num_q_heads, int group_size, float scale, float softcap,        \
+      int sliding_window, int causal, int has_alibi, float v_scale
+
+// This CTA's work item (planning.build_work: a row of 9 ints of `items`: seq, kv_head,
+// token_start, num_tokens, group_start, num_groups, kv_begin, kv_end, partial (-1: write out
+// directly)) as const locals, in a kernel of PAGED_ATTENTION_PARAMS.
+#define PAGED_ATTENTION_ITEM()                                                                    \
+  const int* item = items + (long long)blockIdx.x * 9;                                            \
+  const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];        \
+  const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];    \
+  const int partial = item[8]
+
+// What every paged-attention kernel derives from its work item, as const locals: num_rows, the
+// sequence's L and q_len, and its block-table row (after PAGED_ATTENTION_ITEM).
+#define PAGED_ATTENTION_SEQUENCE()                                                                \
+  const int num_rows = num_tokens * num_groups;                                                   \
+  const int L = seq_lens[seq];                                                                    \
+  const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];                              \
+  const int* table_row = block_tables + (long long)seq * max_blocks_per_seq

@@ -4,34 +4,24 @@
 #include "common.cuh"
 
 template <typename T> struct MmaType;
-template <> struct MmaType<half_t> {
-  static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// MmaType<T> of a 16-bit type whose PTX name is AB ("f16", "bf16"): mma (c += a b) and pack.
+#define PA_MMA_TYPE(T, AB)                                                                                   \
+  template <> struct MmaType<T> {                                                                            \
+    static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) { \
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "   \
+                   "{%8,%9}, {%0,%1,%2,%3};\n"                                                               \
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                           \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                           \
+    }                                                                                                        \
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {                                    \
+      unsigned d;                                                                                            \
+      asm("cvt.rn." AB "x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));                                   \
+      return d;                                                                                              \
+    }                                                                                                        \
   }
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    unsigned d;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-  }
-};
-template <> struct MmaType<bfloat16_t> {
-  static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    unsigned d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-  }
-};
+PA_MMA_TYPE(half_t, "f16");
+PA_MMA_TYPE(bfloat16_t, "bf16");
+#undef PA_MMA_TYPE
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));

@@ -17,8 +17,6 @@
 
 constexpr int NUM_THREADS = 128;  // 4 warps
 constexpr int NUM_WARPS = NUM_THREADS / 32;
-constexpr int ITEM_FIELDS = 9;    // seq, kv_head, token_start, num_tokens, group_start, num_groups,
-                                  // kv_begin, kv_end, partial (-1: write out directly)
 
 template <typename T> struct Tile {
   static constexpr int ELEMS_PER_CHUNK = 16 / sizeof(T);  // elements in one 16-byte load
@@ -38,17 +36,7 @@ template <typename T, int HEAD_DIM, int ROWS> __host__ __device__ constexpr int 
 
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, int ROWS>
 __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attention(
-    const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
-    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
-    float* __restrict__ partial_lse,  //
-    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ query_start_loc, const float* __restrict__ alibi_slopes,
-    const int* __restrict__ items,  //
-    long long k_stride_block, long long k_stride_slot, long long k_stride_head,
-    long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
-    int max_blocks_per_seq, int num_q_heads, int group_size,                      //
-    float scale, float softcap, int sliding_window, int causal, int has_alibi,
-    float v_scale /* 1: this kernel never sees fp8 caches (the host routes them elsewhere) */) {
+    PAGED_ATTENTION_PARAMS(T, T)) {  // v_scale 1: this kernel never sees fp8 caches (the host routes them elsewhere)
   constexpr int ELEMS_PER_CHUNK = Tile<T>::ELEMS_PER_CHUNK;
   constexpr int TILE_N = Tile<T>::TILE_N;
   constexpr int STAGES = Tile<T>::STAGES;
@@ -86,14 +74,8 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
   int* p_q = reinterpret_cast<int*>(slope + ROWS);  // query position of the row
 
   // ---- setup
-  const int* item = items + (long long)blockIdx.x * ITEM_FIELDS;
-  const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];
-  const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];
-  const int partial = item[8];
-  const int num_rows = num_tokens * num_groups;
-  const int L = seq_lens[seq];
-  const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];
-  const int* table_row = block_tables + (long long)seq * max_blocks_per_seq;
+  PAGED_ATTENTION_ITEM();
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (threadIdx.x < ROWS) {

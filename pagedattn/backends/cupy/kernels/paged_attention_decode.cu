@@ -32,7 +32,6 @@ constexpr int DEC_ROWS = 16;
 constexpr int DEC_SUB_N = 16;   // keys per warp sub-tile (two n-tiles of 8); never crosses a block
 constexpr int DEC_STAGES = 3;   // sub-tiles per warp in shared memory: two load while one computes
 constexpr int DEC_TABLE_BATCH = 32;  // sub-tiles whose block-table entries a warp holds (one per lane)
-constexpr int DEC_ITEM_FIELDS = 9;
 
 // 16-byte chunks one warp owns in shared memory: DEC_STAGES K and V sub-tiles of the cache's
 // bytes, plus (fp8) the converted K and V sub-tile.
@@ -48,16 +47,7 @@ template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decod
 
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, typename C>
 __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_decode(
-    const T* __restrict__ query, const C* __restrict__ key_cache, const C* __restrict__ value_cache,  //
-    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
-    float* __restrict__ partial_lse,  //
-    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ query_start_loc, const float* __restrict__ alibi_slopes,
-    const int* __restrict__ items,  //
-    long long k_stride_block, long long k_stride_slot, long long k_stride_head,
-    long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
-    int max_blocks_per_seq, int num_q_heads, int group_size,                      //
-    float scale, float softcap, int sliding_window, int causal, int has_alibi, float v_scale) {
+    PAGED_ATTENTION_PARAMS(T, C)) {
   constexpr bool FP8 = CacheKind<C>::FP8;
   static_assert(FP8 || sizeof(C) == sizeof(T), "a 16-bit cache holds the query's type");
   constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks of 8 elements of T
@@ -92,15 +82,9 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   auto swizzle = [](int n, int c) { return n * CHUNKS_PER_ROW + (c ^ (n % 8)); };
 
   // ---- setup
-  const int* item = items + (long long)blockIdx.x * DEC_ITEM_FIELDS;
-  const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];
-  const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];
-  const int partial = item[8];
+  PAGED_ATTENTION_ITEM();
   if (kv_begin % DEC_SUB_N) __trap();  // the host cuts ranges on tile boundaries
-  const int num_rows = num_tokens * num_groups;
-  const int L = seq_lens[seq];
-  const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];
-  const int* table_row = block_tables + (long long)seq * max_blocks_per_seq;
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;
   // p_q of this CTA's first and last token: a sub-tile in [pq_max - W + 1, pq_min] (and < L)

@@ -25,7 +25,6 @@ constexpr int MMA_THREADS = 128;  // 4 warps x 16 rows
 constexpr int MMA_ROWS = 64;
 constexpr int MMA_TILE_N = 64;    // keys per tile
 constexpr int MMA_STAGES = 3;     // K/V tiles in shared memory: two load while one is computed
-constexpr int MMA_ITEM_FIELDS = 9;
 
 // Shared-memory bytes of paged_attention_mma (the host computes the same): Q, MMA_STAGES
 // stages of K and V as stored, and (fp8) the converted K and V tile.
@@ -36,16 +35,7 @@ template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int mma_s
 
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, typename C>
 __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
-    const T* __restrict__ query, const C* __restrict__ key_cache, const C* __restrict__ value_cache,  //
-    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
-    float* __restrict__ partial_lse,  //
-    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ query_start_loc, const float* __restrict__ alibi_slopes,
-    const int* __restrict__ items,  //
-    long long k_stride_block, long long k_stride_slot, long long k_stride_head,
-    long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
-    int max_blocks_per_seq, int num_q_heads, int group_size,                      //
-    float scale, float softcap, int sliding_window, int causal, int has_alibi, float v_scale) {
+    PAGED_ATTENTION_PARAMS(T, C)) {
   constexpr bool FP8 = CacheKind<C>::FP8;
   static_assert(FP8 || sizeof(C) == sizeof(T), "a 16-bit cache holds the query's type");
   constexpr int STAGES = MMA_STAGES;
@@ -83,14 +73,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
   auto swizzle = [](int n, int c) { return n * CHUNKS_PER_ROW + (c ^ (n % 8)); };
 
   // ---- setup
-  const int* item = items + (long long)blockIdx.x * MMA_ITEM_FIELDS;
-  const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];
-  const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];
-  const int partial = item[8];
-  const int num_rows = num_tokens * num_groups;
-  const int L = seq_lens[seq];
-  const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];
-  const int* table_row = block_tables + (long long)seq * max_blocks_per_seq;
+  PAGED_ATTENTION_ITEM();
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the mma fragments
 

@@ -28,7 +28,6 @@ constexpr int WGMMA_THREADS = 256;  // 2 warpgroups
 constexpr int WGMMA_ROWS = 128;     // 64 rows per warpgroup
 constexpr int WGMMA_TILE_N = 64;    // keys per tile
 constexpr int WGMMA_STAGES = 4;     // K/V tiles in shared memory at 1 CTA/SM: three load while one is computed
-constexpr int WGMMA_ITEM_FIELDS = 9;
 
 // K/V stages for CTAS CTAs per SM (the host computes the same): 4 at one CTA; at two, as many
 // as fit two CTAs' shared memory (Q tile + stages + rows under ~113 KB each): 2 at head_dim
@@ -83,16 +82,7 @@ template <bool MAX> __device__ __forceinline__ float row_reduce(const float (&s)
 // 128, so that two CTAs fit an SM's register file, with wgmma_stages<HEAD_DIM, 2> stages).
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, bool OVERLAP, int CTAS = 1>
 __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
-    const T* __restrict__ query, const T* __restrict__ key_cache, const T* __restrict__ value_cache,  //
-    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ partial_out,
-    float* __restrict__ partial_lse,  //
-    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ query_start_loc, const float* __restrict__ alibi_slopes,
-    const int* __restrict__ items,  //
-    long long k_stride_block, long long k_stride_slot, long long k_stride_head,
-    long long v_stride_block, long long v_stride_slot, long long v_stride_head,  //
-    int max_blocks_per_seq, int num_q_heads, int group_size,                      //
-    float scale, float softcap, int sliding_window, int causal, int has_alibi, float v_scale) {
+    PAGED_ATTENTION_PARAMS(T, T)) {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "wgmma kernel: head_dim 64 or 128");
   static_assert(CTAS == 1 || CTAS == 2, "wgmma kernel: 1 or 2 CTAs per SM");
   constexpr int STAGES = wgmma_stages<HEAD_DIM, CTAS>();
@@ -141,14 +131,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   auto q_swizzle = [](int r, int c) { return r * CHUNKS_PER_ROW + (c ^ (r % 8)); };
 
   // ---- setup
-  const int* item = items + (long long)blockIdx.x * WGMMA_ITEM_FIELDS;
-  const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];
-  const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];
-  const int partial = item[8];
-  const int num_rows = num_tokens * num_groups;
-  const int L = seq_lens[seq];
-  const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];
-  const int* table_row = block_tables + (long long)seq * max_blocks_per_seq;
+  PAGED_ATTENTION_ITEM();
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the fragments
   const int wg = warp / 4;                 // warpgroup: rows 64 * wg .. 64 * wg + 63

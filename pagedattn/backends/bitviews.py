@@ -1,8 +1,9 @@
-"""NumPy (ml_dtypes included) <-> torch tensors, bit for bit.
+"""NumPy (ml_dtypes included) <-> torch tensors, bit for bit: the project's one conversion.
 
-bfloat16 and fp8 travel as same-width unsigned integers (``uint16``/``uint8`` views), since
-neither NumPy nor torch converts the other's ml_dtypes arrays. torch is imported inside
-the functions.
+bfloat16 and fp8 travel as integers of the same width (NumPy ``uint16``/``uint8``, torch
+``int16``/``uint8`` views), since neither NumPy nor torch converts the other's ml_dtypes
+arrays. Every backend that meets torch tensors (torch, triton, cupy) converts through here.
+torch is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import numpy as np
 
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 
-#: Canonical dtype name -> (torch dtype attribute, NumPy integer view of the same width).
-_BIT_VIEWS: dict[str, tuple[str, type]] = {
-    "bfloat16": ("bfloat16", np.uint16),
-    "float8_e4m3fn": ("float8_e4m3fn", np.uint8),
-    "float8_e5m2": ("float8_e5m2", np.uint8),
+#: Contract dtype names held as raw bits -> (NumPy unsigned view, torch integer view) of that width.
+BIT_VIEWS: dict[str, tuple[type, str]] = {
+    "bfloat16": (np.uint16, "int16"),
+    "float8_e4m3fn": (np.uint8, "uint8"),
+    "float8_e5m2": (np.uint8, "uint8"),
 }
-_TORCH_INT_VIEWS: dict[str, str] = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
 
 
 def torch_dtype(name: str) -> Any:
@@ -29,15 +29,22 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
+def torch_bits(tensor: Any) -> Any:
+    """``tensor`` itself, or for a bit-held dtype (bfloat16, fp8) its integer view (no copy)."""
+    name = dtype_name(tensor.dtype)
+    if name in BIT_VIEWS:
+        return tensor.view(torch_dtype(BIT_VIEWS[name][1]))
+    return tensor
+
+
 def numpy_to_torch(array: np.ndarray, device: Any) -> Any:
     """Return a torch tensor on ``device`` with the values (bits) and shape of ``array``."""
     import torch
 
     host = np.ascontiguousarray(array)
     name = dtype_name(host.dtype)
-    if name in _BIT_VIEWS:
-        torch_name, int_view = _BIT_VIEWS[name]
-        tensor = torch.from_numpy(host.view(int_view)).view(getattr(torch, torch_name))
+    if name in BIT_VIEWS:
+        tensor = torch.from_numpy(host.view(BIT_VIEWS[name][0])).view(torch_dtype(name))
     else:
         tensor = torch.from_numpy(host)
     return tensor.to(device)
@@ -64,6 +71,6 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
         tensor = torch.from_dlpack(tensor)
     host = tensor.detach().to("cpu").contiguous()
     name = dtype_name(host.dtype)
-    if name in _TORCH_INT_VIEWS:
-        return host.view(getattr(torch, _TORCH_INT_VIEWS[name])).numpy().view(numpy_dtype(name))
+    if name in BIT_VIEWS:
+        return torch_bits(host).numpy().view(numpy_dtype(name))
     return host.numpy()

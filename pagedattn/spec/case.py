@@ -1,0 +1,107 @@
+"""One paged-attention call on host arrays: the case type of the spec's pools, the conformance
+suite, perf and the GPU tests.
+
+A case holds NumPy (and ml_dtypes) arrays and the call's keyword options; what the arrays
+mean is :mod:`pagedattn.spec.arrays`. Building cases: :func:`pagedattn.spec.pools.random_paged_inputs`
+(fixed shapes, poisoned pools), the conformance strategies (drawn), and
+:func:`pagedattn.perf.inputs.attention_case` (benchmark shapes). Running one on a backend:
+:func:`pagedattn.conformance.cases.run_case`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from pagedattn.spec.dtypes import dtype_name
+
+
+def pretty(self: Any, printer: Any, cycle: bool) -> None:
+    """Hypothesis' and IPython's pretty printers: the short repr, not every array element."""
+    printer.text(repr(self))
+
+
+def summary(x: np.ndarray | None) -> str:
+    """``dtype[shape]`` of an array, or ``None``."""
+    return "None" if x is None else f"{dtype_name(x.dtype)}{list(x.shape)}"
+
+
+@dataclass(frozen=True, repr=False)
+class AttentionCase:
+    """One paged-attention call on host arrays; ``query_start_loc`` None means decode.
+
+    ``options`` are the keyword options of :func:`~pagedattn.spec.arrays.check_paged_attention`
+    (``kv_layout`` included). ``pool`` (when not None) is the multi-layer pool
+    ``[num_blocks, 2, num_layers, ...]`` of which ``key_cache = pool[:, 0, layer]`` and
+    ``value_cache = pool[:, 1, layer]`` are strided views. ``seed`` drives the variants the
+    invariant checks build; ``labels`` describe the case (its name, or a strategy's draw).
+    """
+
+    query: np.ndarray
+    key_cache: np.ndarray
+    value_cache: np.ndarray
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray | None
+    options: dict[str, Any] = field(default_factory=dict)
+    pool: np.ndarray | None = None
+    layer: int = 0
+    seed: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kv_layout(self) -> str:
+        return str(self.options.get("kv_layout", "NHD"))
+
+    @property
+    def dtype(self) -> str:
+        return dtype_name(self.query.dtype)
+
+    @property
+    def cache_dtype(self) -> str:
+        return dtype_name(self.key_cache.dtype)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.key_cache.shape[1 if self.kv_layout == "NHD" else 2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.query.shape[-1])
+
+    @property
+    def name(self) -> str:
+        """The case's label ``name`` (hand-written cases carry one), else its repr."""
+        return self.labels.get("name", repr(self))
+
+    def args(self) -> tuple[Any, ...]:
+        """The positional arguments of ``paged_attention``, ``plan`` and the spec's ``exact_attention``."""
+        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
+                self.query_start_loc)
+
+    def replace(self, **changes: Any) -> AttentionCase:
+        """Return a copy with some fields changed (the caches follow ``pool`` when it changes)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        if "pool" in changes and changes["pool"] is not None:
+            values["key_cache"] = changes["pool"][:, 0, values["layer"]]
+            values["value_cache"] = changes["pool"][:, 1, values["layer"]]
+        return AttentionCase(**values)
+
+    def with_options(self, **options: Any) -> AttentionCase:
+        """Return a copy whose options are updated with ``options``."""
+        return self.replace(options={**self.options, **options})
+
+    _repr_pretty_ = pretty
+
+    def __repr__(self) -> str:
+        opts = {k: (summary(v) if isinstance(v, np.ndarray) else v) for k, v in self.options.items()}
+        qsl = None if self.query_start_loc is None else self.query_start_loc.tolist()
+        pool = "" if self.pool is None else f", pool={summary(self.pool)}[:, k/v, {self.layer}]"
+        return (
+            f"AttentionCase(query={summary(self.query)}, key_cache={summary(self.key_cache)}{pool},"
+            f" seq_lens={self.seq_lens.tolist()}, query_start_loc={qsl},"
+            f" block_tables={self.block_tables.tolist()}, options={opts}, labels={self.labels})"
+        )

@@ -1,0 +1,259 @@
+"""The cupy kernels against the exact spec on poisoned pools, judged by the conformance checks.
+
+Every case is a named :func:`cases.poisoned_case`; its hand-picked shape aims at one kernel
+and one of its edges (whole and edge tiles, long ranges one CTA walks, every mask, fp8,
+pool views, split-KV). Without a CUDA device every test is skipped with the backend's
+availability reason. ``sanitize`` marks the few small cases ``tools/sanitize`` runs under
+compute-sanitizer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from cases import FP8_SCALES, SLOPES, check_operation, gpu_case, operation_cases, poisoned_case
+
+from pagedattn.backends.cupy.backend import CupyBackend
+from pagedattn.conformance import checks
+from pagedattn.conformance.cases import run_case
+from pagedattn.spec.case import AttentionCase
+from pagedattn.spec.dtypes import numpy_dtype
+
+REASON = CupyBackend.availability()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=f"cupy backend unavailable: {REASON}")]
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+sanitize = pytest.mark.sanitize
+
+
+def grid(kind: str, seq_lens: list[int], q_lens: list[int] | None, dtypes: tuple[str, ...]) -> list[Any]:
+    """One case per dtype, block size (16, 32, 64) and layout."""
+    return [gpu_case(f"{kind} {d} bs{bs} {layout}", seq_lens, q_lens, dtype=d, block_size=bs, kv_layout=layout)
+            for d in dtypes for bs in (16, 32, 64) for layout in ("NHD", "HND")]
+
+
+#: Small cases, one per kernel path: the ones compute-sanitizer runs.
+SMALL = [
+    gpu_case("small decode split-KV bs16", [0, 1500, 17]),
+    gpu_case("small fp8 e4m3 decode bs32", [700, 0, 33], block_size=32, cache_dtype=FP8[0], **FP8_SCALES),
+    gpu_case("small fp8 e5m2 varlen fp16 HND", [90, 33], [70, 1], dtype="float16", kv_layout="HND",
+                  cache_dtype=FP8[1], **FP8_SCALES),
+    gpu_case("small wide prefill window bs32 HND", [300, 77], [300, 77], block_size=32, kv_layout="HND",
+                  sliding_window=100),
+    gpu_case("small varlen prefill HND bs32", [70, 33], [70, 5], block_size=32, kv_layout="HND",
+                  dtype="float16", head_dim=64),
+    gpu_case("small pool view fp32 window", [300], [3], block_size=64, dtype="float32", kv_layout="HND",
+                  pool=True, sliding_window=50),
+]
+
+#: Long prefill: at least 512 rows per sequence on average (the Hopper kernel's on sm_90, the
+#: 64-row mma.sync kernel's elsewhere and for fp8): whole, diagonal and edge tiles, every mask,
+#: GQA ratios that leave rows of a tile empty, fp8, split-KV partials.
+WIDE = [
+    *(gpu_case(f"wide prefill {d} bs{bs} {layout}", [700, 300, 64], [700, 130, 64], block_size=bs, dtype=d,
+                    kv_layout=layout)
+      for d, bs, layout in (("bfloat16", 16, "NHD"), ("float16", 32, "HND"), ("bfloat16", 64, "HND"),
+                            ("float16", 64, "NHD"))),
+    gpu_case("wide non-causal", [500, 200], [400, 200], causal=False),
+    gpu_case("wide window d64 bs64", [900, 260], [700, 260], head_dim=64, block_size=64, sliding_window=129),
+    gpu_case("wide softcap alibi scale", [400, 300], [400, 150], scale=0.2, softcap=30.0, alibi_slopes=SLOPES),
+    gpu_case("wide G=12 (rows of a tile left empty)", [333, 90], [333, 90], num_q_heads=24),
+    gpu_case("wide G=7", [301, 45], [301, 45], num_q_heads=14),
+    gpu_case("wide MHA", [1100, 1000], [1100, 900], num_q_heads=2),
+    gpu_case("wide negative scale", [300, 260], [300, 200], scale=-0.05),
+    *(gpu_case(f"wide fp8 {cache} bs{bs}", [600, 129], [600, 129], block_size=bs, cache_dtype=cache,
+                    **FP8_SCALES) for cache, bs in zip(FP8, (16, 64), strict=True)),
+    gpu_case("wide pool view HND", [400, 300], [400, 300], kv_layout="HND", pool=True),
+]
+
+#: Short prefill the Hopper switch forces onto 128-row tiles (mostly empty rows, split-KV,
+#: G=12, windows smaller than a tile and not tile-aligned at both head dims).
+SHORT_PREFILL = [
+    gpu_case("chunked prefill mma split-KV", [6000], [64]),
+    gpu_case("prefill G=12", [50], [50], num_q_heads=24),
+    gpu_case("non-causal", [120, 64], [20, 64], causal=False),
+    gpu_case("sliding window", [400, 100], [30, 1], sliding_window=37),
+    gpu_case("alibi", [300, 20], [4, 20], alibi_slopes=SLOPES),
+    gpu_case("d64 bs64 no window", [500, 200], [500, 200], head_dim=64, block_size=64),
+    gpu_case("window d64 bs16 W=50 fp16", [700, 130], [600, 130], head_dim=64, dtype="float16",
+                  sliding_window=50),
+    gpu_case("window d128 bs64 W=129", [900, 260], [700, 260], block_size=64, sliding_window=129),
+    gpu_case("window d128 bs16 W=29 G=7", [500, 90], [450, 90], num_q_heads=14, sliding_window=29),
+]
+
+FP8_CASES = [
+    *(gpu_case(f"fp8 {cache} {kind} {d} bs{bs} {layout}", lens, q_lens, block_size=bs, dtype=d,
+                    kv_layout=layout, cache_dtype=cache, **FP8_SCALES)
+      for cache in FP8 for d, bs, layout in (("bfloat16", 16, "NHD"), ("float16", 64, "HND"))
+      for kind, lens, q_lens in (("decode", [0, 1, 17, 300, 2100], None),
+                                 ("prefill", [300, 129, 64, 7], [300, 50, 64, 7]))),
+    gpu_case("fp8 mixed d64 bs32", [1, 40, 129, 300, 77], [1, 40, 7, 1, 0], head_dim=64, block_size=32,
+                  cache_dtype=FP8[0], **FP8_SCALES),
+    gpu_case("fp8 decode G=24 (tensor-core prefill kernel)", [500, 3], num_q_heads=48, cache_dtype=FP8[1],
+                  **FP8_SCALES),
+    gpu_case("fp8 long decode split-KV, window, softcap", [20000, 5], num_q_heads=32, num_kv_heads=8,
+                  cache_dtype=FP8[0], sliding_window=5000, softcap=30.0, **FP8_SCALES),
+    gpu_case("fp8 pool view", [300, 45], [3, 45], kv_layout="HND", pool=True, cache_dtype=FP8[1]),
+]
+
+CASES = [
+    *grid("decode", [0, 1, 15, 16, 17, 300, 2100], None, ("bfloat16", "float16", "float32")),
+    *grid("mixed", [1, 40, 129, 300, 77], [1, 40, 7, 1, 0], ("bfloat16", "float16", "float32")),
+    *grid("prefill mma", [300, 129, 64, 7], [300, 50, 64, 7], ("bfloat16", "float16")),
+    *(gpu_case(f"prefill d{d}", [200, 90], [200, 30], head_dim=d, dtype="float16") for d in (64, 256)),
+    gpu_case("decode MQA 8/1", [33, 700], num_kv_heads=1),
+    gpu_case("decode G=7", [33, 700], num_q_heads=14),
+    gpu_case("decode MHA", [33, 1000], num_q_heads=4, num_kv_heads=4),
+    gpu_case("decode G=16", [300, 2000], num_q_heads=16, num_kv_heads=1),
+    gpu_case("decode d64 bs32", [1000, 17, 1], head_dim=64, block_size=32),
+    gpu_case("decode softcap alibi scale", [700, 5, 64, 65], scale=0.2, softcap=30.0, alibi_slopes=SLOPES),
+    gpu_case("decode window HND bs32 fp16", [3000, 40, 16], block_size=32, dtype="float16", kv_layout="HND",
+                  sliding_window=200),
+    gpu_case("window decode", [3000], sliding_window=100),
+    gpu_case("softcap", [300, 20], [4, 20], softcap=5.0),
+    gpu_case("scale, window, softcap, alibi", [500], [9], scale=0.3, sliding_window=64, softcap=20.0,
+                  alibi_slopes=np.linspace(0.01, 0.2, 8).astype(np.float32)),
+    gpu_case("long decode split-KV", [20000, 5], num_q_heads=32, num_kv_heads=8),
+    gpu_case("wide chunked prefill split-KV", [9000, 4000], [200, 300]),
+    gpu_case("pool view HND", [300, 45], [3, 45], kv_layout="HND", pool=True),
+    gpu_case("pool view decode fp32", [1000, 3], dtype="float32", kv_layout="HND", pool=True, block_size=32),
+    *SHORT_PREFILL,
+    *FP8_CASES,
+    *WIDE,
+]
+
+#: Long ranges one CTA walks whole (planned without split-KV): more than one batch of
+#: block-table entries per warp.
+UNSPLIT = [
+    gpu_case("decode unsplit bs16 (5 table batches per warp)", [9000, 2500, 0, 70]),
+    gpu_case("decode unsplit MQA G=8 HND bs64 fp16", [5000, 33], num_kv_heads=1, block_size=64,
+                  dtype="float16", kv_layout="HND"),
+    gpu_case("decode unsplit window softcap HND bs64", [2500, 7, 0], block_size=64, dtype="float16",
+                  kv_layout="HND", sliding_window=2300, softcap=30.0),
+]
+
+
+@pytest.fixture(scope="module")
+def backend() -> CupyBackend:
+    """The backend; with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (as tools/sanitize runs) cupy allocates
+    without its memory pool too, so that compute-sanitizer sees each array's own bounds."""
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        import cupy
+
+        cupy.cuda.set_allocator(None)
+    return CupyBackend()
+
+
+def kernel_of(backend: CupyBackend, case: AttentionCase) -> str:
+    """The attention kernel the backend's plan picks for ``case``."""
+    device = [None if a is None else backend.to_device(a) for a in case.args()]
+    options = {k: backend.to_device(v) if isinstance(v, np.ndarray) else v for k, v in case.options.items()}
+    return str(backend.plan(*device, **options).state.work.kernel)
+
+
+@pytest.mark.parametrize("make", [*(pytest.param(*p.values, id=p.id, marks=sanitize) for p in SMALL), *CASES])
+def test_kernels_match_the_spec(backend: CupyBackend, make: Callable[[], AttentionCase]) -> None:
+    checks.matches_spec(backend, make())
+
+
+@pytest.mark.parametrize("make", UNSPLIT)
+def test_long_ranges_walked_by_one_cta_match_the_spec(backend: CupyBackend, make: Callable[[], AttentionCase]) -> None:
+    unsplit = CupyBackend(split_kv=False)  # (the fixture has set the allocator)
+    case = make()
+    device = [None if a is None else unsplit.to_device(a) for a in case.args()]
+    assert unsplit.plan(*device, **case.options).state.work.num_partials == 0, "no range split"
+    checks.matches_spec(unsplit, case)
+
+
+@pytest.mark.parametrize("check", ["deterministic", "relocation_invariant", "garbage_ignored"])
+def test_bits_depend_only_on_what_a_row_sees(backend: CupyBackend, check: str) -> None:
+    checks.CHECKS[check](backend, poisoned_case("bits", [3000, 70], [5, 70]))
+
+
+#: (schedule, CTAs per SM) of the Hopper kernel's variants
+SCHEDULES = {"overlap": ("overlap", 1), "serial": ("serial", 1), "2cta": ("serial", 2)}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("make", [*WIDE, *SHORT_PREFILL])
+def test_hopper_kernel_matches_the_spec(backend: CupyBackend, make: Callable[[], AttentionCase], schedule: str) -> None:
+    """With the Hopper prefill kernel switched on for every prefill it supports: it takes each case
+    but the fp8 ones (which fall back to the mma.sync kernel), and the answers match the spec."""
+    from pagedattn.backends.cupy import planning
+
+    if not planning.device_has_wgmma():
+        pytest.skip("the Hopper (wgmma) kernel needs a compute capability 9.0 device")
+    case = make()
+    if schedule == "overlap" and case.head_dim != 128:
+        pytest.skip("head_dim 64 has the serial schedule only")
+    hopper = CupyBackend(prefill="wgmma", wgmma_schedule=SCHEDULES[schedule][0], wgmma_ctas=SCHEDULES[schedule][1])
+    assert kernel_of(hopper, case) == ("mma" if case.cache_dtype in FP8 else "wgmma")
+    checks.matches_spec(hopper, case)
+    checks.deterministic(hopper, case)
+
+
+def _column_map(got: np.ndarray, ref: np.ndarray, width: int = 8) -> str:
+    """For a failed product: which reference column block (of ``width``) each column block of
+    ``got`` matches best, as "got->ref" pairs; "-" where it matches none (rel err > 1e-2)."""
+    pairs = []
+    blocks = got.shape[1] // width
+    for b in range(blocks):
+        g = got[:, b * width:(b + 1) * width]
+        errors = [float(np.linalg.norm(g - ref[:, c * width:(c + 1) * width]))
+                  / max(float(np.linalg.norm(ref[:, c * width:(c + 1) * width])), 1e-30) for c in range(blocks)]
+        best = int(np.argmin(errors))
+        pairs.append(f"{b}->{best if errors[best] < 1e-2 else '-'}")
+    return " ".join(pairs)
+
+
+@pytest.mark.parametrize("head_dim", [128, 64])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_wgmma_products_read_the_kernels_shared_memory_layout(dtype: str, head_dim: int) -> None:
+    """One warpgroup's S = Q K^T and O = P V through the Hopper kernel's shared-memory layout and
+    descriptors (``wgmma_layout_check``) equal float64 products of the same rounded inputs; a
+    failure names which reference column/row block each result block matches (a permutation)."""
+    import cupy
+
+    from pagedattn.backends.cupy import planning, runtime, specializations
+
+    if not planning.device_has_wgmma():
+        pytest.skip("wgmma needs a compute capability 9.0 device")
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((64, head_dim)).astype(numpy_dtype(dtype)) for _ in range(3))
+    p = rng.random((64, 64)).astype(numpy_dtype(dtype))
+    device = [cupy.asarray(np.ascontiguousarray(x).view(np.uint16)) for x in (q, k, p, v)]
+    s_out = cupy.full((64, 64), np.nan, cupy.float32)
+    o_out = cupy.full((64, head_dim), np.nan, cupy.float32)
+    runtime.kernel(specializations.wgmma_layout_check(dtype, head_dim))((1,), (128,), (*device, s_out, o_out))
+    cupy.cuda.runtime.deviceSynchronize()
+    for name, got, ref in (("S", cupy.asnumpy(s_out), q.astype(np.float64) @ k.astype(np.float64).T),
+                           ("O", cupy.asnumpy(o_out), p.astype(np.float64) @ v.astype(np.float64))):
+        error = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        assert error < 1e-4, (f"{name} rel err {error:.2e}; columns {_column_map(got, ref)};"
+                              f" rows {_column_map(got.T, ref.T)}")
+
+
+def test_torch_tensors_in_and_out_on_torchs_current_stream(backend: CupyBackend) -> None:
+    """torch CUDA tensors in (DLPack), torch tensors out, launched on torch's current stream: the
+    same bits as the same call on cupy arrays."""
+    import torch
+
+    case = poisoned_case("torch", [500, 3], [4, 3])
+    to_torch = lambda x: torch.from_numpy(np.ascontiguousarray(x)).cuda()  # noqa: E731
+    q, k, v = (to_torch(x.view(np.int16)).view(torch.bfloat16) for x in (case.query, case.key_cache, case.value_cache))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out, _ = backend.paged_attention(q, k, v, to_torch(case.block_tables), to_torch(case.seq_lens),
+                                         to_torch(case.query_start_loc), return_lse=True)
+    stream.synchronize()
+    assert isinstance(out, torch.Tensor)
+    expected = run_case(backend, case).out
+    assert np.array_equal(backend.to_numpy(out).view(np.uint16), expected.view(np.uint16))
+
+
+@pytest.mark.parametrize("case", [pytest.param(p.values[0], id=p.id, marks=sanitize) for p in operation_cases()])
+def test_cache_operations_match_the_spec(backend: CupyBackend, case: object) -> None:
+    check_operation(backend, case)  # type: ignore[arg-type]

@@ -1,0 +1,232 @@
+"""How the cupy backend plans on the host: rows per work item, the kernel each problem takes
+(the Hopper kernel's switch, sizing and fallbacks), and split-KV."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cases import poisoned_case
+from cupy_plans import kernel_of, rows_of, work_of
+
+from pagedattn.backends.cupy.options import CupyOptions
+from pagedattn.conformance.checks import problem_of
+
+
+@pytest.mark.parametrize(
+    "seq_lens, q_lens, num_q_heads, rows",
+    [
+        ([30, 5], None, 8, 16),  # decode, G = 4: the decode kernel
+        ([30, 5], None, 48, 64),  # decode, G = 24: the tensor-core prefill kernel
+        ([30, 5, 9], [1, 1, 2], 8, 64),  # mostly single queries: never the CUDA-core kernel
+    ],
+)
+def test_fp8_caches_go_to_the_tensor_core_kernels(
+    seq_lens: list[int], q_lens: list[int] | None, num_q_heads: int, rows: int
+) -> None:
+    case = poisoned_case("fp8 rows", seq_lens=seq_lens,
+        q_lens=q_lens,
+        num_q_heads=num_q_heads,
+        num_kv_heads=2,
+        head_dim=64,
+        cache_dtype="float8_e5m2",
+    )
+    assert rows_of(problem_of(case)) == rows
+
+
+@pytest.mark.parametrize(
+    "seq_lens, q_lens, num_q_heads, rows",
+    [
+        ([300, 129, 7], [300, 50, 7], 4, 64),  # 357 tokens x G=2 over 3 sequences: 238 rows each
+        ([600, 300], [600, 200], 8, 128),  # 800 tokens x G=4 over 2: 1,600 rows each
+        ([4096], [4096], 32, 128),  # long prefill, G=16
+        ([6000, 50], [64, 50], 8, 64),  # chunked prefill: 114 tokens x G=4 over 2 sequences
+    ],
+)
+def test_prefill_tile_height_follows_the_rows_per_sequence(
+    seq_lens: list[int], q_lens: list[int], num_q_heads: int, rows: int,
+) -> None:
+    """On an sm_90 device with prefill="auto" (the default): the Hopper kernel's 128 rows from
+    512 rows per sequence on average, else the 64-row mma.sync kernel."""
+    case = poisoned_case("rows", seq_lens=seq_lens, q_lens=q_lens,
+        num_q_heads=num_q_heads, head_dim=64,
+    )
+    assert rows_of(problem_of(case), sm90=True) == rows
+    assert work_of(problem_of(case), sm90=True).kernel == ("wgmma" if rows == 128 else "mma")
+
+
+@pytest.mark.parametrize(
+    "why, options, switch, sm90",
+    [
+        ("switch mma", {}, "mma", True),
+        ("not an sm_90 device", {}, "auto", False),
+        ("fp8 cache", {"cache_dtype": "float8_e4m3fn"}, "wgmma", True),
+    ],
+)
+def test_mma_sync_prefill_always_takes_64_rows(
+    why: str, options: dict, switch: str, sm90: bool
+) -> None:
+    """Long prefill the Hopper kernel does not take goes to the 64-row mma.sync kernel: no
+    other height exists for it."""
+    from pagedattn.backends.cupy import specializations as sp
+    case = poisoned_case("rows", seq_lens=[4096], q_lens=[4096], num_q_heads=32,
+        head_dim=64, **options,
+    )
+    problem = problem_of(case)
+    assert rows_of(problem, sm90=sm90, prefill=switch) == sp.MMA_ROWS, why
+    work = work_of(problem, sm90=sm90, prefill=switch)
+    assert (work.kernel, work.rows, work.tile_n) == ("mma", 64, 64), why
+    spec = kernel_of(problem, sm90=sm90, prefill=switch).spec
+    assert spec.module == "paged_attention_mma", why
+    assert sp.smem_bytes(problem.dtype, 64, work.rows, problem.cache_dtype, spec) == sp.mma_smem_bytes(
+        64, problem.cache_dtype
+    )
+    with pytest.raises(ValueError, match="wgmma_attention"):
+        sp.attention("bfloat16", 64, 16, sp.WGMMA_ROWS)  # 128 rows: the Hopper kernel's only
+
+
+def test_two_decode_ctas_fit_on_an_sm() -> None:
+    from pagedattn.backends.cupy import specializations
+
+    per_sm = 228 * 1024  # H100/H200 shared memory per SM; 1 KB per CTA reserved
+    for cache in ("bfloat16", "float8_e4m3fn"):
+        smem = specializations.smem_bytes("bfloat16", 128, specializations.DECODE_ROWS, cache)
+        assert 2 * (smem + 1024) <= per_sm, f"decode kernel with {cache} caches: {smem} bytes"
+
+
+# -- the Hopper prefill kernel (wgmma): switch, sizing, predicates ----------------------------
+def _long_prefill(**options):  # type: ignore[no-untyped-def]
+    case = poisoned_case("wgmma", seq_lens=[1000, 600], q_lens=[1000, 600],
+        num_q_heads=8, num_kv_heads=2, **options,
+    )
+    return problem_of(case)
+
+
+@pytest.mark.parametrize("switch", ["wgmma", "auto", None])
+def test_wgmma_kernel_takes_16_bit_prefill_on_sm90_when_switched_on(switch: str | None) -> None:
+    from pagedattn.backends.cupy import planning
+    from pagedattn.backends.cupy import specializations as sp
+
+    given = {} if switch is None else {"prefill": switch}  # None: the default, "auto"
+    problem = _long_prefill()
+    assert planning.uses_wgmma(problem, CupyOptions(**given), sm90=True)
+    assert rows_of(problem, sm90=True, **given) == sp.WGMMA_ROWS
+    work = work_of(problem, sm90=True, **given)
+    assert (work.kernel, work.rows, work.tile_n) == ("wgmma", 128, 64)
+    spec = kernel_of(problem, sm90=True, **given).spec
+    assert spec == sp.wgmma_attention("bfloat16", 128, 16)
+    assert (spec.module, spec.arch) == ("paged_attention_wgmma", "sm_90a")
+    assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, false, 2>"
+    # the schedules of 1 CTA per SM
+    assert kernel_of(problem, sm90=True, wgmma_ctas=1, **given).spec.name_expression.endswith("true>")
+    serial = kernel_of(problem, sm90=True, wgmma_ctas=1, wgmma_schedule="serial", **given)
+    assert serial.spec.name_expression.endswith("false>")
+    assert sp.wgmma_attention("bfloat16", 64, 16, ctas=1).name_expression.endswith("false>"), (
+        "head_dim 64 has the serial schedule only"
+    )
+
+
+@pytest.mark.parametrize(
+    "why, options, switch, sm90",
+    [
+        ("switch off", {}, "mma", True),
+        ("not an sm_90 device", {}, "wgmma", False),
+        ("fp8 cache", {"cache_dtype": "float8_e4m3fn"}, "wgmma", True),
+        ("float32", {"dtype": "float32"}, "wgmma", True),
+        ("head_dim 256", {"head_dim": 256}, "wgmma", True),
+    ],
+)
+def test_wgmma_kernel_falls_back_where_it_does_not_apply(
+    why: str, options: dict, switch: str, sm90: bool
+) -> None:
+    from pagedattn.backends.cupy import planning
+
+    problem = _long_prefill(**options)
+    assert not planning.uses_wgmma(problem, CupyOptions(prefill=switch), sm90=sm90), why
+    assert work_of(problem, sm90=sm90, prefill=switch).kernel == "mma", why
+
+
+def test_wgmma_auto_leaves_short_prefill_and_decode_to_the_mma_kernels() -> None:
+    from pagedattn.backends.cupy import planning
+
+    auto = CupyOptions(prefill="auto")
+    short = poisoned_case("short", seq_lens=[6000, 50], q_lens=[64, 50], num_q_heads=8
+    )
+    decode = poisoned_case("decode", seq_lens=[600, 300])
+    assert not planning.uses_wgmma(problem_of(short), auto, sm90=True)
+    assert rows_of(problem_of(short), sm90=True, prefill="auto") == 64
+    assert not planning.uses_wgmma(problem_of(decode), auto, sm90=True)
+
+
+def test_wgmma_kernel_launch_shape_and_shared_memory() -> None:
+    from pagedattn.backends.cupy import specializations as sp
+
+    spec = sp.wgmma_attention("float16", 128, 32, ctas=1)
+    assert sp.threads(sp.WGMMA_ROWS, spec) == 256, "two warpgroups"
+    assert sp.tile_n("float16", sp.WGMMA_ROWS) == 64, "64-key tiles"
+    # 1 CTA per SM: alignment slack + 4 stages x (K + V tiles of 64 keys x 128 x 2 bytes) + the Q tile
+    # (128 rows x 128 x 2 bytes, its own region: read for every tile's S) + 3 words a row
+    expected = 1024 + 4 * 2 * 64 * 128 * 2 + 128 * 128 * 2 + 3 * 128 * 4
+    assert sp.smem_bytes("float16", 128, sp.WGMMA_ROWS, "float16", spec) == expected
+    assert expected <= 227 * 1024, "one CTA must fit the per-block shared-memory limit (227 KB)"
+    assert sp.smem_bytes(
+        "float16", 64, sp.WGMMA_ROWS, None, sp.wgmma_attention("float16", 64, 16, ctas=1)
+    ) == (
+        1024 + 4 * 2 * 64 * 64 * 2 + 128 * 64 * 2 + 3 * 128 * 4
+    )
+
+
+def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default() -> None:
+    from pagedattn.backends.cupy import specializations as sp
+
+    assert CupyOptions().wgmma_ctas == 2 and CupyOptions().wgmma_schedule == "overlap"
+    spec = sp.wgmma_attention("bfloat16", 128, 16)
+    # 2 stages at head_dim 128 leave no stage for the overlap schedule: serial
+    assert spec.name_expression == "paged_attention_wgmma<bfloat16_t, 128, 16, false, 2>"
+    assert sp.wgmma_stages(128, 2) == 2 and sp.wgmma_stages(64, 2) == 3
+    sm_bytes = 228 * 1024  # an H100/H200 SM; each CTA also reserves 1 KB
+    for head_dim in (64, 128):
+        ctas2 = sp.smem_bytes(
+            "bfloat16", head_dim, sp.WGMMA_ROWS, None, sp.wgmma_attention("bfloat16", head_dim, 32)
+        )
+        expected = (
+            1024 + sp.wgmma_stages(head_dim, 2) * 2 * 64 * head_dim * 2 + 128 * head_dim * 2 + 3 * 128 * 4
+        )
+        assert ctas2 == expected
+        assert 2 * (ctas2 + 1024) <= sm_bytes, f"two CTAs must fit one SM at head_dim {head_dim}"
+    assert 2 * (sp.wgmma_smem_bytes(128, 1) + 1024) > sm_bytes, "the 1-CTA kernel does not"
+    # 4 stages: the overlap schedule
+    assert sp.wgmma_attention("bfloat16", 128, 16, ctas=1).name_expression == (
+        "paged_attention_wgmma<bfloat16_t, 128, 16, true>"
+    )
+    with pytest.raises(ValueError, match="overlap"):
+        sp.wgmma_attention("bfloat16", 128, 16, overlap=True, ctas=2)
+
+
+def test_long_decode_is_split_and_merged() -> None:
+    case = poisoned_case("long", [65536, 65536], num_q_heads=32, num_kv_heads=8, head_dim=64, dtype="float16")
+    work = work_of(problem_of(case), slots=396)
+    assert len(work.merges) == 16 and len(work.items) >= 4 * 16
+
+
+def test_long_prefill_that_fills_the_device_is_not_split_and_runs_sequence_by_sequence() -> None:
+    case = poisoned_case("prefill", [1024, 768, 1024], [1024, 768, 1024], head_dim=64, dtype="float16")
+    work = work_of(problem_of(case), slots=16, prefill="mma")
+    # 3 sequences x 2 KV heads x (up to 1,024 / 16) chunks: many times the 16 slots, so no part
+    # pays for a partial and a merge
+    assert len(work.merges) == 0 and work.num_partials == 0
+    assert (work.items[:, 8] == -1).all()
+    seqs, lengths = work.items[:, 0], work.items[:, 7] - work.items[:, 6]
+    assert (np.diff(seqs) >= 0).all(), "items run sequence by sequence (their K/V stays in L2)"
+    for s in range(3):
+        assert (np.diff(lengths[seqs == s]) <= 0).all(), "longest ranges first in each sequence"
+
+
+def test_choose_split_splits_only_where_long_ranges_leave_slots_idle() -> None:
+    from pagedattn.backends.cupy.planning import choose_split
+
+    few_long = np.full(16, 1024)  # 2 x 65,536 decode at 64-key tiles: 16 ranges, 264 slots
+    per_split = choose_split(few_long, 264)
+    assert 16 * -(-1024 // per_split) <= 264, "one wave of parts"
+    assert per_split <= 1024 // 8
+    many = np.tile(np.arange(1, 65), 128)  # causal prefill: 8,192 ranges of 1..64 tiles
+    assert choose_split(many, 264, partial_overhead=4.0) == 64, "no split"
