@@ -117,8 +117,8 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     (or None outside pytest). ``max_examples`` caps the profile's count (for costly cells);
     ``settings_overrides`` are further hypothesis settings of this cell (costly cells stop at
     their first failure with ``report_multiple_bugs=False``).
-    On failure the shrunk case is saved as ``.npz`` and the replay command is added to the
-    exception's notes.
+    On failure each distinct failure's shrunk case is saved as ``.npz``, labelled, and its replay
+    command is added to that failure's notes.
     """
     __tracebackhide__ = True
     record: dict[str, Any] = {**cell, "backend": backend.name, "check": check.__name__, "status": "pass",
