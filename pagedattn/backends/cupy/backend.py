@@ -75,9 +75,6 @@ class CupyPlanState:
     #: the merge kernel's arguments before out and lse, and after them
     merge_args: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
     sync: bool = False
-    #: (shape, dtype) of query, key_cache, value_cache as last accepted by the full check of
-    #: ``Backend.run``; equal ones skip it (the same check, done once)
-    accepted: tuple[Any, ...] | None = None
     #: (pointer, shape, strides) of the caches last seen, and their checked strides
     strides_seen: tuple[Any, ...] | None = None
     strides: tuple[Any, ...] = ()
@@ -260,19 +257,6 @@ class CupyBackend(Backend):
         )
         state.merge_args = ((*partials, state.merges), state.scalars[1:3])
         return state
-
-    def run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> Any:
-        """As :meth:`Backend.run`; the (shape, dtype) check is skipped for arrays whose shape
-        and dtype objects equal those it last accepted for this plan."""
-        state = plan.state
-        seen = tuple((x.shape, x.dtype) for x in (query, key_cache, value_cache))
-        if not isinstance(state, CupyPlanState) or state.accepted != seen:
-            result = super().run(plan, query, key_cache, value_cache)
-            if isinstance(state, CupyPlanState):
-                state.accepted = seen
-            return result
-        out, lse = self._run(plan, query, key_cache, value_cache)
-        return (out, lse) if plan.problem.return_lse else out
 
     def _resident_ctas(self, problem: AttentionProblem, choice: planning.KernelChoice) -> int:
         """CTAs of the attention kernel ``choice`` resident on the whole device (registers,
