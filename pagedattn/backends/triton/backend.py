@@ -8,6 +8,7 @@ is imported until a method needs them.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,7 @@ class TritonPlanState:
     alibi_slopes: Any
     device: Any
     device_index: int  # the device's index, -1 on the CPU (what ``Tensor.get_device`` says)
+    interpret: bool  # whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 at plan)
     unused_output: Any  # float32 [1]: passed for an output the launch does not write (lse, partials)
     #: float32 split-KV partials [num_splits, T, Hq, D] and [num_splits, T, Hq] (unused_output
     #: when the plan does not split): made once by plan, written by every run
@@ -91,6 +93,14 @@ class TritonPlanState:
         "the addresses and strides of query, key_cache and value_cache",
     )
     capturable: ClassVar[bool] = True
+
+
+@functools.cache
+def _attention_kernels() -> tuple[Any, Any]:
+    """The attention and merge kernels (imported once: every run launches them)."""
+    from pagedattn.backends.triton.attention_kernels import merge_splits_kernel, paged_attention_kernel
+
+    return paged_attention_kernel, merge_splits_kernel
 
 
 def _current_device(torch: Any) -> int:
@@ -253,6 +263,7 @@ class TritonBackend(Backend):
             alibi_slopes=None if slopes is None else upload(slopes, np.float32),
             device=device,
             device_index=-1 if device.index is None else int(device.index),
+            interpret=interpreter_mode(),
             unused_output=unused,
             part_out=part_out,
             part_lse=part_lse,
@@ -291,9 +302,8 @@ class TritonBackend(Backend):
         is launched directly, pointers as integers (:mod:`.relaunch`)."""
         import torch
 
-        from pagedattn.backends.triton.attention_kernels import merge_splits_kernel, paged_attention_kernel
-
         problem, state = plan.problem, plan.state
+        paged_attention_kernel, merge_splits_kernel = _attention_kernels()
         q, k_cache, v_cache = query, key_cache, value_cache
         if not (type(q) is torch.Tensor and type(k_cache) is torch.Tensor and type(v_cache) is torch.Tensor):
             device = state.device
@@ -309,7 +319,7 @@ class TritonBackend(Backend):
             return out, lse
         lse_arg = lse if lse is not None else state.unused_output
         q_strides, k_strides, v_strides = q.stride(), k_cache.stride(), v_cache.stride()
-        interpret = interpreter_mode()
+        interpret = state.interpret
         attention = merge = None
         key: tuple[Any, ...] | None = None  # None: the JIT's binary is not kept (interpreter, unaligned)
         if not interpret:

@@ -17,6 +17,7 @@ This module imports triton inside its methods only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,12 +64,9 @@ class Relauncher:
         """The ready launch of ``kernel`` found for ``key``; None if there is none yet or a
         launch hook is installed (then the caller goes through :meth:`launch`)."""
         found = self._ready.get((id(kernel), key))
-        if found is None:
+        if found is None or _launch_hooked():
             return None
-        from triton import knobs
-
-        hooks = _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
-        return None if hooks else found
+        return found
 
     def launch(self, kernel: Any, grid: tuple[int, int, int], key: tuple[Any, ...] | None, args: list[Any],
                constexprs: dict[str, Any], options: dict[str, Any], interpret: bool) -> None:
@@ -76,16 +74,25 @@ class Relauncher:
         binary it found for ``key`` (not when ``key`` is None, in the interpreter or under a
         launch hook)."""
         compiled = kernel[grid](*args, **constexprs, **options)
-        if interpret or key is None:
-            return
-        from triton import knobs
-
-        if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        if interpret or key is None or _launch_hooked():
             return
         names = kernel.arg_names[len(args):]
         ready = ReadyLaunch.of(compiled, grid, tuple(constexprs[name] for name in names))
         if ready is not None:
             self._ready[(id(kernel), key)] = ready
+
+
+@functools.cache
+def _runtime_knobs() -> Any:
+    from triton import knobs
+
+    return knobs.runtime
+
+
+def _launch_hooked() -> bool:
+    """Whether a launch enter or exit hook is installed (a profiler must see every launch)."""
+    runtime = _runtime_knobs()
+    return _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
 
 
 def _hooked(hook: Any) -> bool:
