@@ -48,7 +48,7 @@ MERGE_OUT_SLOT = 3
 FIXED_IN_GRAPH: tuple[str, ...] = (
     "the work items, split-KV parts and kernel chosen by plan",
     "the device copies of block_tables, seq_lens, query_start_loc and alibi_slopes made by plan",
-    "the plan's split-KV partial buffers: one run of a plan at a time",
+    "the plan's split-KV partial buffers and parameter blocks: one run of a plan at a time",
     "the addresses and strides of query, key_cache and value_cache",
 )
 
