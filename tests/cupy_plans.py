@@ -25,4 +25,5 @@ def work_of(problem: AttentionProblem, *, sm90: bool = False, slots: int = 132, 
     """The work plan of ``CupyBackend(**options)`` for ``slots`` resident CTAs."""
     choice = kernel_of(problem, sm90=sm90, **options)
     split_kv = options.get("split_kv", True)
-    return build_work(problem, choice, slots=slots, min_tiles_per_split=min_tiles_per_split, split_kv=split_kv)
+    return build_work(problem, choice, slots=slots, min_tiles_per_split=min_tiles_per_split, split_kv=split_kv,
+                      num_splits=options.get("num_splits") or None)

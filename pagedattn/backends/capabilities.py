@@ -25,7 +25,10 @@ class Capabilities:
 
     ``cache_dtypes`` lists the cache dtypes accepted (a cache in the query's own dtype
     counts only if that dtype is listed). ``tf32`` says float32 products run on TF32 units,
-    which the error model then allows for.
+    which the error model then allows for. ``max_pool_elements`` bounds the elements of one
+    cache (or of the pool it is a view of) the backend takes without copying all of it to
+    host memory: a backend that copies whole caches on a CPU would turn a lazily allocated
+    pool of 2**31 elements into gigabytes; ``None`` means no bound short of the device's memory.
     """
 
     dtypes: tuple[str, ...] = QUERY_DTYPES
@@ -36,6 +39,7 @@ class Capabilities:
     features: frozenset[str] = field(default_factory=lambda: frozenset(ALL_FEATURES))
     tf32: bool = False
     device: str = "cpu"
+    max_pool_elements: int | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.features) - set(ALL_FEATURES)
@@ -83,4 +87,5 @@ class Capabilities:
             f"dtypes={'/'.join(self.dtypes)} cache={'/'.join(self.cache_dtypes)} block_size={sizes}"
             f" head_dim={dims} layouts={'/'.join(self.kv_layouts)} features={','.join(sorted(self.features))}"
             + (" tf32" if self.tf32 else "")
+            + ("" if self.max_pool_elements is None else f" max_pool_elements={self.max_pool_elements}")
         )

@@ -5,7 +5,9 @@ moves it to the backend's device, calls it through the public interface only, an
 the results back. Saved
 cases are standalone: ``pagedattn replay CASE.npz --backend NAME`` needs nothing else.
 bfloat16/fp8 arrays are stored as their raw bits plus the dtype name, because ``.npz``
-does not know ml_dtypes.
+does not know ml_dtypes. Caches of more than :data:`SPARSE_ELEMENTS` elements (the scale
+cells' pools past 2**31 elements) are stored as their non-zero blocks and rebuilt lazily
+(:func:`~pagedattn.spec.pools.lazy_cache`), so such a case file stays small.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from pagedattn.backends.interface import Backend
 from pagedattn.errors import PagedAttentionError
 from pagedattn.spec.case import AttentionCase, pretty, summary
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
+from pagedattn.spec.pools import occupied_blocks
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+#: Arrays with more elements are saved as their non-zero blocks (axis 0) only.
+SPARSE_ELEMENTS = 2**26
 
 
 class AttentionResult(NamedTuple):
@@ -123,10 +128,27 @@ def _pack(arrays: dict[str, np.ndarray], meta: dict[str, Any], name: str, x: np.
     arrays[name] = x.view(_BITS[x.dtype.itemsize]) if x.dtype.kind == "V" or x.dtype.itemsize in (1, 2) else x
 
 
+def _pack_array(arrays: dict[str, np.ndarray], meta: dict[str, Any], name: str, x: np.ndarray) -> None:
+    """Pack ``x`` whole, or past :data:`SPARSE_ELEMENTS` as its shape, non-zero block ids and blocks."""
+    if x.size <= SPARSE_ELEMENTS or x.ndim < 2:
+        _pack(arrays, meta, name, x)
+        return
+    blocks = occupied_blocks(x)
+    meta.setdefault("sparse", {})[name] = list(x.shape)
+    arrays[f"{name}.blocks"] = blocks
+    _pack(arrays, meta, name, x[blocks])
+
+
 def _unpack(data: Any, meta: dict[str, Any], name: str) -> np.ndarray:
     x = data[name]
     dtype = numpy_dtype(meta["dtypes"][name])
-    return x.view(dtype) if x.dtype != dtype else x
+    x = x.view(dtype) if x.dtype != dtype else x
+    shape = meta.get("sparse", {}).get(name)
+    if shape is None:
+        return x
+    full = np.zeros(tuple(shape), dtype=dtype)  # lazy: only the stored blocks are touched
+    full[data[f"{name}.blocks"]] = x
+    return full
 
 
 def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, Any] | None = None) -> Path:
@@ -141,7 +163,7 @@ def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, An
         if isinstance(value, np.ndarray):
             if f.name in ("key_cache", "value_cache") and getattr(case, "pool", None) is not None:
                 continue  # views of the pool: rebuilt from it
-            _pack(arrays, meta, f.name, value)
+            _pack_array(arrays, meta, f.name, value)
         elif f.name == "options":
             opts = {}
             for key, item in value.items():

@@ -1,9 +1,9 @@
 """The contract's rules as checks: each takes a backend and a case, raises ConformanceFailure or returns
 the worst error as a fraction of the tolerance (0.0 for rules that demand identical bits).
 
-Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`relocation_invariant`,
-:func:`deterministic`, :func:`alone_equals_batch` (and every attention check asserts that no
-input was written). Other operations: :func:`write_kv_matches_spec`,
+Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
+:func:`relocation_invariant`, :func:`deterministic`, :func:`alone_equals_batch` (and every
+attention check asserts that no input was written). Other operations: :func:`write_kv_matches_spec`,
 :func:`copy_blocks_matches_spec`, :func:`merge_states_matches_spec`. A check uses the
 backend through the public :class:`~pagedattn.backends.interface.Backend` interface only.
 """
@@ -18,6 +18,7 @@ import numpy as np
 
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.assertions import (
+    ConformanceFailure,
     assert_array_form,
     assert_attention_matches,
     assert_bit_identical,
@@ -33,12 +34,14 @@ from pagedattn.conformance.cases import (
     device_caches,
     run_case,
 )
+from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
 from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
 from pagedattn.spec.error_model import merge_tolerance, tolerance
 from pagedattn.spec.exact import exact_attention_problem
 from pagedattn.spec.online_softmax import merge_states as spec_merge_states
+from pagedattn.spec.pools import lazy_copy
 
 
 def problem_of(case: AttentionCase) -> AttentionProblem:
@@ -161,6 +164,82 @@ def garbage_ignored(backend: Backend, case: AttentionCase) -> float:
     """New garbage in unused slots, blocks and table entries leaves the output's bits unchanged."""
     __tracebackhide__ = True
     return _unchanged_by(backend, case, with_garbage, "garbage in unused slots/blocks/table entries changed the output")
+
+
+#: Non-finite data put where a row can see it: its query, or the key or value of a visible slot.
+#: ±inf keys fill the whole key vector, so q . k is inf - inf = NaN for a query of mixed signs.
+NONFINITE_KINDS: tuple[str, ...] = (
+    "nan_query", "nan_key", "inf_key", "minus_inf_key", "nan_value", "inf_value", "minus_inf_value",
+)
+
+
+def with_nonfinite(case: AttentionCase, rng: np.random.Generator) -> tuple[AttentionCase, list[str]]:
+    """The case with non-finite data in what rows see: per sequence with queries and keys, one of
+    :data:`NONFINITE_KINDS` in its last query, or in a key/value slot that every query of the
+    sequence sees, in a block no other sequence shares (a slot hidden from some row by the
+    causal mask or the window is not used: see the contract's section on non-finite data).
+
+    Returns the poisoned case and one line per poisoned sequence (kind, where).
+    """
+    problem = problem_of(case)
+    _, p_q = problem.token_positions()
+    query = case.query.copy()
+    pool = case.pool.copy() if case.pool is not None else None
+    if pool is not None:
+        caches = [pool[:, 0, case.layer], pool[:, 1, case.layer]]
+    else:
+        caches = [case.key_cache.copy(), case.value_cache.copy()]
+    views = [kv_ops.slot_view(c, case.kv_layout) for c in caches]
+    start_kind = int(rng.integers(len(NONFINITE_KINDS)))
+    sharers = np.zeros(problem.num_blocks, dtype=np.int64)  # sequences holding each block
+    for s in range(problem.num_seqs):
+        needed = -(-int(problem.seq_lens[s]) // problem.block_size)
+        sharers[np.unique(problem.block_tables[s, :needed])] += 1
+    placed = []
+    for s in range(problem.num_seqs):
+        start, stop = int(problem.query_start_loc[s]), int(problem.query_start_loc[s + 1])
+        length = int(problem.seq_lens[s])
+        if stop == start or length == 0:
+            continue
+        t = stop - 1
+        # a slot every query of the sequence sees: p <= the first query's p_q, inside the last one's window
+        last = int(p_q[start]) if problem.causal else length - 1
+        first = max(0, int(p_q[t]) - problem.sliding_window + 1) if problem.sliding_window is not None else 0
+        kind = NONFINITE_KINDS[(start_kind + s) % len(NONFINITE_KINDS)]
+        position = int(rng.integers(first, last + 1)) if first <= last else 0
+        block = int(problem.block_tables[s, position // problem.block_size])
+        if first > last or sharers[block] > 1:  # no such slot, or its block is shared with another sequence
+            kind = "nan_query"
+        value = {"nan": np.nan, "inf": np.inf, "minus": -np.inf}[kind.split("_")[0]]
+        head = int(rng.integers(problem.num_q_heads))
+        dim = int(rng.integers(problem.head_dim))
+        if kind == "nan_query":
+            query[t, head, dim] = value
+            placed.append(f"{kind}: token {t}, head {head}, dim {dim}")
+            continue
+        slot, kv_head = position % problem.block_size, head // problem.group_size
+        view = views[0 if kind.endswith("key") else 1]
+        with np.errstate(invalid="ignore", over="ignore"):
+            if kind in ("inf_key", "minus_inf_key"):
+                view[block, slot, kv_head] = value
+            else:
+                view[block, slot, kv_head, dim] = value
+        placed.append(f"{kind}: sequence {s}, position {position}, kv head {kv_head}, dim {dim}")
+    if pool is not None:
+        return case.replace(query=query, pool=pool), placed
+    return case.replace(query=query, key_cache=caches[0], value_cache=caches[1]), placed
+
+
+def nonfinite_propagates(backend: Backend, case: AttentionCase) -> float:
+    """NaN/inf in a row's query or in a key/value it sees reaches its out and lse as IEEE arithmetic
+    says (NaN where the spec is NaN): a backend must not turn it into zeros or "no visible key"."""
+    __tracebackhide__ = True
+    poisoned, placed = with_nonfinite(case, np.random.default_rng(case.seed))
+    try:
+        return matches_spec(backend, poisoned)
+    except ConformanceFailure as error:
+        error.add_note("non-finite data placed where rows see it:\n  " + "\n  ".join(placed))
+        raise
 
 
 def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
@@ -333,16 +412,108 @@ def _merge_problem(T: int, H: int, D: int, dtype: str) -> AttentionProblem:
     return check_paged_attention(dummy, cache, cache, np.zeros((T, 1), np.int32), np.ones(T, np.int32))
 
 
+# -- caches past 2**31 elements ------------------------------------------------------------
+# A far-pool case's caches are zero outside the blocks its index arrays name (see
+# pagedattn.conformance.scale), so each check copies only those blocks to the device
+# (pools.lazy_copy) and compares only those blocks: a huge pool never costs its size.
+
+def _require_pool(backend: Backend, elements: int) -> None:
+    """Raise UnsupportedError if the backend declares a smaller ``max_pool_elements``."""
+    limit = backend.capabilities().max_pool_elements
+    if limit is not None and elements > limit:
+        raise UnsupportedError("key_cache", f"caches of {elements:,} elements (max_pool_elements {limit:,})",
+                               backend=backend.name, capability="max_pool_elements")
+
+
+def table_blocks(problem: AttentionProblem) -> np.ndarray:
+    """int64 ids of every block a block table names (valid ids in any column)."""
+    ids = problem.block_tables[(problem.block_tables >= 0) & (problem.block_tables < problem.num_blocks)]
+    return np.unique(ids.astype(np.int64))
+
+
+def far_pool_matches_spec(backend: Backend, case: AttentionCase) -> float:
+    """On caches past 2**31 elements: out (and lse) within the error model; the blocks in use unchanged."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    _require_pool(backend, case.key_cache.size)
+    blocks = table_blocks(problem)
+    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    result = run_case(backend, case, caches=(caches[0], caches[1], None))
+    call = _call(backend, case)
+    for name, device, original in zip(("key_cache", "value_cache"), caches, (case.key_cache, case.value_cache),
+                                      strict=True):
+        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], original[blocks],
+                             "the call wrote into a block in use", call, coordinates="(block in use, ...)")
+    exact = exact_attention_problem(problem, case.query, case.key_cache, case.value_cache)
+    tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
+                    tf32=backend.capabilities().tf32)
+    return assert_attention_matches(result.out, result.lse, exact, tol, problem, call)
+
+
+def _remapped(ids: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Positions of ``ids`` (all in the sorted ``blocks``) in ``blocks``."""
+    return np.searchsorted(blocks, ids)
+
+
+def far_write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
+    """write_kv past element 2**31: the slots written hold x, the other slots of their blocks unchanged."""
+    __tracebackhide__ = True
+    _require_pool(backend, case.key_cache.size)
+    block_size = case.key_cache.shape[1 if case.kv_layout == "NHD" else 2]
+    slots = case.slot_mapping.astype(np.int64)
+    blocks = np.unique(slots[slots >= 0] // block_size)
+    small = np.where(slots >= 0, _remapped(np.maximum(slots, 0) // block_size, blocks) * block_size
+                     + slots % block_size, -1)
+    expected = [c[blocks].copy() for c in (case.key_cache, case.value_cache)]
+    kv_ops.write_kv(case.key, case.value, expected[0], expected[1], small, kv_layout=case.kv_layout)
+    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    backend.write_kv(backend.to_device(case.key), backend.to_device(case.value), caches[0], caches[1],
+                     backend.to_device(case.slot_mapping), kv_layout=case.kv_layout)
+    backend.synchronize()
+    call = (f"[call: backend={backend.name} write_kv dtype={dtype_name(case.key.dtype)} kv_layout={case.kv_layout}"
+            f" block_size={block_size} caches of {case.key_cache.size:,} elements,"
+            f" slot_mapping={case.slot_mapping.tolist()}]")
+    for name, device, want in zip(("key_cache", "value_cache"), caches, expected, strict=True):
+        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], want,
+                             "write_kv past element 2**31 differs from the spec in the blocks written", call,
+                             coordinates=f"(index in blocks {blocks.tolist()}, ...)")
+    return 0.0
+
+
+def far_copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> float:
+    """copy_blocks past element 2**31 equals the spec's on every block named, bit for bit."""
+    __tracebackhide__ = True
+    _require_pool(backend, case.key_cache.size)
+    blocks = np.unique(case.pairs.astype(np.int64))
+    expected = [c[blocks].copy() for c in (case.key_cache, case.value_cache)]
+    kv_ops.copy_blocks(expected[0], expected[1], _remapped(case.pairs.astype(np.int64), blocks),
+                       kv_layout=case.kv_layout)
+    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    backend.copy_blocks(caches[0], caches[1], backend.to_device(case.pairs), kv_layout=case.kv_layout)
+    backend.synchronize()
+    call = (f"[call: backend={backend.name} copy_blocks dtype={dtype_name(case.key_cache.dtype)}"
+            f" kv_layout={case.kv_layout} caches of {case.key_cache.size:,} elements pairs={case.pairs.tolist()}]")
+    for name, device, want in zip(("key_cache", "value_cache"), caches, expected, strict=True):
+        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], want,
+                             "copy_blocks past element 2**31 differs from the spec", call,
+                             coordinates=f"(index in blocks {blocks.tolist()}, ...)")
+    return 0.0
+
+
 Check = Callable[[Backend, Any], float]
 
 #: Every check by name (saved cases record the name; ``replay`` looks it up here).
 CHECKS: dict[str, Check] = {
     "matches_spec": matches_spec,
     "garbage_ignored": garbage_ignored,
+    "nonfinite_propagates": nonfinite_propagates,
     "relocation_invariant": relocation_invariant,
     "deterministic": deterministic,
     "alone_equals_batch": alone_equals_batch,
     "write_kv_matches_spec": write_kv_matches_spec,
     "copy_blocks_matches_spec": copy_blocks_matches_spec,
     "merge_states_matches_spec": merge_states_matches_spec,
+    "far_pool_matches_spec": far_pool_matches_spec,
+    "far_write_kv_matches_spec": far_write_kv_matches_spec,
+    "far_copy_blocks_matches_spec": far_copy_blocks_matches_spec,
 }

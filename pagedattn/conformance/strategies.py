@@ -105,10 +105,13 @@ INT32_MAX = 2**31 - 1
 #: Standard deviation of q and k (and v) for "large" values: scale * q . k reaches about 1e4.
 LARGE_MAGNITUDE = 60.0
 #: "very_negative" values: every key of a KV head is -c times its first query head's last
-#: query, so that head's visible scores all equal about -VERY_NEGATIVE_SCORE, below any
-#: finite mask value a kernel might use instead of -inf (-1e4 is common). Bounded so that
-#: |k| <= 8192 and, for float16, the unscaled q . k fits float16.
-VERY_NEGATIVE_SCORE = 2e4
+#: query, so that head's visible scores all equal about -VERY_NEGATIVE_SCORE: below any
+#: finite mask value (-1e4, -FLT_MAX / 2 aside) and below a finite initial running max
+#: (-5e4) a kernel might use instead of -inf. That query is scaled up to about
+#: VERY_NEGATIVE_QUERY_MAGNITUDE so that |k| <= 8192 reaches it for the usual scales;
+#: q . k is far outside float16's range then, as a float32 accumulator allows.
+VERY_NEGATIVE_SCORE = 2e5
+VERY_NEGATIVE_QUERY_MAGNITUDE = 64.0
 _SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -293,7 +296,8 @@ def block_tables(draw: st.DrawFn, lens: np.ndarray, block_size: int,
 def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens: np.ndarray,
                     q_starts: np.ndarray, block_size: int, num_kv_heads: int, head_dim: int,
                     scale: float) -> list[tuple[np.ndarray, np.ndarray]]:
-    """K, V float64 ``[L, Hkv, D]`` of each sequence for a value pattern (query already drawn)."""
+    """K, V float64 ``[L, Hkv, D]`` of each sequence for a value pattern (query already drawn;
+    "very_negative" scales each sequence's last query up in place)."""
     group = query.shape[1] // num_kv_heads
     magnitude = LARGE_MAGNITUDE if kind == "large" else 1.0
     result = []
@@ -303,12 +307,12 @@ def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens
         if length and kind == "equal":
             k[:] = k[0]
         if length and kind == "very_negative" and q_starts[s + 1] > q_starts[s]:
-            q0 = query[int(q_starts[s + 1]) - 1].astype(np.float64).reshape(num_kv_heads, group, head_dim)[:, 0]
+            last = int(q_starts[s + 1]) - 1
+            query[last] = (query[last].astype(np.float64) * VERY_NEGATIVE_QUERY_MAGNITUDE).astype(query.dtype)
+            q0 = query[last].astype(np.float64).reshape(num_kv_heads, group, head_dim)[:, 0]
             norm2 = np.maximum((q0 * q0).sum(axis=1), 1e-6)  # [Hkv]
             c = VERY_NEGATIVE_SCORE / (max(abs(scale), 1e-6) * norm2)
             c = np.minimum(c, 8192.0 / np.maximum(np.abs(q0).max(axis=1), 1e-6))
-            if query.dtype == np.float16:
-                c = np.minimum(c, 6e4 / norm2)
             k[:] = (-np.sign(scale or 1.0) * c)[:, None] * q0  # every position: [Hkv, D]
         if length and kind in ("dominant", "max_in_last_block"):
             lo = ((length - 1) // block_size) * block_size if kind == "max_in_last_block" else 0

@@ -5,7 +5,8 @@ reaches block ``j`` look up the physical block ``block_tables[s, j]``, score its
 ``block_size`` slots against every query head (query head ``h`` reads KV head
 ``h // group_size``), mask slots ``p >= L`` and the causal/window bounds, and fold the
 block into the online-softmax state (m, l, O) of :mod:`pagedattn.spec.online_softmax`.
-The epilogue divides O by l and stores ``lse = m + log l``. It must match
+The epilogue divides O by l and stores ``lse = m + log l``. NaN or inf in what a row sees
+propagates (nothing visible is guarded); invisible slots are never read. It must match
 :func:`pagedattn.spec.exact.exact_attention` within the error model.
 """
 
@@ -22,13 +23,14 @@ TOKEN_CHUNK = 512  # query tokens processed together: bounds the gathered K/V me
 
 def _block_scores(
     problem: AttentionProblem, q: np.ndarray, k_j: np.ndarray, p: np.ndarray, p_q: np.ndarray, length: np.ndarray
-) -> np.ndarray:
-    """Scores ``s_ij`` [n, Hkv, G, block_size] of one block, -inf where invisible.
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scores ``s_ij`` [n, Hkv, G, block_size] of one block, -inf where invisible, and the visibility.
 
     q: [n, Hkv, G, D] float32 (already scaled); k_j: [n, block_size, Hkv, D]; p: [n, block_size]
     logical positions of the slots; p_q, length: [n].
     """
-    s_ij = np.einsum("nkgd,nbkd->nkgb", q, k_j)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 is NaN, as IEEE says
+        s_ij = np.einsum("nkgd,nbkd->nkgb", q, k_j)
     if problem.softcap is not None:
         cap = np.float32(problem.softcap)
         s_ij = cap * np.tanh(s_ij / cap)
@@ -43,7 +45,7 @@ def _block_scores(
         visible &= distance > -problem.sliding_window
     visible_b = np.broadcast_to(visible[:, None, None, :], s_ij.shape)
     # NaN garbage in unused slots must not leak: masked scores are replaced, not added to.
-    return np.where(visible_b, s_ij, np.float32(-np.inf)).astype(np.float32)
+    return np.where(visible_b, s_ij, np.float32(-np.inf)).astype(np.float32), visible_b
 
 
 def paged_attention_reference(
@@ -76,10 +78,10 @@ def paged_attention_reference(
             k_j = k_slots[physical].astype(np.float32) * k_scale  # [n, bs, Hkv, D]
             v_j = v_slots[physical].astype(np.float32) * v_scale
             p = j * bs + np.arange(bs)[None, :].repeat(active.size, axis=0)
-            s_ij = _block_scores(problem, q_scaled[tokens[active]], k_j, p, p_q[active], length[active])
+            s_ij, visible = _block_scores(problem, q_scaled[tokens[active]], k_j, p, p_q[active], length[active])
             v_per_group = np.broadcast_to(v_j.transpose(0, 2, 1, 3)[:, :, None], (*s_ij.shape, D))
             partial = type(state)(state.m[active], state.l[active], state.O[active])
-            m, l, O = update(partial, s_ij, v_per_group)
+            m, l, O = update(partial, s_ij, v_per_group, visible)
             state.m[active], state.l[active], state.O[active] = m, l, O
         o_chunk, lse_chunk = finalize(state)
         out[tokens] = o_chunk.reshape(len(tokens), -1, D).astype(query.dtype)

@@ -4,6 +4,12 @@ This is the ground truth every backend is compared with. Inputs are taken as rou
 their dtype (the arrays as given), fp8 caches are multiplied by ``k_scale``/``v_scale``,
 and everything after that is float64. See :mod:`pagedattn.spec.arrays` for the
 block-table format and the meaning of each array.
+
+Non-finite data follows IEEE arithmetic: NaN or inf in what a row sees (its query, K/V of
+its visible slots) flows through the scores, the max, exp, the sums and the division, so a
+NaN query or key makes the row's out and lse NaN, a NaN value makes that dimension of out
+NaN. Only a row whose weights sum to 0 (no visible key, or every visible score -inf) gives
+``out = 0, lse = -inf``. Slots a row cannot see are never read.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
 class ExactResult(NamedTuple):
     """The spec's answer and the magnitudes the error model needs, per (token, q head).
 
-    out: float64 ``[T, Hq, D]``; lse: float64 ``[T, Hq]`` (-inf where nothing is visible);
-    value_scale: max |v| over visible keys; score_scale: max over visible keys of
-    ``|scale| * sum_d |q_d k_d| + |alibi bias|``; num_visible: visible keys (int64).
+    out: float64 ``[T, Hq, D]``; lse: float64 ``[T, Hq]`` (-inf where nothing is visible; NaN/inf
+    where visible data is not finite, see the module's docstring); value_scale: max |v| over
+    the finite values of visible keys; score_scale: max over visible keys of
+    ``|scale| * sum_d |q_d k_d| + |alibi bias|`` where finite; num_visible: visible keys (int64).
     """
 
     out: np.ndarray
@@ -55,7 +62,7 @@ def scores_and_mask(
     """Scores and visibility of one sequence, the contract's steps 1-4 in order.
 
     q: float64 ``[n, Hq, D]``; k: float64 ``[L, Hkv, D]``; p_q: int ``[n]`` query positions.
-    Returns ``(s, visible, score_scale)``, each ``[n, Hq, L]``; ``s`` is finite everywhere.
+    Returns ``(s, visible, score_scale)``, each ``[n, Hq, L]``; ``s`` is finite where q and k are.
     """
     length = k.shape[0]
     kv_head = np.arange(problem.num_q_heads) // problem.group_size
@@ -97,20 +104,25 @@ def exact_attention_problem(
         if stop == start or problem.seq_lens[seq] == 0:
             continue
         k, v = gather_kv(problem, key_cache, value_cache, seq)
-        s, visible, s_abs = scores_and_mask(problem, q_all[start:stop], k, p_q_all[start:stop])
-        masked = np.where(visible, s, -np.inf)
-        m = np.max(masked, axis=-1)
-        any_visible = np.isfinite(m)
-        shift = np.where(any_visible, m, 0.0)
-        w = np.exp(masked - shift[..., None])  # exactly 0 where invisible
-        l_sum = w.sum(axis=-1)
-        v_per_q = np.where(visible[..., None], v[None, :, kv_head, :].transpose(0, 2, 1, 3), 0.0)
-        o = np.einsum("nhl,nhld->nhd", w, v_per_q)
-        safe = np.where(any_visible, l_sum, 1.0)
-        out[start:stop] = np.where(any_visible[..., None], o / safe[..., None], 0.0)
-        lse[start:stop] = np.where(any_visible, shift + np.log(safe), -np.inf)
-        value_scale[start:stop] = np.max(np.abs(v_per_q), axis=(-1, -2), initial=0.0)
-        score_scale[start:stop] = np.max(np.where(visible, s_abs, 0.0), axis=-1, initial=0.0)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 and inf - inf are NaN, as IEEE says
+            s, visible, s_abs = scores_and_mask(problem, q_all[start:stop], k, p_q_all[start:stop])
+        masked = np.where(visible, s, -np.inf)  # replaced, never added to: invisible data is never read
+        with np.errstate(invalid="ignore", over="ignore"):
+            m = np.max(masked, axis=-1)  # NaN if a visible score is NaN
+            shift = np.where(np.isneginf(m), 0.0, m)  # no visible finite score: every weight is exp(-inf) = 0
+            w = np.exp(masked - shift[..., None])  # NaN for a +inf score (exp(inf - inf))
+            l_sum = w.sum(axis=-1)
+            v_rows = v[None, :, kv_head, :].transpose(0, 2, 1, 3)  # [1, Hq, L, D]
+            v_per_q = np.where(visible[..., None], v_rows, 0.0)  # NaN * 0 = NaN: invisible values never enter
+            o = np.einsum("nhl,nhld->nhd", w, v_per_q)
+            no_weight = l_sum == 0  # nothing visible, or every visible score -inf
+            safe = np.where(no_weight, 1.0, l_sum)
+            out[start:stop] = np.where(no_weight[..., None], 0.0, o / safe[..., None])
+            lse[start:stop] = np.where(no_weight, -np.inf, shift + np.log(safe))
+        finite_v = np.where(np.isfinite(v_per_q), np.abs(v_per_q), 0.0)
+        value_scale[start:stop] = np.max(finite_v, axis=(-1, -2), initial=0.0)
+        finite_s = np.where(visible & np.isfinite(s_abs), s_abs, 0.0)
+        score_scale[start:stop] = np.max(finite_s, axis=-1, initial=0.0)
         num_visible[start:stop] = visible.sum(axis=-1)
     return ExactResult(out, lse, value_scale, score_scale, num_visible)
 

@@ -9,7 +9,10 @@ after block ``j`` is ``m_i`` (the largest score seen), ``l_i = sum exp(s_p - m_i
     O_i <- exp(m_i - m_new) * O_i + sum exp(s_ij - m_new) v_j
 
 and at the end ``out = O_i / l_i`` and ``lse = m_i + log(l_i)``. Keys with score ``-inf``
-weigh exactly zero; a state that saw no finite score finalizes to ``out = 0, lse = -inf``.
+weigh exactly zero; a state whose weights sum to 0 (it saw no finite score) finalizes to
+``out = 0, lse = -inf``. Nothing else is guarded: a NaN score, a ``+inf`` score or a
+non-finite visible value propagates as IEEE arithmetic says (NaN * 0 is NaN), so the
+caller says which keys are visible and only their values are read.
 Everything works elementwise on leading batch axes and in the dtype of its inputs.
 """
 
@@ -44,28 +47,32 @@ def _finite_or_zero(m: np.ndarray) -> np.ndarray:
     return np.where(np.isneginf(m), np.zeros_like(m), m)
 
 
-def update(state: SoftmaxState, s_ij: np.ndarray, v_j: np.ndarray) -> SoftmaxState:
+def update(state: SoftmaxState, s_ij: np.ndarray, v_j: np.ndarray, visible: np.ndarray | None = None) -> SoftmaxState:
     """Fold one block of keys into the state.
 
-    s_ij: ``[..., n]`` scores (``-inf`` = invisible); v_j: ``[..., n, D]`` values.
+    s_ij: ``[..., n]`` scores, ``-inf`` where invisible; v_j: ``[..., n, D]`` values;
+    visible: bool ``[..., n]`` (default: ``s_ij != -inf``). Values of invisible keys are
+    never read; those of visible keys are, even when their weight is 0 (NaN * 0 = NaN).
     """
     m_i, l_i, O_i = state
-    m_ij = np.max(s_ij, axis=-1) if s_ij.shape[-1] else np.full_like(m_i, -np.inf)
-    m_new = np.maximum(m_i, m_ij)
-    shift = _finite_or_zero(m_new)
-    alpha = np.exp(m_i - shift)  # rescale of the old state; 0 when m_i = -inf
-    p_ij = np.exp(s_ij - shift[..., None])  # 0 for invisible keys
-    # Invisible values are never multiplied: their weight is zero, but NaN * 0 = NaN.
-    v_visible = np.where((p_ij > 0)[..., None], v_j, np.zeros_like(v_j))
-    l_new = alpha * l_i + np.sum(p_ij, axis=-1)
-    O_new = alpha[..., None] * O_i + np.einsum("...n,...nd->...d", p_ij, v_visible)
+    if visible is None:
+        visible = s_ij != -np.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        m_ij = np.max(s_ij, axis=-1) if s_ij.shape[-1] else np.full_like(m_i, -np.inf)
+        m_new = np.maximum(m_i, m_ij)  # NaN stays NaN
+        shift = _finite_or_zero(m_new)
+        alpha = np.exp(m_i - shift)  # rescale of the old state; 0 when m_i = -inf
+        p_ij = np.exp(s_ij - shift[..., None])  # 0 for invisible keys
+        v_visible = np.where(np.asarray(visible)[..., None], v_j, np.zeros_like(v_j))
+        l_new = alpha * l_i + np.sum(p_ij, axis=-1)
+        O_new = alpha[..., None] * O_i + np.einsum("...n,...nd->...d", p_ij, v_visible)
     return SoftmaxState(m_new.astype(m_i.dtype), l_new.astype(l_i.dtype), O_new.astype(O_i.dtype))
 
 
 def finalize(state: SoftmaxState) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(out, lse)``: ``O / l`` and ``m + log(l)``; ``(0, -inf)`` where ``l = 0``."""
+    """Return ``(out, lse)``: ``O / l`` and ``m + log(l)``; ``(0, -inf)`` where ``l = 0`` (NaN stays NaN)."""
     m_i, l_i, O_i = state
-    empty = l_i <= 0
+    empty = l_i == 0
     safe_l = np.where(empty, np.ones_like(l_i), l_i)
     out = np.where(empty[..., None], np.zeros_like(O_i), O_i / safe_l[..., None])
     lse = np.where(empty, np.full_like(m_i, -np.inf), m_i + np.log(safe_l))

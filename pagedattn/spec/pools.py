@@ -103,3 +103,49 @@ def in_pool(case: AttentionCase, *, num_layers: int = 2, layer: int = 1) -> Atte
                    dtype=np.float32).astype(case.key_cache.dtype)
     pool[:, 0, layer], pool[:, 1, layer] = case.key_cache, case.value_cache
     return case.replace(pool=pool, layer=layer)
+
+
+# -- pools above 2**31 elements ----------------------------------------------------------
+
+#: Elements of a cache past which an int32 element offset overflows.
+INT32_OFFSET_LIMIT = 2**31
+
+
+def blocks_past(min_elements: int, block_elements: int) -> int:
+    """The smallest odd ``num_blocks`` whose pool holds more than ``min_elements`` elements.
+
+    Odd, so that the pool's block count is no power of two either.
+    """
+    num_blocks = min_elements // block_elements + 1
+    return num_blocks if num_blocks % 2 else num_blocks + 1
+
+
+def lazy_cache(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A zero cache of ``shape`` that costs memory only where it is written.
+
+    ``np.zeros`` takes pages from the operating system on first touch (calloc), and the
+    contract's never-read rules mean a conforming backend touches only the blocks in use, so
+    a pool of 2**31 elements costs the blocks a case fills, not gigabytes.
+    """
+    return np.zeros(shape, dtype=numpy_dtype(dtype))
+
+
+def lazy_copy(cache: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """A copy of ``cache`` (axis 0: blocks) that holds its ``blocks`` and zeros elsewhere, lazily.
+
+    The copy of a huge pool whose other blocks are zero, at the cost of those blocks.
+    """
+    copy = np.zeros(cache.shape, dtype=cache.dtype)
+    ids = np.unique(np.asarray(blocks, dtype=np.int64))
+    copy[ids] = cache[ids]
+    return copy
+
+
+def occupied_blocks(cache: np.ndarray, *, chunk: int = 4096) -> np.ndarray:
+    """int64 ids of the blocks (axis 0) with any non-zero bit, read a chunk of blocks at a time."""
+    bits = cache.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[cache.dtype.itemsize])
+    found = []
+    for start in range(0, cache.shape[0], chunk):
+        part = bits[start:start + chunk].reshape(min(chunk, cache.shape[0] - start), -1)
+        found.append(start + np.flatnonzero(part.any(axis=1)))
+    return np.concatenate(found) if found else np.zeros(0, np.int64)

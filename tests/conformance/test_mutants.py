@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from pagedattn.conformance import checks
+from pagedattn.conformance.assertions import ConformanceFailure
+from pagedattn.conformance.cases import AttentionCase
 from pagedattn.conformance.mutants import MUTANTS
 from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
 from pagedattn.conformance.mutants.run import SUITE_MODULES, run_mutant, run_pytest_in_process
+from pagedattn.conformance.mutants.run import main as run_main
+from pagedattn.spec.pools import random_paged_inputs
 
 
 def test_catalog_has_at_least_20_mutants_with_a_bug_each():
@@ -28,3 +33,27 @@ def test_quick_profile_kills_mutant(name):
     result = run_mutant(name, profile="quick", isolated=True)
     assert result.killed, f"mutant {name} survived the quick profile ({MUTANTS[name].bug}); exit {result.exit_code}"
     assert result.seconds < 60, f"mutant {name} took {result.seconds:.0f} s to kill (by {result.killed_by})"
+
+
+def _decode_case(seed: int) -> AttentionCase:
+    inputs = random_paged_inputs([9, 21, 4], None, block_size=16, head_dim=16, seed=seed)
+    return AttentionCase(query=inputs.query, key_cache=inputs.key_cache, value_cache=inputs.value_cache,
+                         block_tables=inputs.block_tables, seq_lens=inputs.seq_lens, query_start_loc=None,
+                         options={"kv_layout": "NHD", "return_lse": True}, seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_nan_masking_backend_fails_the_non_finite_check_and_the_correct_kernel_passes(seed):
+    case = _decode_case(seed)
+    assert checks.nonfinite_propagates(SteppedKernelBackend(), case) >= 0.0
+    with pytest.raises(ConformanceFailure, match="NaN"):
+        checks.nonfinite_propagates(MUTANTS["NaNMaskingKernel"](), case)
+
+
+def test_kill_table_command_prints_each_mutant_with_its_time(capsys):
+    code = run_main(["--mutant", "WrongGQAMapping", "--profile", "quick"])
+    out = capsys.readouterr().out
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.startswith("WrongGQAMapping"))
+    assert " s " in row and "[mutant:WrongGQAMapping-" in row  # the cell that killed it
+    assert "quick: 1 of 1 killed" in out

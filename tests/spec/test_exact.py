@@ -122,3 +122,90 @@ def test_scales_are_ignored_for_non_fp8_caches() -> None:
     plain = exact_attention(*case.args())
     scaled = exact_attention(*case.args(), k_scale=0.5, v_scale=3.0)
     assert np.array_equal(plain.out, scaled.out)
+
+
+# -- non-finite data: IEEE arithmetic on what a row sees, nothing read that it cannot see ----------
+
+def _nhd_slot(case, seq: int, position: int, block_size: int = 4) -> tuple[int, int]:
+    """(physical block, slot) of logical ``position`` of sequence ``seq`` (NHD caches)."""
+    return int(case.block_tables[seq, position // block_size]), position % block_size
+
+
+def test_nan_query_makes_its_row_nan_and_nothing_else() -> None:
+    case = random_paged_inputs([5, 7], None, block_size=4, head_dim=8)
+    base = exact_attention(*case.args())
+    q = case.query.copy()
+    q[1, 2, 3] = np.nan
+    result = exact_attention(q, *case.args()[1:])
+    assert np.isnan(result.out[1, 2]).all() and np.isnan(result.lse[1, 2])
+    others = np.ones(result.lse.shape, dtype=bool)
+    others[1, 2] = False
+    assert np.array_equal(result.out[others], base.out[others]) and np.array_equal(result.lse[others], base.lse[others])
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+def test_non_finite_key_in_a_visible_slot_makes_the_rows_that_see_it_nan(poison) -> None:
+    """A key of NaN, or of ±inf in every dimension (q . k = inf - inf for a query of mixed signs):
+    the rows of its KV head's group that see it are NaN, the others keep their answer."""
+    case = random_paged_inputs([6, 9], None, block_size=4, head_dim=8, num_q_heads=4, num_kv_heads=2)
+    q = case.query.copy()
+    q[..., 0], q[..., 1] = 1.0, -1.0  # mixed signs in every row
+    base = exact_attention(q, *case.args()[1:])
+    kc = case.key_cache.copy()
+    block, slot = case.block_tables[0, 0], 2  # position 2 of sequence 0, KV head 1 (query heads 2, 3)
+    kc[block, slot, 1] = poison
+    result = exact_attention(q, kc, *case.args()[2:])
+    assert np.isnan(result.out[0, 2:]).all() and np.isnan(result.lse[0, 2:]).all()
+    assert np.array_equal(result.out[0, :2], base.out[0, :2]) and np.array_equal(result.out[1], base.out[1])
+
+
+def test_positive_infinite_score_makes_the_row_nan() -> None:
+    """A score of +inf: exp(inf - inf) is NaN, so the row is NaN (not that key's value)."""
+    case = random_paged_inputs([6], None, block_size=4, head_dim=8, num_q_heads=1, num_kv_heads=1)
+    q = np.abs(case.query)
+    kc = case.key_cache.copy()
+    kc[case.block_tables[0, 1], 1, 0, 0] = np.inf  # q_0 > 0: q . k = +inf
+    result = exact_attention(q, kc, *case.args()[2:])
+    assert np.isnan(result.out).all() and np.isnan(result.lse).all()
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+def test_non_finite_value_poisons_its_dimension_only(poison) -> None:
+    case = random_paged_inputs([6], None, block_size=4, head_dim=8, num_q_heads=2, num_kv_heads=1)
+    base = exact_attention(*case.args())
+    vc = case.value_cache.copy()
+    vc[case.block_tables[0, 1], 0, 0, 5] = poison  # position 4, dimension 5
+    result = exact_attention(case.query, case.key_cache, vc, *case.args()[3:])
+    got = result.out[0, :, 5]
+    assert (np.isnan(got) if np.isnan(poison) else got == poison).all()
+    assert np.array_equal(np.delete(result.out, 5, axis=-1), np.delete(base.out, 5, axis=-1))
+    assert np.array_equal(result.lse, base.lse)
+
+
+def test_non_finite_data_outside_the_mask_changes_nothing() -> None:
+    """Causal prefill: a NaN key at position 4 is seen only by the query at p_q = 4; a NaN query
+    of a decode row with L = 0 (nothing visible) keeps out = 0, lse = -inf."""
+    case = random_paged_inputs([5], [5], block_size=4, head_dim=8)
+    base = exact_attention(*case.args())
+    kc = case.key_cache.copy()
+    block, slot = _nhd_slot(case, 0, 4)
+    kc[block, slot] = np.nan
+    result = exact_attention(case.query, kc, *case.args()[2:])
+    assert np.array_equal(result.out[:4], base.out[:4]) and np.array_equal(result.lse[:4], base.lse[:4])
+    assert np.isnan(result.out[4]).all() and np.isnan(result.lse[4]).all()
+    decode = random_paged_inputs([0, 3], None, block_size=4, head_dim=8)
+    q = decode.query.copy()
+    q[0] = np.nan  # the query of the empty sequence (batch padding)
+    result = exact_attention(q, *decode.args()[1:])
+    assert np.array_equal(result.out[0], np.zeros_like(result.out[0])) and np.isneginf(result.lse[0]).all()
+    assert np.isfinite(result.out[1]).all()
+
+
+def test_every_visible_score_minus_inf_is_a_row_without_weight() -> None:
+    """exp(-inf) = 0 for every visible key: the weights sum to 0, so out = 0 and lse = -inf."""
+    case = random_paged_inputs([1], None, block_size=4, head_dim=8, num_q_heads=1, num_kv_heads=1)
+    q = np.abs(case.query) + 0.5
+    kc = case.key_cache.copy()
+    kc[case.block_tables[0, 0], 0] = -np.inf
+    result = exact_attention(q, kc, *case.args()[2:])
+    assert np.array_equal(result.out, np.zeros_like(result.out)) and np.isneginf(result.lse).all()

@@ -104,3 +104,26 @@ def test_missing_rescale_would_be_caught() -> None:
     out, _ = finalize(state)
     w = np.exp(s - 10.0)
     assert np.allclose(out, (w[:, None] * v).sum(0) / w.sum(), rtol=0, atol=1e-15)
+
+
+def _fold(s: np.ndarray, v: np.ndarray, visible: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    state = update(empty_state((), v.shape[-1]), s, v, visible)
+    return finalize(state)
+
+
+def test_nan_or_positive_inf_score_makes_out_and_lse_nan() -> None:
+    v = np.ones((3, HEAD_DIM))
+    for bad in (np.nan, np.inf):
+        out, lse = _fold(np.array([0.5, bad, -1.0]), v)
+        assert np.isnan(out).all() and np.isnan(lse), bad
+
+
+def test_visible_nan_value_is_read_even_with_zero_weight_invisible_one_never() -> None:
+    """A visible key of score -inf weighs 0, but 0 * NaN is NaN; an invisible key's NaN value is never read."""
+    v = np.ones((3, HEAD_DIM))
+    v[1, 0] = np.nan
+    s = np.array([0.5, -np.inf, -1.0])
+    out, lse = _fold(s, v, visible=np.array([True, True, True]))
+    assert np.isnan(out[0]) and np.isfinite(out[1:]).all() and np.isfinite(lse)
+    out, lse = _fold(s, v, visible=np.array([True, False, True]))
+    assert np.isfinite(out).all() and np.isfinite(lse)

@@ -113,7 +113,7 @@ class CupyBackend(Backend):
 
     Options (see :class:`~.options.CupyOptions`; each left out takes its ``PAGEDATTN_CUPY_*``
     environment variable, else its default): ``prefill="auto"``, ``decode="mma"``,
-    ``split_kv=True``, ``wgmma_ctas=2``, ``wgmma_schedule="overlap"``, ``sync=False``.
+    ``split_kv=True``, ``num_splits=0`` (automatic), ``wgmma_ctas=2``, ``wgmma_schedule="overlap"``, ``sync=False``.
     """
 
     name = "cupy"
@@ -129,6 +129,7 @@ class CupyBackend(Backend):
         prefill: str | None = None,
         decode: str | None = None,
         split_kv: bool | None = None,
+        num_splits: int | None = None,
         wgmma_ctas: int | None = None,
         wgmma_schedule: str | None = None,
         sync: bool | None = None,
@@ -137,6 +138,7 @@ class CupyBackend(Backend):
             prefill=prefill,
             decode=decode,
             split_kv=split_kv,
+            num_splits=num_splits,
             wgmma_ctas=wgmma_ctas,
             wgmma_schedule=wgmma_schedule,
             sync=sync,
@@ -210,6 +212,7 @@ class CupyBackend(Backend):
             choice,
             slots=self._resident_ctas(problem, choice),
             split_kv=self.options.split_kv,
+            num_splits=self.options.num_splits or None,
         )
         slopes = (
             problem.alibi_slopes if problem.alibi_slopes is not None else np.zeros(1, np.float32)

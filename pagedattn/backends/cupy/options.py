@@ -25,6 +25,7 @@ ENVIRONMENT: dict[str, str] = {
     "prefill": "PAGEDATTN_CUPY_PREFILL",
     "decode": "PAGEDATTN_CUPY_DECODE",
     "split_kv": "PAGEDATTN_CUPY_SPLIT_KV",
+    "num_splits": "PAGEDATTN_CUPY_NUM_SPLITS",
     "wgmma_ctas": "PAGEDATTN_CUPY_WGMMA_CTAS",
     "wgmma_schedule": "PAGEDATTN_CUPY_WGMMA_SCHEDULE",
     "sync": "PAGEDATTN_CUPY_SYNC",
@@ -56,6 +57,7 @@ class CupyOptions:
     wgmma_ctas: int = WGMMA_CTAS_DEFAULT
     wgmma_schedule: str = "overlap"
     sync: bool = False
+    num_splits: int = 0
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -69,6 +71,10 @@ class CupyOptions:
                 raise PagedAttentionError(
                     name, f"expected one of {', '.join(map(repr, choices))}, received {value!r}"
                 )
+        if isinstance(self.num_splits, bool) or not isinstance(self.num_splits, int) or self.num_splits < 0:
+            raise PagedAttentionError(
+                "num_splits", f"expected 0 (automatic) or an integer >= 1, received {self.num_splits!r}"
+            )
         for name in ("split_kv", "sync"):
             if not isinstance(getattr(self, name), bool):
                 raise PagedAttentionError(
@@ -85,6 +91,10 @@ def _parse(name: str, text: str) -> Any:
     if name == "wgmma_ctas":
         if not text.isdigit():
             raise PagedAttentionError(ENVIRONMENT[name], f"expected 1 or 2, received {text!r}")
+        return int(text)
+    if name == "num_splits":
+        if not text.isdigit():
+            raise PagedAttentionError(ENVIRONMENT[name], f"expected an integer >= 0, received {text!r}")
         return int(text)
     return text
 

@@ -184,6 +184,20 @@ def choose_split(
     return best
 
 
+#: the least tiles per split-KV part where the whole batch is too small to fill the device
+#: (one tile: TILE_N keys, 16 per warp of the decode kernel)
+SMALL_GRID_MIN_TILES = 1
+
+
+def min_tiles_for(base_tiles: np.ndarray, slots: int, min_tiles: int) -> int:
+    """Fewest tiles of a split part: ``min_tiles``, or fewer (not below ``SMALL_GRID_MIN_TILES``)
+    where the items' ``base_tiles`` cannot give each of ``slots`` resident CTAs that many
+    (small-batch decode: one sequence of 2,048 keys is 8 items of 32 tiles for 264 slots).
+    Batches with at least ``min_tiles`` tiles per slot keep their plans."""
+    tiles_per_slot = -(-int(base_tiles.sum()) // max(1, slots))
+    return max(min(SMALL_GRID_MIN_TILES, min_tiles), min(min_tiles, tiles_per_slot))
+
+
 def build_work(
     problem: AttentionProblem,
     choice: KernelChoice | None = None,
@@ -191,13 +205,16 @@ def build_work(
     slots: int = 396,
     min_tiles_per_split: int = 4,
     split_kv: bool = True,
+    num_splits: int | None = None,
 ) -> WorkPlan:
     """Return the :class:`WorkPlan` of ``problem`` for the kernel ``choice`` (None:
     :func:`choose_kernel` with the default options, no sm_90 device) and ``slots`` CTAs
     resident on the device.
 
     With ``split_kv``, ranges are split into parts of :func:`choose_split` tiles (at least
-    ``min_tiles_per_split``); without, every item covers its whole range.
+    ``min_tiles_per_split``, or fewer where :func:`min_tiles_for` says the batch cannot fill
+    the device); ``num_splits`` replaces that choice by parts of ``ceil(longest / num_splits)``
+    tiles; without ``split_kv``, every item covers its whole range.
     """
     G = problem.group_size
     choice = choose_kernel(problem) if choice is None else choice
@@ -248,16 +265,18 @@ def build_work(
     # a split part's partial (float32 rows x head_dim, written, then read by the merge) in
     # tiles of K/V traffic (2 x TILE_N x head_dim elements of 16 bits: an estimate)
     partial_tiles = (2 * rows * 4) / (2 * TILE_N * 2)
-    per_split = (
-        choose_split(
+    longest = max(1, int(base_tiles.max(initial=0)))
+    if not split_kv:
+        per_split = longest
+    elif num_splits is not None:
+        per_split = max(1, -(-longest // num_splits))
+    else:
+        per_split = choose_split(
             base_tiles,
             max(1, slots),
-            min_tiles=min_tiles_per_split,
+            min_tiles=min_tiles_for(base_tiles, slots, min_tiles_per_split),
             partial_overhead=partial_tiles,
         )
-        if split_kv
-        else max(1, int(base_tiles.max(initial=0)))
-    )
     splits = np.maximum(1, -(-base_tiles // per_split))
     item_base = np.repeat(np.arange(base_tiles.size), splits)
     first_item = (

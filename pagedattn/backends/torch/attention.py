@@ -8,11 +8,13 @@ Two paths compute the contract's steps 1-4 (see :mod:`pagedattn.spec.arrays`):
   the softmax written out: ``m`` = max score, ``w = exp(s - m)``, ``out = (w @ v) / l``,
   ``lse = m + log l``.
 
-Both return ``[S, q_len, Hq, D]``; rows with no visible key are 0 (lse ``-inf``).
+Both return ``[S, q_len, Hq, D]``; rows with no visible key are 0 (lse ``-inf``); NaN or inf
+in what a row sees propagates as IEEE arithmetic says.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,12 +77,16 @@ def sdpa_attention(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, 
                    group: GroupTensors) -> torch.Tensor:
     """q ``[S, q_len, Hq, D]``, k/v ``[S, Hkv, L_max, D]`` in q's dtype -> ``[S, q_len, Hq, D]``."""
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     mask, is_causal = sdpa_mask(problem, group)
-    out = F.scaled_dot_product_attention(
-        q.permute(0, 2, 1, 3), k, v, attn_mask=mask, is_causal=is_causal, scale=problem.scale,
-        enable_gqa=problem.group_size > 1,
-    ).permute(0, 2, 1, 3)
+    # On the CPU, SDPA's flash kernel returns 0 for a row whose every score is NaN (a NaN query),
+    # hiding it; the math kernel propagates NaN as the contract says.
+    with sdpa_kernel([SDPBackend.MATH]) if q.device.type == "cpu" else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(
+            q.permute(0, 2, 1, 3), k, v, attn_mask=mask, is_causal=is_causal, scale=problem.scale,
+            enable_gqa=problem.group_size > 1,
+        ).permute(0, 2, 1, 3)
     if mask is not None:  # rows with no visible key: SDPA may give NaN, the contract says 0
         any_visible = mask[:, 0].any(dim=-1)  # [S, q_len]
         out = torch.where(any_visible[:, :, None, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
@@ -106,15 +112,15 @@ def explicit_attention(problem: AttentionProblem, q: torch.Tensor, k: torch.Tens
         s = s + alibi_slopes.reshape(1, Hkv, G, 1, 1) * distance[:, None, None]
     visible_h = visible[:, None, None]  # [S, 1, 1, q_len, L_max]
     s = torch.where(visible_h, s, torch.tensor(float("-inf"), device=s.device))
-    m = s.amax(dim=-1)  # [S, Hkv, G, q_len]
-    any_visible = torch.isfinite(m)
-    shift = torch.where(any_visible, m, torch.zeros_like(m))
+    m = s.amax(dim=-1)  # [S, Hkv, G, q_len]; NaN if a visible score is NaN
+    shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # NaN and +inf propagate
     w = torch.exp(s - shift[..., None])  # exactly 0 where invisible
     l_sum = w.sum(dim=-1)
     o = torch.matmul(w.reshape(S, Hkv, G * q_len, -1), v).reshape(S, Hkv, G, q_len, D)
-    safe = torch.where(any_visible, l_sum, torch.ones_like(l_sum))
-    out = torch.where(any_visible[..., None], o / safe[..., None], torch.zeros_like(o))
-    lse = torch.where(any_visible, shift + torch.log(safe), torch.full_like(shift, float("-inf")))
+    weighted = l_sum != 0  # False where nothing is visible (or every visible score is -inf)
+    safe = torch.where(weighted, l_sum, torch.ones_like(l_sum))
+    out = torch.where(weighted[..., None], o / safe[..., None], torch.zeros_like(o))
+    lse = torch.where(weighted, shift + torch.log(safe), torch.full_like(shift, float("-inf")))
     out = out.permute(0, 3, 1, 2, 4).reshape(S, q_len, Hq, D)
     lse = lse.permute(0, 3, 1, 2).reshape(S, q_len, Hq)
     return out, lse

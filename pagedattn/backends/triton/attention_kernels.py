@@ -65,9 +65,17 @@ def _dot(a, b, IEEE: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """A tl.dot operand in ``DTYPE`` (exact for fp8 -> 16-bit); float32 in the interpreter,
-    whose bf16 dot is wrong and whose fp8 -> float16 cast loses subnormals."""
+    whose bf16 dot is wrong, whose fp8 -> float16 cast loses subnormals and whose fp8 ->
+    float32 cast reads NaN and inf as finite numbers (float8_e4m3fn's NaN S.1111.111 as 480)."""
     if INTERPRET:
-        return x.to(tl.float32)
+        y = x.to(tl.float32)
+        if x.dtype == tl.float8e4nv:
+            bits = x.to(tl.uint8, bitcast=True) & 0x7F
+            y = tl.where(bits == 0x7F, float("nan"), y)
+        elif x.dtype == tl.float8e5:
+            bits = x.to(tl.uint8, bitcast=True) & 0x7F
+            y = tl.where(bits > 0x7C, float("nan"), tl.where(bits == 0x7C, y * float("inf"), y))
+        return y
     else:
         return x.to(DTYPE)
 
@@ -393,13 +401,13 @@ def merge_splits_kernel(
     m = tl.max(lse_s, 0)
     shift = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - shift)  # 0 for empty splits
-    o_s = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=(s_ok & (w > 0.0))[:, None] & d_ok[None, :], other=0.0)
-    total = tl.sum(w, 0)
-    safe = tl.where(total > 0.0, total, 1.0)
+    o_s = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],  # a NaN out of a split whose
+                  mask=(s_ok & (lse_s != float("-inf")))[:, None] & d_ok[None, :], other=0.0)  # w is 0 stays NaN
+    total = tl.sum(w, 0)  # NaN if a split's lse is NaN: it stays NaN
+    safe = tl.where(total == 0.0, 1.0, total)
     o = tl.sum(w[:, None] * o_s, 0) / safe
     o_ptrs = out_ptr + token * stride_ot + head * stride_oh + offs_d
     tl.store(o_ptrs, cast_for_store(o, out_ptr.dtype.element_ty, INTERPRET), mask=d_ok)
     if STORE_LSE:
-        lse = tl.where(total > 0.0, shift + tl.log(safe), float("-inf"))
+        lse = tl.where(total == 0.0, float("-inf"), shift + tl.log(safe))
         tl.store(lse_ptr + token * num_q_heads + head, lse)

@@ -188,7 +188,12 @@ class TritonBackend(Backend):
     def _device(self) -> Any:
         import torch
 
-        return torch.device("cpu") if interpreter_mode() else torch.device("cuda", torch.cuda.current_device())
+        if interpreter_mode():
+            from pagedattn.backends.triton.interpreter import install
+
+            install()  # every path to a launch asks for the device first
+            return torch.device("cpu")
+        return torch.device("cuda", torch.cuda.current_device())
 
     def _num_sms(self) -> int:
         if interpreter_mode():

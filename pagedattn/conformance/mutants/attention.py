@@ -1,7 +1,7 @@
 """Mutants of paged attention: each overrides one step of the stepped kernel with one realistic bug.
 
 Every class states its bug in ``bug`` and the kind of public report it models in ``models``
-(the README's mutant table lists them with the issues found).
+(docs/conformance.md's Mutants section lists them with the public reports found).
 """
 
 from __future__ import annotations
@@ -283,3 +283,76 @@ class NondeterministicBlockOrder(SteppedKernelBackend):
         order = super().logical_blocks(length, block_size, p_q, problem)
         np.random.default_rng().shuffle(order)
         return order
+
+
+class HalfPrecisionAccumulator(SteppedKernelBackend):
+    bug = "the running O = sum p v is kept in the query dtype (float16/bfloat16): each p v is added in 16 bits"
+    models = "16-bit attention accumulators that lose small terms at long context (llama.cpp, Paddle, tract)"
+
+    def update(self, m, l, O, s_ij, visible, v):
+        half = self.query_dtype if self.query_dtype != np.float32 else F32
+        with np.errstate(invalid="ignore", over="ignore"):
+            m_new = np.maximum(m, s_ij.max(axis=-1))
+            shift = np.where(np.isneginf(m_new), F32(0), m_new)
+            alpha = np.exp(m - shift)
+            p_ij = np.exp(s_ij - shift[..., None])
+            l_new = alpha * l + p_ij.sum(axis=-1)
+            seen = np.where(visible[:, None, :, None], v.transpose(1, 0, 2)[None], F32(0))  # [n, Hq, bs, D]
+            acc = (alpha[..., None] * O).astype(half)
+            for b in range(s_ij.shape[-1]):  # one key at a time, as a scalar loop over the block does
+                acc = (acc.astype(F32) + p_ij[..., b, None] * seen[:, :, b]).astype(half)
+        return m_new.astype(F32), l_new.astype(F32), acc.astype(F32)
+
+
+class FiniteMaxSentinel(SteppedKernelBackend):
+    bug = "the running max starts at -5e4 instead of -inf: a row whose scores all lie below it gets l = 0"
+    models = "softmax max clamped to a finite floor (burn's SOFTMAX_MAX_FLOOR of -1e4)"
+
+    def initial_max(self):
+        return -5e4
+
+
+class NaNMaskingKernel(SteppedKernelBackend):
+    bug = "non-finite scores are masked like invisible keys and non-finite values read as 0: NaN input is hidden"
+    models = ("NaN-safe attention that hides corrupted input as zeros (PyTorch's CPU flash SDPA returns 0 for a"
+              " NaN query; cubecl's test let a NaN reference pass)")
+
+    def mask(self, s_ij, visible):
+        return np.where(visible[:, None, :] & np.isfinite(s_ij), s_ij, F32(-np.inf))
+
+    def weighted_values(self, p_ij, visible, v):
+        return super().weighted_values(p_ij, visible, np.where(np.isfinite(v), v, F32(0)))
+
+
+class Exp2WithoutLog2e(SteppedKernelBackend):
+    bug = "weights are exp2(s - m) without folding log2(e) into the scale: a base-2 softmax"
+    models = "exp -> exp2 rewrite of the softmax (jax, vllm-metal) with the log2(e) factor lost"
+
+    def update(self, m, l, O, s_ij, visible, v):
+        with np.errstate(invalid="ignore", over="ignore"):
+            m_new = np.maximum(m, s_ij.max(axis=-1))
+            shift = np.where(np.isneginf(m_new), F32(0), m_new)
+            alpha = np.exp2(m - shift)
+            p_ij = np.exp2(s_ij - shift[..., None])
+            l_new = alpha * l + p_ij.sum(axis=-1)
+            O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
+        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+
+class AlibiFromSequenceEnd(SteppedKernelBackend):
+    bug = "ALiBi distance p - L instead of p - p_q: a per-row shift of the scores, so out is right and lse is off"
+    models = "ALiBi distance measured from the context length (vLLM: token_idx - context_len, missing + 1)"
+
+    def transform(self, s_ij, p, p_q, visible, problem):
+        return super().transform(s_ij, p, p_q + 1, visible, problem)
+
+
+class AlibiSlopePerKVHead(SteppedKernelBackend):
+    bug = "ALiBi slope indexed by the KV head (h // group_size) instead of the query head h"
+    models = "ALiBi slopes and the GQA head mapping mixed up (vLLM's ALiBi head-mapping hotfix)"
+
+    def transform(self, s_ij, p, p_q, visible, problem):
+        if problem.alibi_slopes is None:
+            return super().transform(s_ij, p, p_q, visible, problem)
+        slopes = problem.alibi_slopes[np.arange(problem.num_q_heads) // problem.group_size]
+        return super().transform(s_ij, p, p_q, visible, replace(problem, alibi_slopes=slopes))

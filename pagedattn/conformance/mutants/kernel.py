@@ -81,24 +81,32 @@ class SteppedKernelBackend(NumpyBackend):
             vis &= p[None, :] > p_q[:, None] - problem.sliding_window
         return vis
 
+    def initial_max(self) -> float:
+        """The running max m before any key."""
+        return -np.inf
+
     def mask(self, s_ij: np.ndarray, visible: np.ndarray) -> np.ndarray:
         return np.where(visible[:, None, :], s_ij, F32(-np.inf))
 
     def update(self, m: np.ndarray, l: np.ndarray, O: np.ndarray, s_ij: np.ndarray, visible: np.ndarray,
                v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Online-softmax step: s_ij [n, Hq, bs] masked, v [bs, Hq, D] -> new (m, l, O)."""
-        m_new = np.maximum(m, s_ij.max(axis=-1))
-        shift = np.where(np.isneginf(m_new), F32(0), m_new)
-        alpha = np.exp(m - shift)
-        p_ij = np.exp(s_ij - shift[..., None])
-        used: np.ndarray = np.asarray(visible.any(axis=0), dtype=bool)  # slots some query sees
-        v_clean = np.where(used[:, None, None], v, F32(0))  # NaN * 0 would be NaN
-        l_new = alpha * l + p_ij.sum(axis=-1)
-        O_new = alpha[..., None] * O + np.einsum("nhb,bhd->nhd", p_ij, v_clean)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf the row sees propagate
+            m_new = np.maximum(m, s_ij.max(axis=-1))
+            shift = np.where(np.isneginf(m_new), F32(0), m_new)
+            alpha = np.exp(m - shift)
+            p_ij = np.exp(s_ij - shift[..., None])
+            l_new = alpha * l + p_ij.sum(axis=-1)
+            O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
 
+    def weighted_values(self, p_ij: np.ndarray, visible: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """sum_b p_ij v_b [n, Hq, D], each row reading only the values it sees (NaN * 0 would be NaN)."""
+        seen = np.where(visible[:, None, :, None], v.transpose(1, 0, 2)[None], F32(0))  # [n, Hq, bs, D]
+        return np.einsum("nhb,nhbd->nhd", p_ij, seen)
+
     def finalize(self, m: np.ndarray, l: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        empty = l <= 0
+        empty = l == 0  # a NaN l stays NaN
         safe = np.where(empty, F32(1), l)
         out = np.where(empty[..., None], F32(0), O / safe[..., None])
         lse = np.where(empty, F32(-np.inf), m + np.log(safe))
@@ -115,6 +123,7 @@ class SteppedKernelBackend(NumpyBackend):
         k_slots, v_slots = self.slots(key_cache, pr), self.slots(value_cache, pr)
         heads = self.kv_heads(pr)
         p_q_all = self.query_positions(pr)
+        self.query_dtype = query.dtype  # the kernel's 16-bit type, for the variants that use one
         q_all = query.astype(F32) * F32(self.scale(pr))
         for s in range(pr.num_seqs):
             start, stop = int(pr.query_start_loc[s]), int(pr.query_start_loc[s + 1])
@@ -123,7 +132,7 @@ class SteppedKernelBackend(NumpyBackend):
             length = int(pr.seq_lens[s])
             q, p_q = q_all[start:stop], p_q_all[start:stop]
             n = stop - start
-            m = np.full((n, Hq), -np.inf, dtype=F32)
+            m = np.full((n, Hq), self.initial_max(), dtype=F32)
             l = np.zeros((n, Hq), dtype=F32)
             O = np.zeros((n, Hq, D), dtype=F32)
             for j in self.logical_blocks(length, bs, p_q, pr):

@@ -1,18 +1,22 @@
-"""Run the conformance suite on one mutant, in process, stopping at the first failure.
+"""Run the conformance suite on mutants, stopping at the first failure, and tabulate the kills.
 
-:func:`run_mutant` returns whether the suite killed it, how long that took and which test
-did it. The suite's modules run cheapest first (operations, bad input, meaning, never), so a
-mutant is usually killed by the first cell that exercises its bug.
+:func:`run_mutant` returns whether the suite killed one mutant, how long that took and which
+test did it. The suite's modules run cheapest first (operations, bad input, non-finite data,
+meaning, never), so a mutant is usually killed by the first cell that exercises its bug.
+:func:`kill_table` runs the catalog under several profiles, each mutant in a fresh process;
+``python -m pagedattn.conformance.mutants.run --profile quick --profile ci`` prints the table.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -20,10 +24,24 @@ import pytest
 #: The suite's modules, cheapest first.
 SUITE_MODULES: tuple[str, ...] = (
     "pagedattn.conformance.test_operations",
+    "pagedattn.conformance.test_scale",
     "pagedattn.conformance.test_bad_input",
+    "pagedattn.conformance.test_nonfinite",
     "pagedattn.conformance.test_meaning",
     "pagedattn.conformance.test_never",
 )
+
+
+def suite_location() -> list[str]:
+    """pytest arguments that select the suite's modules with node ids that keep the module's path.
+
+    ``--pyargs`` of single modules outside pytest's rootdir gives ids like ``::test_x[...]``;
+    a rootdir at the folder holding the package gives ``pagedattn/conformance/test_x.py::...``,
+    installed or not.
+    """
+    import pagedattn
+
+    return ["--rootdir", str(Path(pagedattn.__file__).resolve().parent.parent), "--pyargs", *SUITE_MODULES]
 
 
 class MutantResult(NamedTuple):
@@ -73,7 +91,7 @@ def run_mutant(
     with tempfile.TemporaryDirectory(prefix="pagedattn-mutant-") as cases:
         args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x", "--no-header",
                 "-p", "no:randomly", f"--hypothesis-profile={profile}", "--conformance-cases", cases,
-                "--backend", f"mutant:{name}", "--pyargs", *SUITE_MODULES, *extra_args]
+                "--backend", f"mutant:{name}", *suite_location(), *extra_args]
         start = time.perf_counter()
         if isolated:
             done = subprocess.run([sys.executable, "-m", "pytest", "-rf", *args], capture_output=True, text=True)
@@ -84,3 +102,68 @@ def run_mutant(
             code = run_pytest_in_process(args, [first])
         seconds = time.perf_counter() - start
     return MutantResult(name, code == pytest.ExitCode.TESTS_FAILED, seconds, first.nodeid, int(code))
+
+
+def kill_table(names: Sequence[str], profiles: Sequence[str], *,
+               progress: Callable[[MutantResult, str], None] | None = None) -> dict[str, dict[str, MutantResult]]:
+    """Run each mutant under each profile (isolated); return ``{name: {profile: result}}``.
+
+    ``progress(result, profile)`` is told of each run as it ends.
+    """
+    table: dict[str, dict[str, MutantResult]] = {}
+    for name in names:
+        for profile in profiles:
+            result = run_mutant(name, profile=profile, isolated=True)
+            table.setdefault(name, {})[profile] = result
+            if progress is not None:
+                progress(result, profile)
+    return table
+
+
+def _cell(result: MutantResult) -> str:
+    if result.killed:
+        return f"{result.seconds:.1f} s"
+    return f"SURVIVED ({result.seconds:.0f} s, exit {result.exit_code})"
+
+
+def _test_name(nodeid: str) -> str:
+    """The test function and its parameters, without the path (which names a temporary folder)."""
+    return nodeid.rsplit("::", 1)[-1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print, per mutant and profile, the time the suite took to kill it and the cell that did.
+
+    Exit status 1 if a mutant survived a profile.
+    """
+    from pagedattn.conformance.mutants import MUTANTS
+    from pagedattn.console import print_table
+
+    parser = argparse.ArgumentParser(prog="python -m pagedattn.conformance.mutants.run", description=main.__doc__)
+    parser.add_argument("--profile", action="append", choices=("quick", "ci", "thorough"),
+                        help="hypothesis profile (repeatable; default quick)")
+    parser.add_argument("--mutant", action="append", choices=sorted(MUTANTS), metavar="NAME",
+                        help="one mutant of the catalog (repeatable; default all)")
+    args = parser.parse_args(argv)
+    profiles = args.profile or ["quick"]
+    names = args.mutant or sorted(MUTANTS)
+
+    def progress(result: MutantResult, profile: str) -> None:
+        print(f"{result.name} [{profile}]: {_cell(result)}", file=sys.stderr, flush=True)
+
+    table = kill_table(names, profiles, progress=progress)
+    headers = ["mutant", *(f"{p}: time to kill" for p in profiles), f"killed by ({profiles[0]})"]
+    rows = [[name, *(_cell(table[name][p]) for p in profiles), _test_name(table[name][profiles[0]].killed_by)]
+            for name in names]
+    print_table(headers, rows, title="mutants: time for the suite to kill each (numpy-stepped kernel, -x)")
+    for profile in profiles:
+        killed = [r for r in (table[n][profile] for n in names) if r.killed]
+        times = sorted(r.seconds for r in killed)
+        median = times[len(times) // 2] if times else float("nan")
+        print(f"{profile}: {len(killed)} of {len(names)} killed; median {median:.1f} s, max "
+              f"{max(times, default=float('nan')):.1f} s")
+    return 0 if all(table[n][p].killed for n in names for p in profiles) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -121,3 +121,18 @@ def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) ->
     assert not np.isnan(lse).any(), "some output row is written by no work item"
     np.testing.assert_allclose(out, exact.out, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(lse, exact.lse, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("seq_lens, options", [
+    ([2048], {}),  # one sequence: 8 ranges of 32 tiles for 264 slots, parts of one tile
+    ([900, 17, 0], {"num_splits": 3}),  # forced parts, uneven ranges, an empty sequence
+])
+def test_small_batch_split_plans_give_the_exact_answer(seq_lens: list[int], options: dict) -> None:
+    case = poisoned_case(f"small batch {seq_lens}", seq_lens, num_q_heads=32, num_kv_heads=8, dtype="bfloat16")
+    problem = problem_of(case)
+    work = work_of(problem, slots=264, **options)
+    assert work.num_partials > 0, "the plan splits"
+    out, lse = _model(problem, work, case.query, case.key_cache, case.value_cache)
+    exact = exact_attention(*case.args(), **case.options)
+    np.testing.assert_allclose(out, exact.out, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(lse, exact.lse, rtol=1e-9, atol=1e-9)

@@ -51,6 +51,8 @@ def test_a_backend_reads_the_environment_once_when_built(monkeypatch: pytest.Mon
         ({"wgmma_schedule": "eager"}, "wgmma_schedule"),
         ({"split_kv": 1}, "split_kv"),
         ({"sync": "yes"}, "sync"),
+        ({"num_splits": -1}, "num_splits"),
+        ({"num_splits": True}, "num_splits"),
     ],
 )
 def test_a_bad_option_raises_naming_it(given: dict, argument: str) -> None:
@@ -59,7 +61,8 @@ def test_a_bad_option_raises_naming_it(given: dict, argument: str) -> None:
     assert error.value.argument == argument
 
 
-@pytest.mark.parametrize("name, text", [("split_kv", "yes"), ("wgmma_ctas", "two"), ("sync", "true")])
+@pytest.mark.parametrize("name, text", [("split_kv", "yes"), ("wgmma_ctas", "two"), ("sync", "true"),
+                                             ("num_splits", "-4")])
 def test_a_bad_environment_value_raises_naming_the_variable(name: str, text: str) -> None:
     with pytest.raises(PagedAttentionError) as error:
         resolve({ENVIRONMENT[name]: text})

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from cases import poisoned_case
@@ -230,3 +232,61 @@ def test_choose_split_splits_only_where_long_ranges_leave_slots_idle() -> None:
     assert per_split <= 1024 // 8
     many = np.tile(np.arange(1, 65), 128)  # causal prefill: 8,192 ranges of 1..64 tiles
     assert choose_split(many, 264, partial_overhead=4.0) == 64, "no split"
+
+
+# split-KV parts of llama3-8b decode (8 KV heads, 64-key tiles) for 264 resident decode CTAs
+# (two per SM of an H200): (sequences, keys) -> parts per range
+LARGE_BATCH_PARTS = {(64, 4096): 1, (2, 65536): 16}
+SMALL_BATCH_PARTS = {(1, 2048): 32, (1, 32768): 32, (4, 8192): 8, (8, 2048): 4, (16, 2048): 2}
+
+
+def _parts(base_tiles: np.ndarray, slots: int) -> int:
+    """Parts of the longest range under build_work's rule (the decode kernel's partial overhead)."""
+    from pagedattn.backends.cupy.planning import choose_split, min_tiles_for
+
+    per_split = choose_split(base_tiles, slots, min_tiles=min_tiles_for(base_tiles, slots, 4), partial_overhead=0.25)
+    return -(-int(base_tiles.max()) // per_split)
+
+
+@pytest.mark.parametrize("shape, parts", [*LARGE_BATCH_PARTS.items(), *SMALL_BATCH_PARTS.items()])
+def test_decode_parts_fill_the_device_and_keep_large_batch_plans(shape: tuple[int, int], parts: int) -> None:
+    from pagedattn.backends.cupy.planning import min_tiles_for
+
+    seqs, keys = shape
+    base_tiles = np.full(seqs * 8, keys // 64)
+    assert _parts(base_tiles, 264) == parts
+    if shape in LARGE_BATCH_PARTS:
+        assert min_tiles_for(base_tiles, 264, 4) == 4, "large batches keep the four-tile least part"
+    else:
+        assert 128 <= seqs * 8 * parts <= 264, "small batches: one wave that covers every SM"
+
+
+def test_the_least_part_shrinks_only_where_the_batch_cannot_fill_the_slots() -> None:
+    from pagedattn.backends.cupy.planning import SMALL_GRID_MIN_TILES, min_tiles_for
+
+    assert min_tiles_for(np.full(8, 32), 264, 4) == SMALL_GRID_MIN_TILES  # 256 tiles for 264 slots
+    assert min_tiles_for(np.full(8, 100), 264, 4) == 4  # 800 tiles: 4 per slot
+    assert min_tiles_for(np.full(8, 100), 264, 2) == 2, "never above the caller's least"
+    causal_prefill = np.tile(np.arange(1, 65), 128)
+    assert min_tiles_for(causal_prefill, 264, 4) == 4
+
+
+def test_small_batch_decode_is_split_to_fill_the_slots_and_every_key_is_covered_once() -> None:
+    case = poisoned_case("one short", [2048], num_q_heads=32, num_kv_heads=8)
+    work = work_of(problem_of(case), slots=264)
+    assert len(work.merges) == 8 and len(work.items) == 8 * 32, "8 ranges of 32 tiles, one tile a part"
+    for head in range(8):
+        mine = work.items[work.items[:, 1] == head]
+        spans = sorted(zip(mine[:, 6].tolist(), mine[:, 7].tolist(), strict=True))
+        assert spans[0][0] == 0 and spans[-1][1] == 2048
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), "parts tile the range"
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8, 64])
+def test_num_splits_cuts_the_longest_range_into_that_many_parts(num_splits: int) -> None:
+    case = poisoned_case("forced", [2048, 1024], num_q_heads=32, num_kv_heads=8)
+    work = work_of(problem_of(case), slots=264, num_splits=num_splits)
+    longest = work.items[work.items[:, 0] == 0]
+    per_head = len(longest) // 8
+    assert per_head == min(num_splits, 2048 // 64)
+    assert len(work.merges) == (0 if num_splits == 1 else 16)

@@ -134,3 +134,23 @@ def test_merge_states_matches_spec(dtype: str) -> None:
     fin = np.isfinite(want_lse)
     lse_bound = tol.lse_bound(np.abs(want_lse), np.full(want_lse.shape, 2))
     assert (np.abs(lse - want_lse)[fin] <= lse_bound[fin]).all()
+
+
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_reference_propagates_non_finite_visible_data_as_the_spec_does(where) -> None:
+    """NaN in a query, a visible key or a visible value: the reference has NaN exactly where the spec has."""
+    case = random_paged_inputs([7, 3], [3, 1], block_size=4, head_dim=8, garbage="nan")
+    q, kc, vc = case.query.copy(), case.key_cache.copy(), case.value_cache.copy()
+    block, slot = int(case.block_tables[0, 1]), 1  # position 5 of sequence 0: seen by its queries at p_q 5, 6
+    if where == "query":
+        q[1, 0, 2] = np.nan
+    elif where == "key":
+        kc[block, slot, 0, 2] = np.nan
+    else:
+        vc[block, slot, 1, 2] = np.nan
+    args = (q, kc, vc, case.block_tables, case.seq_lens, case.query_start_loc)
+    expected = exact_attention(*args)
+    out, lse = BACKEND.paged_attention(*args, return_lse=True)
+    assert np.isnan(expected.out).any()
+    assert np.array_equal(np.isnan(out), np.isnan(expected.out))
+    assert np.array_equal(np.isnan(lse), np.isnan(expected.lse))

@@ -104,13 +104,16 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // This CTA's work item (planning.build_work: a row of 9 ints of `items`: seq, kv_head,
 // token_start, num_tokens, group_start, num_groups, kv_begin, kv_end, partial (-1: write out
-// directly)) and what every paged-attention kernel derives from it, as const locals: num_rows,
-// the sequence's L and q_len, and its block-table row. Used in a kernel of PAGED_ATTENTION_PARAMS.
+// directly)) as const locals, in a kernel of PAGED_ATTENTION_PARAMS.
 #define PAGED_ATTENTION_ITEM()                                                                    \
   const int* item = items + (long long)blockIdx.x * 9;                                            \
   const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];        \
   const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];    \
-  const int partial = item[8];                                                                    \
+  const int partial = item[8]
+
+// What every paged-attention kernel derives from its work item, as const locals: num_rows, the
+// sequence's L and q_len, and its block-table row (after PAGED_ATTENTION_ITEM).
+#define PAGED_ATTENTION_SEQUENCE()                                                                \
   const int num_rows = num_tokens * num_groups;                                                   \
   const int L = seq_lens[seq];                                                                    \
   const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];                              \

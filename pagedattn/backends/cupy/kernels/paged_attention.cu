@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
 
   // ---- setup
   PAGED_ATTENTION_ITEM();
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (threadIdx.x < ROWS) {
@@ -263,8 +264,8 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
     float acc = 0.f;
     for (int g = 0; g < PV_GROUPS; ++g) acc += reduction[(g * ROWS + r) * HEAD_DIM + d];
     const float l = l_i[r];
-    const float o_final = l > 0.f ? acc / l : 0.f;
-    const float lse_final = l > 0.f ? m_i[r] * LN2 + logf(l) : PA_NEG_INF;
+    const float o_final = l != 0.f ? acc / l : 0.f;
+    const float lse_final = l != 0.f ? m_i[r] * LN2 + logf(l) : PA_NEG_INF;
     if (partial >= 0) {
       partial_out[((long long)partial * ROWS + r) * HEAD_DIM + d] = o_final;
       if (d == 0) partial_lse[(long long)partial * ROWS + r] = lse_final;
@@ -302,17 +303,15 @@ __global__ void __launch_bounds__(NUM_THREADS) merge_partials(
   const int h = kv_head * group_size + group_start + r % num_groups;
   for (int d = threadIdx.x; d < HEAD_DIM; d += NUM_THREADS) {
     float weight_sum = 0.f, acc = 0.f;
-    if (m != PA_NEG_INF) {
 #pragma unroll 4
-      for (int k = 0; k < num_splits; ++k) {
-        const float lse_k = lse_r[(long long)k * ROWS];
-        const float w = lse_k == PA_NEG_INF ? 0.f : expf(lse_k - m);  // an empty part: out ignored
-        const float o_k = out_r[(long long)k * ROWS * HEAD_DIM + d];
-        weight_sum += w;
-        acc = w == 0.f ? acc : fmaf(w, o_k, acc);
-      }
+    for (int k = 0; k < num_splits; ++k) {  // a NaN lse_k (fmaxf skipped it in m) makes w NaN: kept
+      const float lse_k = lse_r[(long long)k * ROWS];
+      const float w = lse_k == PA_NEG_INF ? 0.f : expf(lse_k - m);  // an empty part: out ignored
+      const float o_k = out_r[(long long)k * ROWS * HEAD_DIM + d];
+      weight_sum += w;
+      acc = lse_k == PA_NEG_INF ? acc : fmaf(w, o_k, acc);  // 0 * NaN stays NaN for a part that has keys
     }
-    out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(weight_sum > 0.f ? acc / weight_sum : 0.f);
-    if (d == 0) lse[t * num_q_heads + h] = weight_sum > 0.f ? m + logf(weight_sum) : PA_NEG_INF;
+    out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(weight_sum != 0.f ? acc / weight_sum : 0.f);
+    if (d == 0) lse[t * num_q_heads + h] = weight_sum != 0.f ? m + logf(weight_sum) : PA_NEG_INF;
   }
 }

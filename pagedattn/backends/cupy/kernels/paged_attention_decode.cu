@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   // ---- setup
   PAGED_ATTENTION_ITEM();
   if (kv_begin % DEC_SUB_N) __trap();  // the host cuts ranges on tile boundaries
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;
   // p_q of this CTA's first and last token: a sub-tile in [pq_max - W + 1, pq_min] (and < L)
@@ -312,19 +313,17 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
 #pragma unroll
     for (int w = 0; w < DEC_WARPS; ++w) m = fmaxf(m, m_merge[w * DEC_ROWS + r]);
     float l = 0.f, acc = 0.f;
-    if (m != PA_NEG_INF) {
 #pragma unroll
-      for (int w = 0; w < DEC_WARPS; ++w) {
-        const float m_w = m_merge[w * DEC_ROWS + r];
-        if (m_w == PA_NEG_INF) continue;  // a warp that saw no visible key
-        const float weight = exp2f(m_w - m);
-        l = fmaf(weight, l_merge[w * DEC_ROWS + r], l);
-        acc = fmaf(weight, o_merge[(w * DEC_ROWS + r) * HEAD_DIM + d], acc);
-      }
+    for (int w = 0; w < DEC_WARPS; ++w) {
+      const float l_w = l_merge[w * DEC_ROWS + r];
+      if (l_w == 0.f) continue;  // a warp that saw no visible key; a NaN l_w (fmaxf skipped its NaN scores) is kept
+      const float weight = exp2f(m_merge[w * DEC_ROWS + r] - m);
+      l = fmaf(weight, l_w, l);
+      acc = fmaf(weight, o_merge[(w * DEC_ROWS + r) * HEAD_DIM + d], acc);
     }
-    float o_final = l > 0.f ? acc / l : 0.f;
+    float o_final = l != 0.f ? acc / l : 0.f;
     if constexpr (FP8) o_final *= v_scale;  // the value used is cache * v_scale
-    const float lse_final = l > 0.f ? m * LN2 + logf(l) : PA_NEG_INF;
+    const float lse_final = l != 0.f ? m * LN2 + logf(l) : PA_NEG_INF;
     if (partial >= 0) {
       partial_out[((long long)partial * DEC_ROWS + r) * HEAD_DIM + d] = o_final;
       if (d == 0) partial_lse[(long long)partial * DEC_ROWS + r] = lse_final;

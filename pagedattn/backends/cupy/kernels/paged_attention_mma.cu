@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
 
   // ---- setup
   PAGED_ATTENTION_ITEM();
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the mma fragments
 
@@ -304,9 +305,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
     const int r = half == 0 ? row_lo : row_hi;
     if (r >= num_rows) continue;
     const float l = l_i[half];
-    float inv_l = l > 0.f ? 1.f / l : 0.f;
+    float inv_l = l != 0.f ? 1.f / l : 0.f;
     if constexpr (FP8) inv_l *= v_scale;  // the value used is cache * v_scale
-    const float lse_final = l > 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
+    const float lse_final = l != 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
     const long long t = token_start + r / num_groups;
     const int h = kv_head * group_size + group_start + r % num_groups;
 #pragma unroll

@@ -132,6 +132,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
 
   // ---- setup
   PAGED_ATTENTION_ITEM();
+  PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;  // row group and thread in group of the fragments
   const int wg = warp / 4;                 // warpgroup: rows 64 * wg .. 64 * wg + 63
@@ -392,8 +393,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
     float l = l_i[half];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv_l[half] = l > 0.f ? 1.f / l : 0.f;
-    lse_final[half] = l > 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
+    inv_l[half] = l != 0.f ? 1.f / l : 0.f;
+    lse_final[half] = l != 0.f ? m_i[half] * LN2 + logf(l) : PA_NEG_INF;
   }
   if (partial >= 0) {  // (the same for every thread of the CTA) a split range: float32 partials
 #pragma unroll

@@ -1,0 +1,188 @@
+"""Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
+sequences, index arithmetic that holds only for power-of-two sizes.
+
+:class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
+it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
+block through an element offset (:meth:`block_offsets`), and splits a long sequence of a
+small batch into parts of :data:`PART_KEYS` keys whose states it merges (:meth:`parts`,
+:meth:`merge`). Unmodified it passes the suite; each mutant below changes one of those steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pagedattn.backends.interface import Plan
+from pagedattn.conformance.mutants.kernel import F32, SteppedKernelBackend
+from pagedattn.spec import kv_ops
+from pagedattn.spec.arrays import AttentionProblem
+
+#: Sequences from this many keys are split when the batch is small (at most SPLIT_MAX_SEQS).
+SPLIT_MIN_KEYS = 2048
+SPLIT_MAX_SEQS = 4
+#: Keys per split part (rounded down to whole blocks).
+PART_KEYS = 1024
+
+State = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _wrap_int32(values: np.ndarray) -> np.ndarray:
+    """``values`` (int64) as a 32-bit register holds them: two's complement wrap-around."""
+    return ((values + 2**31) % 2**32 - 2**31).astype(np.int64)
+
+
+class AddressedKernelBackend(SteppedKernelBackend):
+    """The stepped kernel with offset addressing and split-KV (not registered; base of the scale mutants)."""
+
+    name = "addressed-kernel"
+    description = "the stepped kernel addressing K/V by element offsets, splitting long sequences"
+
+    # -- steps ------------------------------------------------------------------------------
+    def locate(self, p: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block-table column, slot) of positions ``p``."""
+        return p // block_size, p % block_size
+
+    def block_offsets(self, blocks: np.ndarray, slots: np.ndarray, problem: AttentionProblem) -> np.ndarray:
+        """Element offsets of (block, slot) in a contiguous NHD cache, in 64-bit arithmetic."""
+        slot_elements = problem.num_kv_heads * problem.head_dim
+        return blocks.astype(np.int64) * (problem.block_size * slot_elements) + slots.astype(np.int64) * slot_elements
+
+    def parts(self, blocks: list[int], length: int, problem: AttentionProblem) -> list[list[int]]:
+        """Split-KV: the logical blocks of a long sequence of a small batch cut into parts."""
+        if length < SPLIT_MIN_KEYS or problem.num_seqs > SPLIT_MAX_SEQS:
+            return [blocks]
+        per_part = max(1, PART_KEYS // problem.block_size)
+        return [blocks[i:i + per_part] for i in range(0, len(blocks), per_part)]
+
+    def merge(self, states: list[State]) -> State:
+        """Merge the parts' (m, l, O): rescale each by exp(m_i - m) to the largest m."""
+        m = np.max([s[0] for s in states], axis=0)
+        shift = np.where(np.isneginf(m), F32(0), m)
+        l, O = np.zeros_like(states[0][1]), np.zeros_like(states[0][2])
+        for m_i, l_i, O_i in states:
+            alpha = np.exp(m_i - shift)
+            l = l + alpha * l_i
+            O = O + alpha[..., None] * O_i
+        return m.astype(F32), l.astype(F32), O.astype(F32)
+
+    # -- the kernel -----------------------------------------------------------------------------
+    def read_block(self, cache: Any, row: np.ndarray, j: int, problem: AttentionProblem) -> np.ndarray:
+        """Logical block ``j`` of a sequence as ``[block_size, Hkv, D]``, read through element offsets."""
+        bs = problem.block_size
+        p = j * bs + np.arange(bs)
+        columns, slots = self.locate(p, bs)
+        blocks = np.asarray(row)[np.minimum(columns, len(row) - 1)].astype(np.int64)
+        slot_elements = problem.num_kv_heads * problem.head_dim
+        offsets = self.block_offsets(blocks, slots, problem) % (problem.num_blocks * bs * slot_elements)
+        flat_slots = offsets // slot_elements
+        return self.slots(cache, problem)[flat_slots // bs, flat_slots % bs]
+
+    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        pr = plan.problem
+        query = np.asarray(query)
+        T, Hq, D = pr.num_tokens, pr.num_q_heads, pr.head_dim
+        bs = pr.block_size
+        out = np.zeros((T, Hq, D), dtype=query.dtype)
+        lse = np.full((T, Hq), -np.inf, dtype=F32)
+        heads = self.kv_heads(pr)
+        p_q_all = self.query_positions(pr)
+        q_all = query.astype(F32) * F32(self.scale(pr))
+        for s in range(pr.num_seqs):
+            start, stop = int(pr.query_start_loc[s]), int(pr.query_start_loc[s + 1])
+            if stop == start:
+                continue
+            length = int(pr.seq_lens[s])
+            q, p_q = q_all[start:stop], p_q_all[start:stop]
+            n = stop - start
+            states: list[State] = []
+            for part in self.parts(self.logical_blocks(length, bs, p_q, pr), length, pr):
+                m = np.full((n, Hq), -np.inf, dtype=F32)
+                l = np.zeros((n, Hq), dtype=F32)
+                O = np.zeros((n, Hq, D), dtype=F32)
+                for j in part:
+                    k = self.read_block(key_cache, pr.block_tables[s], j, pr).astype(F32)[:, heads] * F32(pr.k_scale)
+                    v = self.read_block(value_cache, pr.block_tables[s], j, pr).astype(F32)[:, heads] * F32(pr.v_scale)
+                    p = j * bs + np.arange(bs)
+                    vis = self.visible(p, p_q, length, pr)
+                    s_ij = self.transform(self.scores(q, k, pr), p, p_q, vis, pr)
+                    m, l, O = self.update(m, l, O, self.mask(s_ij, vis), vis, v)
+                states.append((m, l, O))
+            o, lse_s = self.finalize(*(self.merge(states) if states else self.merge([(m, l, O)])))
+            out[start:stop] = o.astype(query.dtype)
+            lse[start:stop] = lse_s
+        return out, (lse if pr.return_lse else None)
+
+
+# -- 32-bit offsets past 2**31 elements --------------------------------------------------------
+
+class Int32CacheOffsets(AddressedKernelBackend):
+    bug = "attention computes a block's element offset block * block_stride in int32: wraps past 2**31 elements"
+    models = "int32 offset overflow in paged-attention kernels on KV caches past 2**31 elements"
+
+    def block_offsets(self, blocks, slots, problem):
+        return _wrap_int32(super().block_offsets(blocks, slots, problem))
+
+
+class WriteKVInt32Offsets(AddressedKernelBackend):
+    bug = "write_kv computes slot * (num_kv_heads * head_dim) in int32: slots past element 2**31 land elsewhere"
+    models = "int32 slot offsets in reshape_and_cache-style cache writes on large caches"
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        slot_elements = problem.num_kv_heads * problem.head_dim
+        total = problem.num_blocks * problem.block_size
+        slots = problem.slot_mapping.astype(np.int64)
+        wrapped = np.where(slots >= 0, (_wrap_int32(slots * slot_elements) // slot_elements) % total, -1)
+        kv_ops.write_kv(key, value, key_cache, value_cache, wrapped, kv_layout=problem.kv_layout,
+                        k_scale=problem.k_scale, v_scale=problem.v_scale)
+
+
+class CopyBlocksInt32Offsets(AddressedKernelBackend):
+    bug = "copy_blocks computes block * block_stride in int32: blocks past element 2**31 are copied from/to others"
+    models = "int32 block offsets in copy_blocks / swap_blocks on large caches"
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        num_blocks = key_cache.shape[0]
+        block_elements = int(np.prod(key_cache.shape[1:]))
+        wrapped = (_wrap_int32(pairs.astype(np.int64) * block_elements) // block_elements) % num_blocks
+        super()._copy_blocks(key_cache, value_cache, wrapped)
+
+
+# -- split-KV ---------------------------------------------------------------------------------
+
+class SplitMergeIgnoresMax(AddressedKernelBackend):
+    bug = "split-KV merge adds the parts' l and O without rescaling each by exp(m_i - m_max)"
+    models = "split-KV / flash-decoding reduction combining partials without the max correction"
+
+    def merge(self, states):
+        if len(states) == 1:
+            return states[0]
+        m = np.max([s[0] for s in states], axis=0)
+        l = np.sum([s[1] for s in states], axis=0)
+        O = np.sum([s[2] for s in states], axis=0)
+        return m.astype(F32), l.astype(F32), O.astype(F32)
+
+
+class SplitDropsLastPart(AddressedKernelBackend):
+    bug = "split-KV cuts L // part_len parts: the keys after the last whole part are not read"
+    models = "split-KV partition rounding down (partial last split dropped)"
+
+    def parts(self, blocks, length, problem):
+        cut = super().parts(blocks, length, problem)
+        if len(cut) == 1:
+            return cut
+        whole = length // PART_KEYS
+        return cut[:max(1, whole)]
+
+
+# -- power-of-two index arithmetic ---------------------------------------------------------------
+
+class PowerOfTwoBlockMath(AddressedKernelBackend):
+    bug = ("column and slot of position p as p >> log2(block_size) and p & (block_size - 1):"
+           " right for powers of two only")
+    models = "bit-shift block/slot arithmetic that assumes a power-of-two block size"
+
+    def locate(self, p, block_size):
+        shift = int(block_size).bit_length() - 1
+        return p >> shift, p & (block_size - 1)

@@ -1,0 +1,399 @@
+"""Strategies for bugs that show only at scale: long sequences, pools above 2**31 elements, odd sizes.
+
+Kernels change code paths as sizes grow. Each strategy here draws an existing case type
+(:class:`~pagedattn.conformance.cases.AttentionCase`, :class:`WriteKVCase`,
+:class:`CopyBlocksCase`) at the sizes where those paths run:
+
+- :func:`long_sequence_cases`: 1 to a few sequences of thousands of keys (a small batch of
+  long sequences is where kernels split the key range, split-KV, and merge the parts; rows
+  of 4,096+ visible keys are where 16-bit accumulation error shows), odd lengths so that
+  the last part is partial;
+- :func:`far_pool_cases`, :func:`far_write_kv_cases`, :func:`far_copy_blocks_cases`: caches
+  of more than 2**31 elements whose blocks in use lie past the 2**31st element, where 32-bit
+  offset arithmetic overflows. The caches are lazy (:func:`~pagedattn.spec.pools.lazy_cache`):
+  only the blocks a case fills cost memory, and every other block is zero;
+- :func:`odd_size_cases`: head counts, GQA ratios, head_dim, block_size, num_blocks,
+  lengths and batch sizes that are not powers of two, wherever the backend allows them.
+
+How far each goes is :func:`scale_limits`: one row of :data:`SCALE_LIMITS` per hypothesis
+profile, widened by ``PAGEDATTN_SIZE=large``. Examples shrink towards one sequence of the
+shortest long length, one head, no optional feature.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from pagedattn.backends.capabilities import Capabilities
+from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, WriteKVCase
+from pagedattn.conformance.strategies import (
+    CONTRACT_BLOCK_SIZES,
+    GARBAGE_KINDS,
+    block_tables,
+    fill_caches,
+    head_dims,
+)
+from pagedattn.spec.dtypes import QUERY_DTYPES, numpy_dtype
+from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
+
+__all__ = [
+    "LONG_VALUE_KINDS",
+    "ODD_BLOCK_SIZES",
+    "SCALE_LIMITS",
+    "ScaleLimits",
+    "far_copy_blocks_cases",
+    "far_pool_cases",
+    "far_write_kv_cases",
+    "long_sequence_cases",
+    "odd_size_cases",
+    "scale_block_sizes",
+    "scale_limits",
+]
+
+
+class ScaleLimits(NamedTuple):
+    """How far the scale cells go under one profile."""
+
+    min_long: int  # keys of the shortest "long" sequence (4,096: 16-bit accumulation shows)
+    max_long: int  # keys of the longest sequence
+    max_long_seqs: int  # sequences of a long batch (small batches are the ones kernels split)
+    pool_elements: int  # far pools hold more than this many elements per cache
+    long_examples: int  # examples per long-sequence cell (the first is the shrink target)
+    far_examples: int  # examples per far-pool cell
+    odd_examples: int  # examples per odd-size cell
+    odd_max_len: int  # longest sequence of the odd-size cells
+    long_dtypes: tuple[str, ...] = QUERY_DTYPES  # dtypes of the long-sequence cells
+    max_batch_keys: int = 2**18  # keys x KV heads of a long batch, summed over its sequences
+
+
+#: One row per hypothesis profile; ``large`` is applied over it with ``PAGEDATTN_SIZE=large``.
+SCALE_LIMITS: dict[str, ScaleLimits] = {
+    # quick: long cells in the 16-bit dtypes only (where accumulation error shows; float32 from ci on)
+    "quick": ScaleLimits(4096, 8192, 2, INT32_OFFSET_LIMIT, 1, 1, 2, 400, ("float16", "bfloat16"), 16_384),
+    "ci": ScaleLimits(4096, 16_384, 4, INT32_OFFSET_LIMIT, 2, 2, 3, 800, QUERY_DTYPES, 24_576),
+    "thorough": ScaleLimits(4096, 65_536, 4, INT32_OFFSET_LIMIT, 10, 4, 20, 4000, QUERY_DTYPES, 2**18),
+    "large": ScaleLimits(4096, 65_536, 4, 2**32, 3, 2, 4, 4000, QUERY_DTYPES, 2**18),
+}
+#: Bound on ``queries x q_heads x keys x head_dim`` of a long sequence: the spec's float64
+#: gather for one sequence holds that many values (2**23: 64 MiB).
+SPEC_ELEMENTS = 2**23
+#: Block sizes that are no power of two, drawn for backends that accept any block size.
+ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
+#: Value patterns of the long cells. "trend": scores ramp by about +-2 along the sequence with
+#: little noise, and values from about 1 to 2, so the parts of a split sequence differ in
+#: their maximum score and their mean value (a merge that weighs them wrongly shows), while
+#: most keys keep a weight of the same order, so the unnormalised output O = sum p v grows
+#: with the number of keys (a half-precision O loses the small terms); "normal": standard
+#: normal K and V.
+LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
+#: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
+FAR_BLOCKS = 64
+_SEEDS = st.integers(0, 2**32 - 1)
+
+
+def scale_limits(profile: str | None = None) -> ScaleLimits:
+    """The limits of ``profile`` (default: hypothesis' current one; unknown ones get ``ci``'s),
+    widened to :data:`SCALE_LIMITS` ``["large"]`` under ``PAGEDATTN_SIZE=large``."""
+    name = profile or settings.get_current_profile_name()
+    limits = SCALE_LIMITS.get(name, SCALE_LIMITS["ci"])
+    if os.environ.get("PAGEDATTN_SIZE") == "large":
+        large = SCALE_LIMITS["large"]
+        limits = limits._replace(max_long=max(limits.max_long, large.max_long),
+                                 max_long_seqs=max(limits.max_long_seqs, large.max_long_seqs),
+                                 pool_elements=max(limits.pool_elements, large.pool_elements),
+                                 max_batch_keys=max(limits.max_batch_keys, large.max_batch_keys),
+                                 odd_max_len=max(limits.odd_max_len, large.odd_max_len))
+    return limits
+
+
+def scale_block_sizes(capabilities: Capabilities) -> tuple[int, ...]:
+    """The backend's declared block sizes, else the contract's plus :data:`ODD_BLOCK_SIZES`."""
+    if capabilities.block_sizes is not None:
+        return tuple(capabilities.block_sizes)
+    return (*CONTRACT_BLOCK_SIZES, *ODD_BLOCK_SIZES)
+
+
+def _kv_layouts(capabilities: Capabilities) -> st.SearchStrategy[str]:
+    return st.sampled_from(tuple(capabilities.kv_layouts))
+
+
+def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: int,
+            head_dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """K, V float64 ``[L, Hkv, D]`` of each sequence for a kind of :data:`LONG_VALUE_KINDS`."""
+    result = []
+    for length in lens:
+        k = rng.standard_normal((length, num_kv_heads, head_dim))
+        v = rng.standard_normal((length, num_kv_heads, head_dim))
+        if kind == "trend":
+            ramp = (np.arange(length) / max(length, 1))[:, None, None]
+            k = 0.1 * k + 2.0 * ramp  # scores ramp by about +-2 along the sequence, little noise
+            v = 1.0 + 0.1 * v + ramp
+        result.append((k, v))
+    return result
+
+
+def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.ndarray, lens: list[int],
+          q_lens: list[int] | None, kv_layout: str, options: dict[str, Any], seed: int,
+          labels: dict[str, str]) -> AttentionCase:
+    """An AttentionCase from NHD caches (transposed for HND)."""
+    key_cache, value_cache = caches
+    if kv_layout == "HND":
+        key_cache = np.ascontiguousarray(key_cache.transpose(0, 2, 1, 3))
+        value_cache = np.ascontiguousarray(value_cache.transpose(0, 2, 1, 3))
+    qsl = None if q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return AttentionCase(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=tables,
+                         seq_lens=np.array(lens, np.int32), query_start_loc=qsl,
+                         options={"kv_layout": kv_layout, **options}, seed=seed, labels=labels)
+
+
+# -- long sequences: split-KV and long 16-bit rows ------------------------------------------
+
+@st.composite
+def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                        limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
+
+    1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
+    with ``varlen`` a few queries at the end of each sequence. Lengths are odd multiples of
+    the block size plus a remainder, so split plans get a partial last part; heads and
+    head_dim as the backend allows, the product bounded by :data:`SPEC_ELEMENTS`.
+    """
+    limits = limits or scale_limits()
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.integers(1, 3), label="num_kv_heads")
+    group = draw(st.sampled_from((1, 2, 3, 5, 8)), label="gqa_ratio")
+    num_q_heads = num_kv_heads * group
+    dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long <= SPEC_ELEMENTS)
+    head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    budget = SPEC_ELEMENTS // (num_q_heads * head_dim)  # queries x keys of one sequence
+    q_len = 1 if decode else draw(st.integers(1, max(1, min(4, budget // limits.min_long))), label="q_len")
+    top = max(limits.min_long, min(limits.max_long, budget // q_len))
+    num_seqs = draw(st.integers(1, limits.max_long_seqs), label="num_seqs")
+    lens = []
+    for s in range(num_seqs):
+        # first (the shrink target): an odd length whose last block, tile and split part are partial
+        first = limits.min_long + limits.min_long // 6 + 1
+        edge = st.sampled_from(list(dict.fromkeys((first, limits.min_long, top - block_size // 2, top))))
+        lens.append(draw(st.one_of(edge, st.integers(limits.min_long, top)), label=f"seq_lens[{s}]"))
+    while len(lens) > 1 and sum(lens) * num_kv_heads > limits.max_batch_keys:  # the interpreter's cost
+        lens.pop()
+    pool = draw(block_tables(np.array(lens), block_size, ("contiguous", "shuffled", "reversed", "interleaved")),
+                label="pool")
+    value_kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    query = rng.standard_normal((len(lens) * q_len, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
+    logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
+    caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
+                         np.array(lens), logical, garbage, dtype, 1.0, 1.0)
+    labels = {"feature": "long_sequences", "values": value_kind, "garbage": garbage,
+              "arrangement": pool.arrangement, "queries": "decode" if decode else f"last {q_len}"}
+    return _case(query, caches, pool.block_tables, lens, None if decode else [q_len] * len(lens), kv_layout,
+                 options, draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- pools above 2**31 elements ------------------------------------------------------------
+
+def _far_block_ids(rng: np.random.Generator, num_blocks: int, block_elements: int, count: int,
+                   limit: int) -> np.ndarray:
+    """``count`` distinct block ids whose first element lies at or past element ``limit`` (the
+    first such block, the last of the pool, and others in between), in random order."""
+    first_far = -(-limit // block_elements)
+    if num_blocks - first_far < count:
+        raise ValueError(f"a pool of {num_blocks} blocks has fewer than {count} blocks past element {limit}")
+    picks = [first_far, num_blocks - 1][:count]
+    others = rng.choice(np.arange(first_far + 1, num_blocks - 1), size=count - len(picks), replace=False)
+    return rng.permutation(np.array([*picks, *others.tolist()], dtype=np.int64))
+
+
+def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits) -> tuple[int, int, int, int]:
+    """``(block_size, num_kv_heads, head_dim, num_blocks)`` of a pool past ``limits.pool_elements``."""
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
+    head_dim = min(caps.head_dims or (16,))  # the fewest elements per slot: the most blocks
+    block_elements = block_size * num_kv_heads * head_dim
+    # FAR_BLOCKS more than just past the bound, so that enough blocks lie past element 2**31
+    return block_size, num_kv_heads, head_dim, blocks_past(limits.pool_elements + FAR_BLOCKS * block_elements,
+                                                           block_elements)
+
+
+@st.composite
+def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                   limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
+    every block in use at or past element 2**31 (also the pool's last block).
+
+    The caches are zero outside the blocks in use (lazy: they cost only those blocks), and
+    the unused slots of those blocks hold garbage. One or two short sequences, decode or a
+    few queries each.
+    """
+    limits = limits or scale_limits()
+    caps = capabilities
+    block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(draw, caps, limits)
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
+    num_seqs = draw(st.integers(1, 2), label="num_seqs")
+    lens = [draw(st.integers(1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    q_lens = None if decode else [draw(st.integers(1, min(n, 3)), label=f"q_len[{s}]") for s, n in enumerate(lens)]
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    needed = [-(-n // block_size) for n in lens]
+    ids = _far_block_ids(rng, num_blocks, block_size * num_kv_heads * head_dim, sum(needed), INT32_OFFSET_LIMIT)
+    tables = np.full((num_seqs, max(needed) + 1), -1, dtype=np.int32)
+    used = 0
+    for s, n in enumerate(needed):
+        tables[s, :n] = ids[used:used + n]
+        used += n
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+    caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), tables, np.array(lens), logical,
+                         garbage, dtype, 1.0, 1.0)
+    if kv_layout == "HND":  # a transposed copy of a lazy pool would fill it: fill an HND pool instead
+        caches = tuple(_lazy_transposed(c, tables, lens, block_size) for c in caches)  # type: ignore[assignment]
+        kv_layout_labels = "HND"
+    else:
+        kv_layout_labels = "NHD"
+    num_tokens = num_seqs if q_lens is None else sum(q_lens)
+    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "far_pool", "garbage": garbage, "pool": f"{num_blocks} blocks",
+              "elements": str(num_blocks * block_size * num_kv_heads * head_dim), "layout": kv_layout_labels}
+    qsl = None if q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return AttentionCase(query=query, key_cache=caches[0], value_cache=caches[1], block_tables=tables,
+                         seq_lens=np.array(lens, np.int32), query_start_loc=qsl, options={"kv_layout": kv_layout},
+                         seed=draw(_SEEDS, label="variant_seed"), labels=labels)
+
+
+def _lazy_transposed(nhd: np.ndarray, tables: np.ndarray, lens: list[int], block_size: int) -> np.ndarray:
+    """The HND form of a lazy NHD cache, written block by block (only the blocks in use)."""
+    hnd = lazy_cache((nhd.shape[0], nhd.shape[2], nhd.shape[1], nhd.shape[3]), _dtype_name(nhd))
+    used = np.unique(np.concatenate([tables[s, :-(-n // block_size)] for s, n in enumerate(lens)]))
+    hnd[used] = nhd[used].transpose(0, 2, 1, 3)
+    return hnd
+
+
+def _dtype_name(x: np.ndarray) -> str:
+    from pagedattn.spec.dtypes import dtype_name
+
+    return dtype_name(x.dtype)
+
+
+def _far_kv_caches(rng: np.random.Generator, shape_nhd: tuple[int, int, int, int], blocks: np.ndarray,
+                   dtype: str, kv_layout: str) -> list[np.ndarray]:
+    """Two lazy caches of ``kv_layout`` whose ``blocks`` hold random values (the rest zero)."""
+    num_blocks, block_size, heads, head_dim = shape_nhd
+    shape = shape_nhd if kv_layout == "NHD" else (num_blocks, heads, block_size, head_dim)
+    caches = []
+    for _ in range(2):
+        cache = lazy_cache(shape, dtype)
+        cache[blocks] = rng.standard_normal((len(blocks), *shape[1:])).astype(numpy_dtype(dtype))
+        caches.append(cache)
+    return caches
+
+
+@st.composite
+def far_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                       limits: ScaleLimits | None = None) -> WriteKVCase:
+    """Return a strategy for ``write_kv`` into caches past ``limits.pool_elements`` elements, at slots
+    whose first element lies past element 2**31 (slot ids above 2**31 / (num_kv_heads x head_dim));
+    some tokens skipped (-1). The other slots of those blocks hold random values that must survive."""
+    limits = limits or scale_limits()
+    block_size, heads, head_dim, num_blocks = _far_geometry(draw, capabilities, limits)
+    kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
+    rng = np.random.default_rng(draw(_SEEDS, label="seed"))
+    count = draw(st.integers(1, 3), label="num_blocks_written")
+    blocks = _far_block_ids(rng, num_blocks, block_size * heads * head_dim, count, INT32_OFFSET_LIMIT)
+    T = draw(st.integers(1, 8), label="num_tokens")
+    candidates = (blocks[:, None] * block_size + np.arange(block_size)[None, :]).ravel()
+    slots = rng.choice(candidates, size=min(T, candidates.size), replace=False)
+    skips = draw(st.integers(0, len(slots) - 1), label="skipped_tokens")
+    slots[rng.choice(len(slots), size=skips, replace=False)] = -1
+    caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), blocks, dtype, kv_layout)
+    key = rng.standard_normal((len(slots), heads, head_dim)).astype(numpy_dtype(dtype))
+    value = rng.standard_normal((len(slots), heads, head_dim)).astype(numpy_dtype(dtype))
+    return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
+                       slot_mapping=slots.astype(np.int64), kv_layout=kv_layout)
+
+
+@st.composite
+def far_copy_blocks_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                          limits: ScaleLimits | None = None) -> CopyBlocksCase:
+    """Return a strategy for ``copy_blocks`` on caches past ``limits.pool_elements`` elements, between
+    blocks past element 2**31 (a chain or a swap among them), and from a block near the start."""
+    limits = limits or scale_limits()
+    block_size, heads, head_dim, num_blocks = _far_geometry(draw, capabilities, limits)
+    kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
+    rng = np.random.default_rng(draw(_SEEDS, label="seed"))
+    n = draw(st.integers(1, 3), label="num_pairs")
+    far = _far_block_ids(rng, num_blocks, block_size * heads * head_dim, n + 1, INT32_OFFSET_LIMIT)
+    pattern = draw(st.sampled_from(("chain", "swap", "from_near")), label="pattern")
+    dst = far[:n]
+    if pattern == "chain":  # dst[i] is copied from dst[i - 1]: order matters
+        src = np.concatenate([[far[n]], dst[:-1]])
+    elif pattern == "swap":
+        src = np.roll(dst, 1) if n > 1 else far[n:]
+    else:
+        src = rng.integers(0, 8, size=n)
+    blocks = np.unique(np.concatenate([src, dst]))
+    caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), blocks, dtype, kv_layout)
+    return CopyBlocksCase(key_cache=caches[0], value_cache=caches[1],
+                          pairs=np.stack([src, dst], axis=1).astype(np.int64), kv_layout=kv_layout)
+
+
+# -- sizes that are no power of two --------------------------------------------------------
+
+def _odd_head_dims(caps: Capabilities) -> tuple[int, ...]:
+    if caps.head_dims is None:
+        return (48, 80, 96, 72)
+    odd = tuple(d for d in sorted(caps.head_dims) if d & (d - 1))
+    return odd or tuple(sorted(caps.head_dims))
+
+
+@st.composite
+def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                   limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for attention where every size the backend lets vary is no power of two.
+
+    3, 5 or 6 KV heads with GQA ratios 1, 3, 5, 6, 7; a head_dim and a block size that are no
+    power of two where declared (any: 48, 72, 80, 96 and 24, 40, 48); 1, 3 or 5 sequences of
+    odd lengths up to ``limits.odd_max_len``; an odd ``num_blocks``; odd query counts.
+    """
+    limits = limits or scale_limits()
+    caps = capabilities
+    sizes = scale_block_sizes(caps)
+    odd_sizes = tuple(b for b in sizes if b & (b - 1)) or sizes
+    block_size = draw(st.sampled_from(odd_sizes), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((3, 5, 6)), label="num_kv_heads")
+    group = draw(st.sampled_from((1, 3, 5, 6, 7)), label="gqa_ratio")
+    head_dim = draw(st.sampled_from(_odd_head_dims(caps)), label="head_dim")
+    num_seqs = draw(st.sampled_from((1, 3, 5)), label="num_seqs")
+    odd_lengths = st.integers(0, (limits.odd_max_len - 1) // 2).map(lambda k: 2 * k + 1)
+    lens = [draw(st.one_of(st.sampled_from((1, block_size + 1, 3 * block_size - 1)), odd_lengths),
+                 label=f"seq_lens[{s}]") for s in range(num_seqs)]
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    q_lens = None if decode else [min(n, draw(st.sampled_from((1, 3, 5, 7)), label=f"q_len[{s}]"))
+                                  for s, n in enumerate(lens)]
+    pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    num_blocks = pool.num_blocks + (1 - pool.num_blocks % 2)  # odd: one spare block more if even
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+    caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables, np.array(lens),
+                         logical, garbage, dtype, 1.0, 1.0)
+    num_tokens = num_seqs if q_lens is None else sum(q_lens)
+    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "odd_sizes", "garbage": garbage, "arrangement": pool.arrangement,
+              "heads": f"{num_kv_heads * group}/{num_kv_heads}"}
+    return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, {},
+                 draw(_SEEDS, label="variant_seed"), labels)

@@ -1,0 +1,179 @@
+"""The scale cells reach what they claim: split plans, pools past 2**31 elements at little memory,
+sizes that are no power of two; a capped backend is unsupported; their mutants die in quick."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.numpy.backend import NumpyBackend
+from pagedattn.backends.triton.backend import _work_list
+from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
+from pagedattn.conformance import checks, scale
+from pagedattn.conformance.cases import load_case, save_case
+from pagedattn.conformance.mutants import MUTANTS
+from pagedattn.conformance.mutants.run import run_mutant
+from pagedattn.conformance.runner import Unsupported, require
+from pagedattn.errors import UnsupportedError
+from pagedattn.spec.pools import INT32_OFFSET_LIMIT, lazy_copy, occupied_blocks
+
+ANY = Capabilities()
+#: A GPU backend's envelope (cupy's kind): declared head dims and block sizes.
+DECLARED = Capabilities(head_dims=(64, 128, 256), block_sizes=(16, 32, 64))
+H200_SMS = 132
+INTERPRETER_SMS = 4
+
+
+def drawn(strategy, count: int) -> list:
+    """The first ``count`` examples the suite's derandomized profiles draw (the first is the shrink target)."""
+    found: list = []
+
+    @settings(max_examples=count, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def collect(case):
+        found.append(case)
+
+    collect()
+    return found[:count]
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+class CappedNumpy(NumpyBackend):
+    name = "capped-numpy"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(max_pool_elements=2**30)
+
+
+# -- limits --------------------------------------------------------------------------------
+
+def test_every_profile_has_limits_and_large_widens_them(monkeypatch):
+    for name in ("quick", "ci", "thorough"):
+        limits = scale.scale_limits(name)
+        assert limits.min_long >= 4096 and limits.pool_elements >= INT32_OFFSET_LIMIT
+    assert scale.scale_limits("quick").max_long < scale.scale_limits("thorough").max_long
+    monkeypatch.setenv("PAGEDATTN_SIZE", "large")
+    assert scale.scale_limits("quick").max_long == 65_536
+    assert scale.scale_limits("quick").pool_elements == 2**32
+
+
+# -- split plans ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("profile", ["quick", "ci"])
+def test_long_cases_reach_split_plans_of_triton_and_cupy(profile):
+    from pagedattn.backends.cupy.planning import build_work
+
+    limits = scale.scale_limits(profile)
+    for caps in (ANY, DECLARED):
+        cases = drawn(scale.long_sequence_cases(caps, dtype="float16", limits=limits), limits.long_examples)
+        for index, case in enumerate(cases):
+            problem = checks.problem_of(case)
+            assert problem.seq_lens.min() >= limits.min_long
+            assert int(problem.seq_lens.max()) % problem.block_size or len(problem.seq_lens) > 1
+            tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                                 problem.block_size)
+            work_seq, _, key_tiles = _work_list(problem, tiles)
+            programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+            # the H200 splits every case; the interpreter's 4 "SMs" are filled by a batch of a few heads,
+            # so there only the first case (one sequence, one KV head) is sure to split
+            for sms in (H200_SMS,) if index else (INTERPRETER_SMS, H200_SMS):
+                assert choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident) > 1, (case, sms)
+            if caps is DECLARED:
+                assert build_work(problem).num_partials > 0, case
+
+
+def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_part():
+    from pagedattn.backends.cupy.planning import build_work
+
+    (case,) = drawn(scale.long_sequence_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 1)
+    work = build_work(checks.problem_of(case))
+    ranges = work.items[work.items[:, 8] >= 0][:, 6:8]
+    assert work.merges[:, 6].min() % 2 == 1  # an odd number of parts
+    assert len({int(b - a) for a, b in ranges}) > 1  # parts of unequal length: one is partial
+    assert case.seq_lens[0] % work.tile_n != 0
+
+
+# -- pools past 2**31 elements ----------------------------------------------------------------
+
+def test_far_cases_use_blocks_past_element_2_31_at_little_memory():
+    before = rss_mib()
+    limits = scale.scale_limits("quick")
+    backend = NumpyBackend()
+    for case in drawn(scale.far_pool_cases(ANY, dtype="float16", limits=limits), 3):
+        problem = checks.problem_of(case)
+        block_elements = case.key_cache[0].size
+        assert case.key_cache.size > INT32_OFFSET_LIMIT
+        assert checks.table_blocks(problem).min() * block_elements >= INT32_OFFSET_LIMIT
+        checks.far_pool_matches_spec(backend, case)
+    for case in drawn(scale.far_write_kv_cases(ANY, dtype="float16", limits=limits), 3):
+        slots = case.slot_mapping[case.slot_mapping >= 0]
+        slot_elements = case.key_cache[0].size // case.key_cache.shape[1 if case.kv_layout == "NHD" else 2]
+        assert slots.min() * slot_elements >= INT32_OFFSET_LIMIT
+        checks.far_write_kv_matches_spec(backend, case)
+    for case in drawn(scale.far_copy_blocks_cases(ANY, dtype="float16", limits=limits), 3):
+        assert case.pairs[:, 1].min() * case.key_cache[0].size >= INT32_OFFSET_LIMIT
+        checks.far_copy_blocks_matches_spec(backend, case)
+    assert rss_mib() - before < 512  # pools of 4 GiB each, lazily allocated: only used blocks cost memory
+
+
+def test_far_case_saves_as_its_blocks_and_replays(tmp_path):
+    (case,) = drawn(scale.far_pool_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
+    path = save_case(tmp_path / "far.npz", case, check="far_pool_matches_spec")
+    assert path.stat().st_size < 1 << 20
+    loaded, check, _ = load_case(path)
+    assert check == "far_pool_matches_spec" and loaded.key_cache.shape == case.key_cache.shape
+    blocks = occupied_blocks(case.key_cache)
+    assert np.array_equal(occupied_blocks(loaded.key_cache), blocks)
+    assert np.array_equal(loaded.key_cache[blocks].view(np.uint16), case.key_cache[blocks].view(np.uint16))
+    assert checks.CHECKS[check](NumpyBackend(), loaded) >= 0.0
+
+
+def test_lazy_copy_holds_the_blocks_given_and_zeros_elsewhere():
+    cache = np.arange(6 * 4, dtype=np.float32).reshape(6, 4)
+    copy = lazy_copy(cache, np.array([4, 1, 4]))
+    assert np.array_equal(copy[[1, 4]], cache[[1, 4]]) and not copy[[0, 2, 3, 5]].any()
+
+
+def test_a_backend_with_a_smaller_max_pool_is_unsupported_not_passed():
+    backend = CappedNumpy()
+    with pytest.raises(Unsupported, match="max_pool_elements"):
+        require(backend, pool_elements=INT32_OFFSET_LIMIT)
+    (case,) = drawn(scale.far_pool_cases(ANY, dtype="float16", limits=scale.scale_limits("quick")), 1)
+    with pytest.raises(UnsupportedError, match="max_pool_elements"):
+        checks.far_pool_matches_spec(backend, case)
+
+
+# -- sizes that are no power of two ----------------------------------------------------------
+
+def test_odd_cases_have_no_power_of_two_sizes():
+    def odd(n: int) -> bool:
+        return n & (n - 1) != 0
+
+    for case in drawn(scale.odd_size_cases(ANY, dtype="float32", limits=scale.scale_limits("quick")), 4):
+        problem = checks.problem_of(case)
+        assert odd(problem.num_kv_heads) and odd(problem.head_dim) and odd(problem.block_size)
+        assert problem.num_blocks % 2 == 1 and problem.num_seqs in (1, 3, 5)
+        assert all(odd(int(n)) or n == 1 for n in problem.seq_lens)
+
+
+# -- the scale mutants -------------------------------------------------------------------------
+
+SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
+                 "SplitDropsLastPart", "PowerOfTwoBlockMath")
+
+
+@pytest.mark.parametrize("name", SCALE_MUTANTS)
+def test_quick_profile_kills_scale_mutant_in_a_scale_cell(name):
+    assert name in MUTANTS
+    result = run_mutant(name, profile="quick", isolated=True)
+    assert result.killed, f"{name} survived quick ({MUTANTS[name].bug})"
+    cells = ("test_long_sequences_match_spec", "test_odd_sizes_match_spec", "test_far_pool_")
+    assert any(cell in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}, not a scale cell"
