@@ -14,7 +14,7 @@ time: do it inside methods, so that listing backends imports nothing heavy.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,6 +44,11 @@ class Plan:
     problem: AttentionProblem
     signatures: dict[str, tuple[tuple[int, ...], str]]
     state: Any
+    #: whether ``run`` also requires C-contiguous caches (a backend without ``strided_caches``)
+    contiguous_caches: bool = False
+    #: the ``(shape, dtype)`` objects of query, key_cache and value_cache that ``run`` last
+    #: accepted: equal ones passed the same check, so ``run`` compares them and does no more
+    accepted: list[tuple[Any, ...] | None] = field(default_factory=lambda: [None], compare=False, repr=False)
 
     @property
     def capturable(self) -> bool:
@@ -125,7 +130,8 @@ class Backend(abc.ABC):
             self._host_or_none(query_start_loc), **host_options,
         )
         self.capabilities().require(problem, backend=self.name)
-        if not self.capabilities().supports("strided_caches"):
+        contiguous = not self.capabilities().supports("strided_caches")
+        if contiguous:
             self._require_contiguous(key_cache, "key_cache")
             self._require_contiguous(value_cache, "value_cache")
         signatures = {
@@ -134,13 +140,23 @@ class Backend(abc.ABC):
             "value_cache": array_signature(value_cache),
         }
         state = self._plan(problem, block_tables, seq_lens, query_start_loc, alibi_slopes)
-        return Plan(problem, signatures, state)
+        return Plan(problem, signatures, state, contiguous)
 
     def run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> Any:
         """Run a plan on ``query`` and the caches; return ``out`` or ``(out, lse)`` as planned.
 
         The arrays must have the shapes and dtypes ``plan`` saw; the argument that differs is named.
         """
+        seen = (query.shape, query.dtype, key_cache.shape, key_cache.dtype, value_cache.shape, value_cache.dtype)
+        if plan.contiguous_caches or seen != plan.accepted[0]:
+            self._check_run_arrays(plan, query, key_cache, value_cache)
+            plan.accepted[0] = seen
+        out, lse = self._run(plan, query, key_cache, value_cache)
+        return (out, lse) if plan.problem.return_lse else out
+
+    def _check_run_arrays(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> None:
+        """Raise the error naming the first array whose (shape, dtype) differs from what ``plan``
+        saw, or (a backend without ``strided_caches``) the first cache that is not contiguous."""
         for argument, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
             if array_signature(array) != plan.signatures[argument]:
                 shape, dtype = plan.signatures[argument]
@@ -148,8 +164,9 @@ class Backend(abc.ABC):
                     argument,
                     f"{array_signature(array)} differs from (shape, dtype) = ({shape}, {dtype}) given to plan",
                 )
-        out, lse = self._run(plan, query, key_cache, value_cache)
-        return (out, lse) if plan.problem.return_lse else out
+        if plan.contiguous_caches:
+            self._require_contiguous(key_cache, "key_cache")
+            self._require_contiguous(value_cache, "value_cache")
 
     def paged_attention(self, query: Any, key_cache: Any, value_cache: Any, block_tables: Any,
                         seq_lens: Any, query_start_loc: Any = None, **options: Any) -> Any:

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pagedattn.conformance.plugin import DEFAULT_PROFILE, PROFILES
+from pagedattn.conformance.profiles import DEFAULT_PROFILE, PROFILES
 from pagedattn.usage import UsageError, make_folder, make_parser, reports_usage_errors
 
 
@@ -100,7 +100,7 @@ def xdist_installed() -> bool:
 @reports_usage_errors("pagedattn conform")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite, print and save the matrix; return pytest's exit code."""
-    from pagedattn.conformance.mutants.run import SUITE_MODULES, run_pytest_in_process
+    from pagedattn.conformance.mutants.run import run_pytest_in_process, suite_location
     from pagedattn.conformance.report import RecordCollector, build_matrix, print_matrix, write_json
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pagedattn conform: {note}", flush=True)
         pytest_args += ["--conformance-ledger", str(args.resume)]
         pytest_args += [f"--deselect={nodeid}" for nodeid in settled]
-    pytest_args += ["--pyargs", *SUITE_MODULES]
+    pytest_args += suite_location()
     collector = RecordCollector()
     code = run_pytest_in_process(pytest_args, [collector])
     if settled and code == 5 and not collector.records:  # pytest: no tests left to run
@@ -148,10 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_matrix(matrix)
     path = write_json(args.out / "report.json", collector.records, matrix,
                       {"backends": args.backend, "profile": args.profile, "exit_code": code})
-    replays = [r["replay"] for r in collector.records if r.get("replay")]
-    if replays:
-        print("failing cases (shrunk), replay each with:")
-        for line in replays:
-            print(f"  {line}")
+    failures = [(r.get("nodeid", "?"), f) for r in collector.records for f in r.get("failures", ())]
+    if failures:
+        print("failing cases (shrunk), one per distinct failure; replay each with:")
+        for nodeid, failure in failures:
+            print(f"  {nodeid} ({failure['label']}): {failure['message'].splitlines()[0][:160]}")
+            print(f"    {failure.get('replay', '(no case saved: the failure did not reproduce)')}")
     print(f"report: {path}")
     return code

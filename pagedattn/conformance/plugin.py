@@ -8,7 +8,7 @@ Loaded in every pytest run once pagedattn is installed, it does nothing unless
 - prints a header: each backend's version, device, capabilities, and the relevant
   environment variables (PAGEDATTN_*, HYPOTHESIS_*, CUDA_VISIBLE_DEVICES, TRITON_INTERPRET);
 - selects the hypothesis profile: ``--hypothesis-profile`` or ``PAGEDATTN_PROFILE``
-  (``quick``, ``ci`` (the default), ``thorough``);
+  (``quick``, ``standard`` (the default), ``ci``, ``thorough``: :mod:`pagedattn.conformance.profiles`);
 - reports a cell outside the backend's capabilities as UNSUPPORTED (its own status, neither
   pass nor skip), lists saved failing cases with their replay command, and fails the run
   of a backend that passed zero cases;
@@ -21,30 +21,23 @@ Loaded in every pytest run once pagedattn is installed, it does nothing unless
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 
+from pagedattn.conformance.profiles import DEFAULT_PROFILE, examples_per_cell
 from pagedattn.conformance.runner import RECORD_KEY, Unsupported
 
-#: The hypothesis profiles (select with --hypothesis-profile or PAGEDATTN_PROFILE).
-PROFILES: dict[str, dict[str, Any]] = {
-    "quick": {"max_examples": 6, "derandomize": True, "database": None},
-    "ci": {"max_examples": 15, "derandomize": True, "database": None},
-    "thorough": {"max_examples": 200, "database": DirectoryBasedExampleDatabase(".hypothesis/pagedattn")},
-}
-for _name, _values in PROFILES.items():
-    settings.register_profile(_name, deadline=None, print_blob=True, **_values)
-
-DEFAULT_PROFILE = "ci"
 ENV_PREFIXES = ("PAGEDATTN_", "HYPOTHESIS_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "PYTEST_XDIST_WORKER")
 KNOWN_PAGEDATTN_ENV = {"PAGEDATTN_PROFILE", "PAGEDATTN_SIZE", "PAGEDATTN_CASES_DIR", "PAGEDATTN_BACKEND"}
 UNSUPPORTED_KEY = "pagedattn_unsupported"
+#: Seconds between two progress lines of one backend.
+PROGRESS_SECONDS = 30.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -80,6 +73,14 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["PAGEDATTN_CASES_DIR"] = str(config.getoption("pagedattn_cases"))
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(os.environ.get("PAGEDATTN_PROFILE", DEFAULT_PROFILE))
+    from pagedattn.conformance.targets import check_names
+    from pagedattn.errors import BackendNotFoundError
+
+    try:
+        check_names(list(config.getoption("pagedattn_backends", default=[]) or [])
+                    or os.environ["PAGEDATTN_BACKEND"].split(","))
+    except BackendNotFoundError as error:
+        raise pytest.UsageError(str(error)) from None
     state = _State(config)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "pagedattn-conformance-state")
@@ -119,6 +120,60 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("block_size", sorted(sizes), ids=[f"bs{n}" for n in sorted(sizes)])
 
 
+def _params(item: pytest.Item) -> dict[str, Any]:
+    callspec = getattr(item, "callspec", None)
+    return dict(callspec.params) if callspec is not None else {}
+
+
+def _cheapness(item: pytest.Item) -> tuple[Any, ...]:
+    """Sort key of a cell's expected cost: float32 before 16-bit, small blocks, NHD, caches of the query's dtype."""
+    params = _params(item)
+    block_size = params.get("block_size")
+    return (params.get("dtype", "float32") != "float32", block_size if isinstance(block_size, int) else 0,
+            params.get("kv_layout", "NHD") != "NHD", params.get("cache", "same") != "same")
+
+
+#: Tests whose cells are cheap (no attention, or no hypothesis): they run right after the first tier.
+CHEAP_TESTS = frozenset({"test_write_kv_writes_only_its_slots", "test_copy_blocks_reads_all_sources_first",
+                         "test_merge_states_matches_exact_merge", "test_bad_input_raises_naming_the_argument"})
+
+
+def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The same cells, ordered so that a bug in any operation or feature shows within seconds.
+
+    First the cheapest cell of each (backend, test, feature) group, so every operation
+    (write_kv, copy_blocks, merge_states, bad input, then each attention feature and rule)
+    runs once early; then the other cells of the cheap tests; then the rest. Each tier keeps
+    the collection order.
+    """
+    firsts: dict[tuple[Any, ...], pytest.Item] = {}
+    for item in items:
+        if item.get_closest_marker("pagedattn_conformance") is None:
+            continue
+        params = _params(item)
+        backend = params.get("backend")
+        group = (getattr(backend, "name", backend), getattr(item, "originalname", item.name),
+                 params.get("feature"), params.get("cache"))
+        if group not in firsts or _cheapness(item) < _cheapness(firsts[group]):
+            firsts[group] = item
+    first_ids = {id(item) for item in firsts.values()}
+
+    def tier(item: pytest.Item) -> tuple[int, int]:
+        cheap = getattr(item, "originalname", item.name) in CHEAP_TESTS
+        if id(item) in first_ids:
+            return (0, 0 if cheap else 1)  # the other operations first: their bugs hide behind attention's cells
+        return (1, 0) if cheap and item.get_closest_marker("pagedattn_conformance") is not None else (2, 0)
+
+    return sorted(items, key=tier)  # stable: collection order within a tier
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _STATE not in config.stash:
+        return
+    items[:] = fail_fast_order(items)
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     if _STATE not in config.stash:
         return []
@@ -128,7 +183,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             device = backend.device_name()
         except Exception as error:  # the header must not hide the backend's own test failures
             device = f"? ({type(error).__name__}: {error})"
-        lines.append(f"  backend {backend.name} {backend.version} on {device}: {backend.capabilities().summary()}")
+        lines.append(f"  backend {backend.name} {backend.version} on {device}, {examples_per_cell(backend)} examples"
+                     f" a cell: {backend.capabilities().summary()}")
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
     lines.append("  environment: " + (" ".join(f"{k}={v}" for k, v in env.items()) or "(none set)"))
     unknown = [k for k in env if k.startswith("PAGEDATTN_") and k not in KNOWN_PAGEDATTN_ENV]
@@ -170,6 +226,46 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
     return None
 
 
+def backend_of(nodeid: str, names: list[str]) -> str | None:
+    """The backend a cell's node id names (its first parameter), the longest matching name."""
+    params = nodeid.partition("[")[2]
+    matches = [name for name in names if params == name + "]" or params.startswith(name + "-")]
+    return max(matches, key=len) if matches else None
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+class Progress:
+    """Cells done per backend and an estimate of the time left, from each backend's own rate so far."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.total: Counter[str] = Counter()
+        self.done: Counter[str] = Counter()
+        self.started: dict[str, float] = {}
+
+    def collected(self, nodeids: list[str], names: list[str]) -> None:
+        self.total = Counter(b for b in (backend_of(n, names) for n in nodeids) if b is not None)
+        self.started = dict.fromkeys(self.total, self.clock())  # the cells start once collected
+
+    def finished(self, backend: str) -> None:
+        self.started.setdefault(backend, self.clock())
+        self.done[backend] += 1
+
+    def line(self, backend: str) -> str:
+        done, total = self.done[backend], self.total[backend]
+        elapsed = self.clock() - self.started.get(backend, self.clock())
+        text = f"pagedattn progress: {backend} {done}/{total} cells, {_duration(elapsed)}"
+        if done >= total:
+            return text + ", done"
+        if done:
+            text += f", about {_duration(elapsed / done * (total - done))} left"
+        return text
+
+
 class _State:
     """Registered only when a backend is selected: tallies reports on the controller and reports them."""
 
@@ -180,8 +276,43 @@ class _State:
         self.unsupported: Counter[str] = Counter()
         self.cases: list[str] = []
         self.backends: list[Any] | None = None
+        self.progress = Progress()
+        self.last_progress: dict[str, float] = {}
+
+    def _backend_names(self) -> list[str]:
+        return [backend.name for backend in _backends(self.config)]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not hasattr(self.config, "workerinput"):
+            self.progress.collected([item.nodeid for item in session.items], self._backend_names())
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if not self.progress.total:  # every worker collects the same cells
+            self.progress.collected(list(ids), self._backend_names())
+
+    def _show_progress(self, report: pytest.TestReport) -> None:
+        """One line per backend every PROGRESS_SECONDS, and when its last cell is done."""
+        if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+            return
+        backend = backend_of(report.nodeid, list(self.progress.total))
+        if backend is None:
+            return
+        self.progress.finished(backend)
+        now = self.progress.clock()
+        last = self.last_progress.setdefault(backend, now)
+        complete = self.progress.done[backend] >= self.progress.total[backend]
+        if not complete and now - last < PROGRESS_SECONDS:
+            return
+        self.last_progress[backend] = now
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write(f"\n{self.progress.line(backend)}\n")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not hasattr(self.config, "workerinput"):
+            self._show_progress(report)
         record = conformance_record(report)
         if record is None or report.when != "call":
             return
@@ -197,8 +328,9 @@ class _State:
             from pagedattn.conformance import ledger
 
             ledger.record(Path(ledger_path), report.nodeid, "passed" if reason is None else "unsupported")
-        if record.get("replay"):
-            self.cases.append(str(record["replay"]))
+        for failure in record.get("failures", ()):
+            if failure.get("replay"):
+                self.cases.append(f"{report.nodeid} ({failure['label']}): {failure['replay']}")
 
     def zero_pass_backends(self) -> list[str]:
         return sorted(name for name in self.seen if self.passes[name] == 0)

@@ -34,9 +34,18 @@ class RecordCollector:
             record["status"] = "unsupported"
         elif report.failed:
             record["status"] = "fail"
-            record.setdefault("message", str(report.longrepr).splitlines()[-1:])
+            record.setdefault("message", failure_message(report))
         record["nodeid"] = report.nodeid
         self.records.append(record)
+
+
+def failure_message(report: Any) -> str:
+    """The text of a failed report's exception (pytest's crash line), not the traceback's last location."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None and getattr(crash, "message", None):
+        return str(crash.message)
+    lines = str(report.longrepr).strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _column(record: dict[str, Any]) -> str:

@@ -5,8 +5,11 @@ turns a cell outside the backend's declared capabilities into :class:`Unsupporte
 plugin reports it as UNSUPPORTED, neither pass nor skip). :func:`run_property` runs the
 check on hypothesis examples under the active settings profile; a backend that raises
 :class:`~pagedattn.errors.UnsupportedError` on a drawn case rejects that example (and if it
-rejects them all the cell is unsupported, with the backend's reason). The record (examples
-tried, worst error as a fraction of the tolerance, the saved case) goes into the test's
+rejects them all the cell is unsupported, with the backend's reason). When it fails, each
+distinct failure hypothesis reports is saved as its own labelled ``.npz`` (the example
+hypothesis shrank for that failure) and its replay command is added to that failure's notes;
+an interrupted example is never saved. The record (examples tried, worst error as a fraction
+of the tolerance, the failures' text, cases and replay commands) goes into the test's
 ``user_properties``, which pytest-xdist carries back to the controller.
 """
 
@@ -21,10 +24,12 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
+from hypothesis.control import current_build_context
+from hypothesis.errors import InvalidArgument, Unsatisfiable
 
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.cases import save_case
+from pagedattn.conformance.profiles import examples_per_cell
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec.dtypes import FP8_DTYPES
 
@@ -67,11 +72,38 @@ def cases_dir() -> Path:
     return Path(os.environ.get("PAGEDATTN_CASES_DIR", DEFAULT_CASES_DIR))
 
 
-def case_path(nodeid: str) -> Path:
-    """A readable, unique ``.npz`` file name for a test id."""
+def case_path(nodeid: str, index: int | None = None) -> Path:
+    """A readable, unique ``.npz`` file name for a test id (``index``: which of its distinct failures)."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid.split("::")[-1])[:90].strip("_")
     digest = hashlib.sha1(nodeid.encode()).hexdigest()[:8]
-    return cases_dir() / f"{stem}-{digest}.npz"
+    suffix = f"-failure{index}" if index is not None else ""
+    return cases_dir() / f"{stem}-{digest}{suffix}.npz"
+
+
+def failure_text(error: BaseException) -> str:
+    """The failure's own text (type and message; for a crash the type names it), without hypothesis' notes."""
+    message = str(error).strip()
+    if isinstance(error, AssertionError) and message:
+        return message
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def distinct_failures(error: BaseException) -> list[BaseException]:
+    """The failures hypothesis reports: the members of its exception group, or the error itself."""
+    if isinstance(error, BaseExceptionGroup):
+        found: list[BaseException] = []
+        for member in error.exceptions:
+            found.extend(distinct_failures(member))
+        return found
+    return [error]
+
+
+def _in_final_replay() -> bool:
+    """True while hypothesis replays a shrunk failing example to report it (once per distinct failure)."""
+    try:
+        return bool(current_build_context().is_final)
+    except InvalidArgument:  # outside a hypothesis test
+        return False
 
 
 def run_property(request: Any, backend: Backend, strategy: Callable[[], st.SearchStrategy[Any]],
@@ -85,8 +117,8 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     (or None outside pytest). ``max_examples`` caps the profile's count (for costly cells);
     ``settings_overrides`` are further hypothesis settings of this cell (costly cells stop at
     their first failure with ``report_multiple_bugs=False``).
-    On failure the shrunk case is saved as ``.npz`` and the replay command is added to the
-    exception's notes.
+    On failure each distinct failure's shrunk case is saved as ``.npz``, labelled, and its replay
+    command is added to that failure's notes.
     """
     __tracebackhide__ = True
     record: dict[str, Any] = {**cell, "backend": backend.name, "check": check.__name__, "status": "pass",
@@ -99,9 +131,11 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
             request.node.user_properties.append((RECORD_KEY, record))
         raise
     stats: dict[str, Any] = {"examples": 0, "worst": 0.0, "unsupported": None}
-    failing: dict[str, Any] = {}
+    # (exception, case) of each failure hypothesis replays to report it: one per distinct failure, shrunk.
+    reported: list[tuple[BaseException, Any]] = []
+    last_failing: dict[str, Any] = {}
 
-    examples = settings().max_examples  # the active profile's
+    examples = examples_per_cell(backend)  # the active profile's count for this backend
 
     @settings(max_examples=min(examples, max_examples) if max_examples else examples,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -115,9 +149,11 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
         except UnsupportedError as error:
             stats["unsupported"] = str(error)
             reject()
-        except BaseException:
+        except Exception as error:  # not KeyboardInterrupt: an interrupted example did not fail
             stats["examples"] += 1
-            failing["case"] = case  # the last failing example hypothesis runs is the shrunk one
+            last_failing["case"] = case
+            if _in_final_replay():
+                reported.append((error, case))
             raise
         stats["examples"] += 1
         stats["worst"] = max(stats["worst"], float(fraction))
@@ -133,18 +169,49 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
             raise Unsupported(stats["unsupported"]) from None
         record["status"] = "error"
         raise
-    except BaseException as error:
+    except Exception as error:
         record["status"] = "fail"
-        stats["worst"] = max(stats["worst"], float(getattr(error, "fraction", float("inf"))))
-        if "case" in failing:
-            path = save_case(case_path(nodeid), failing["case"], check=check.__name__,
-                             context={**cell, "backend": backend.name, "nodeid": nodeid})
-            record["case"] = str(path)
-            record["replay"] = f"pagedattn replay {path} --backend {backend.name}"
-            error.add_note(f"saved case: {path}\nreplay it: {record['replay']}")
+        failures = distinct_failures(error)
+        stats["worst"] = max(stats["worst"], *(float(getattr(f, "fraction", float("inf"))) for f in failures))
+        record["failures"] = _save_failures(failures, reported, last_failing.get("case"), backend=backend,
+                                            check=check, cell=cell, nodeid=nodeid)
+        record["message"] = "\n\n".join(f["message"] for f in record["failures"])
+        record["replays"] = [f["replay"] for f in record["failures"] if f.get("replay")]
+        raise
+    except BaseException:
+        record["status"] = "interrupted"  # KeyboardInterrupt and the like: nothing failed, nothing saved
         raise
     finally:
         record["examples"] = stats["examples"]
         record["worst_fraction"] = stats["worst"]
         if request is not None:
             request.node.user_properties.append((RECORD_KEY, record))
+
+
+def _save_failures(failures: list[BaseException], reported: list[tuple[BaseException, Any]], fallback: Any, *,
+                   backend: Backend, check: Callable[[Backend, Any], float], cell: dict[str, Any],
+                   nodeid: str) -> list[dict[str, Any]]:
+    """Save one case per distinct failure, labelled, and add its replay command to that failure's notes.
+
+    Each failure is paired with the example hypothesis replayed to raise it; when there was no
+    such replay (a flaky failure), the last failing example stands in for the only failure.
+    """
+    by_identity = {id(error): case for error, case in reported}
+    in_order = [case for _, case in reported]
+    saved: list[dict[str, Any]] = []
+    for index, failure in enumerate(failures):
+        case = by_identity.get(id(failure))
+        if case is None and len(in_order) == len(failures):
+            case = in_order[index]
+        if case is None and len(failures) == 1:
+            case = fallback
+        label = f"failure {index + 1} of {len(failures)}" if len(failures) > 1 else "failure"
+        entry: dict[str, Any] = {"label": label, "message": failure_text(failure)}
+        if case is not None:
+            path = save_case(case_path(nodeid, index + 1 if len(failures) > 1 else None), case, check=check.__name__,
+                             context={**cell, "backend": backend.name, "nodeid": nodeid, "failure": label,
+                                      "message": entry["message"].splitlines()[0][:200]})
+            entry.update(case=str(path), replay=f"pagedattn replay {path} --backend {backend.name}")
+            failure.add_note(f"{label}: saved case: {path}\nreplay it: {entry['replay']}")
+        saved.append(entry)
+    return saved

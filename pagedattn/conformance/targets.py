@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 from pagedattn.backends.interface import Backend
-from pagedattn.backends.registry import available_backends, load_backend
+from pagedattn.backends.registry import available_backends, backend_names, load_backend
 from pagedattn.errors import BackendNotFoundError
 
 
@@ -23,6 +23,24 @@ def expand(specs: list[str]) -> list[str]:
             if name not in names:
                 names.append(name)
     return names
+
+
+def check_names(specs: list[str]) -> None:
+    """Raise BackendNotFoundError (one line, naming what is registered) for a name no backend or mutant has.
+
+    Checks names only, importing nothing: ``module:Class`` is checked when it is resolved.
+    """
+    registered = backend_names()
+    for spec in specs:
+        if spec.startswith("mutant:"):
+            from pagedattn.conformance.mutants import MUTANTS
+
+            if spec.partition(":")[2] not in MUTANTS:
+                raise BackendNotFoundError(f"no mutant named {spec.partition(':')[2]!r};"
+                                           f" mutants: {', '.join(sorted(MUTANTS))}")
+        elif spec != "all" and ":" not in spec and spec not in registered:
+            raise BackendNotFoundError(f"no backend named {spec!r}; registered backends:"
+                                       f" {', '.join(registered) or 'none'} (or 'all', module:Class, mutant:NAME)")
 
 
 def resolve(spec: str) -> Backend:

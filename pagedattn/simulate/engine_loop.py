@@ -52,7 +52,8 @@ class EngineConfig:
 
 
 def unsupported_reason(backend: Backend, config: EngineConfig | None = None) -> str | None:
-    """Why ``backend`` cannot run the engine loop (a missing operation), or None."""
+    """Why ``backend`` cannot run the engine loop of ``config`` (None: :func:`fit_config`'s),
+    or None: a missing operation, or a dtype, layout, block size or head dim it does not declare."""
     caps = backend.capabilities()
     missing = [op for op in REQUIRED_OPERATIONS if not caps.supports(op)]
     if missing:
@@ -62,6 +63,12 @@ def unsupported_reason(backend: Backend, config: EngineConfig | None = None) -> 
         return f"backend {backend.name!r} supports no query dtype usable as a cache dtype"
     if config.kv_layout not in caps.kv_layouts:
         return f"backend {backend.name!r} declares no KV layout"
+    if caps.block_sizes is not None and config.block_size not in caps.block_sizes:
+        return (f"backend {backend.name!r} does not declare block_size {config.block_size}"
+                f" (supported: {list(caps.block_sizes)})")
+    if caps.head_dims is not None and config.head_dim not in caps.head_dims:
+        return (f"backend {backend.name!r} does not declare head_dim {config.head_dim}"
+                f" (supported: {list(caps.head_dims)})")
     return None
 
 
@@ -74,7 +81,7 @@ def fit_config(backend: Backend, config: EngineConfig | None = None) -> EngineCo
         changes["block_size"] = min(caps.block_sizes)
     if caps.head_dims is not None and config.head_dim not in caps.head_dims:
         changes["head_dim"] = min(caps.head_dims)
-    if config.dtype not in caps.dtypes:
+    if config.dtype not in caps.dtypes or config.dtype not in caps.cache_dtypes:
         usable = [d for d in caps.dtypes if d in caps.cache_dtypes]
         changes["dtype"] = usable[0] if usable else config.dtype
     if config.kv_layout not in caps.kv_layouts and caps.kv_layouts:

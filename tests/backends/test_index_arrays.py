@@ -12,14 +12,15 @@ import pytest
 from pagedattn.backends.registry import available_backends, load_backend
 from pagedattn.errors import PagedAttentionError
 from pagedattn.spec import check_paged_attention
-from pagedattn.spec.pools import PagedInputs, random_paged_inputs
+from pagedattn.spec.case import AttentionCase
+from pagedattn.spec.pools import random_paged_inputs
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", RuntimeWarning)
     BACKENDS = available_backends()
 
 
-def _case() -> PagedInputs:
+def _case() -> AttentionCase:
     return random_paged_inputs([20, 5], None, num_q_heads=2, num_kv_heads=1, head_dim=16)
 
 

@@ -75,7 +75,7 @@ def test_every_option_has_help_and_its_default(command: str) -> None:
 def test_a_subcommand_whose_package_is_missing_says_which(monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "hypothesis", None)  # import hypothesis now raises ImportError
-    for name in ("pagedattn.conformance.cli", "pagedattn.conformance.plugin"):
+    for name in ("pagedattn.conformance.cli", "pagedattn.conformance.plugin", "pagedattn.conformance.profiles"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     assert cli.main(["conform", "--backend", "numpy"]) == 2
     err = capsys.readouterr().err

@@ -18,7 +18,8 @@ def test_conform_numpy_quick_passes_and_writes_json(tmp_path, capsys):
     assert matrix["decode"]["float32/bs16"]["examples"] > 0
 
 
-def test_failure_is_saved_and_replayed(tmp_path, capsys):
+def test_failure_is_saved_and_replayed(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # away from the checkout: node ids must still name their module
     code = cli.main(["--backend", "mutant:LseInLog2", "--profile", "quick", "--out", str(tmp_path),
                      "-k", "test_attention_matches_spec and bs16 and lse- and float32 and NHD"])
     out = capsys.readouterr().out
@@ -29,3 +30,23 @@ def test_failure_is_saved_and_replayed(tmp_path, capsys):
     assert "lse" in capsys.readouterr().out
     assert replay.main([str(cases[0]), "--backend", "numpy"]) == 0
     assert "pass: worst error" in capsys.readouterr().out
+    [failed] = [r for r in json.loads((tmp_path / "report.json").read_text())["records"] if r["status"] == "fail"]
+    assert failed["nodeid"].startswith("pagedattn/conformance/test_meaning.py::test_attention_matches_spec[")
+    assert "lse" in failed["message"] and "runner.py" not in failed["message"]
+    assert failed["failures"][0]["replay"] == f"pagedattn replay {cases[0]} --backend mutant:LseInLog2"
+
+
+def test_an_unknown_backend_is_one_line_and_exit_2(tmp_path, capsys):
+    assert cli.main(["--backend", "nosuch", "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).strip().splitlines()
+    assert len(lines) == 1 and "nosuch" in lines[0] and "numpy" in lines[0]
+
+
+def test_a_failure_without_a_runner_record_reports_its_text():
+    from types import SimpleNamespace
+
+    from pagedattn.conformance.report import failure_message
+
+    crash = SimpleNamespace(message="PagedAttentionError did not name 'query'", path="runner.py", lineno=99)
+    assert failure_message(SimpleNamespace(longrepr=SimpleNamespace(reprcrash=crash))) == crash.message

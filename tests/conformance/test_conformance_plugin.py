@@ -77,3 +77,65 @@ def test_profile_from_environment_and_header(monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == 0
     assert "hypothesis profile thorough" in out and "backend numpy" in out
+
+
+class _Collected:
+    def __init__(self) -> None:
+        self.nodeids: list[str] = []
+
+    def pytest_collection_finish(self, session) -> None:
+        self.nodeids = [item.nodeid for item in session.items]
+
+
+def test_each_operation_and_feature_runs_early_and_no_cell_is_lost(tmp_path):
+    collected = _Collected()
+    code = run_pytest_in_process([*PLUGIN, "--conformance-cases", str(tmp_path), "--backend", "numpy",
+                                  "--collect-only", "--pyargs", "pagedattn.conformance"], [collected])
+    assert code == 0
+    order = collected.nodeids
+    assert len(order) == len(set(order)) > 300
+    first = {}
+    for index, nodeid in enumerate(order):
+        first.setdefault(nodeid.split("::")[-1].split("[")[0], index)
+    for operation in ("test_write_kv_writes_only_its_slots", "test_copy_blocks_reads_all_sources_first",
+                      "test_merge_states_matches_exact_merge"):
+        assert first[operation] < 10, f"{operation} first runs as cell {first[operation]}"
+    features = {n.split("[")[1].split("-")[2] for n in order if "test_attention_matches_spec" in n}
+    early = {n.split("[")[1].split("-")[2] for n in order[:40] if "test_attention_matches_spec" in n}
+    assert early == features
+
+
+def test_progress_counts_cells_per_backend_and_estimates_the_rest():
+    from pagedattn.conformance.plugin import Progress, backend_of
+
+    names = ["numpy", "mutant:X", "mutant:X-slow"]
+    assert backend_of("m.py::test_a[mutant:X-slow-bs16-float32]", names) == "mutant:X-slow"
+    assert backend_of("m.py::test_a[numpy]", names) == "numpy"
+    assert backend_of("m.py::test_plain", names) is None
+    now = [100.0]
+    progress = Progress(clock=lambda: now[0])
+    progress.collected([f"m.py::test_a[numpy-{i}]" for i in range(4)] + ["m.py::test_a[mutant:X-0]"], names)
+    progress.finished("numpy")
+    now[0] += 30.0
+    progress.finished("numpy")
+    assert progress.line("numpy") == "pagedattn progress: numpy 2/4 cells, 30s, about 30s left"
+    progress.finished("numpy")
+    progress.finished("numpy")
+    assert progress.line("numpy").endswith("4/4 cells, 30s, done")
+
+
+def test_an_interpreted_backend_gets_fewer_examples_only_in_the_standard_profile():
+    from pagedattn.backends.capabilities import Capabilities
+    from pagedattn.backends.numpy.backend import NumpyBackend
+    from pagedattn.conformance.profiles import INTERPRETED_EXAMPLES, PROFILES, examples_per_cell
+
+    class Interpreted(NumpyBackend):
+        def capabilities(self) -> Capabilities:
+            return Capabilities(device="cpu (Triton interpreter)")
+
+    slow, native = Interpreted(), NumpyBackend()
+    full = PROFILES["standard"]["max_examples"]
+    assert examples_per_cell(slow, "standard") == INTERPRETED_EXAMPLES["standard"] < full
+    assert examples_per_cell(native, "standard") == full == PROFILES["ci"]["max_examples"]
+    for deep in ("ci", "thorough"):
+        assert examples_per_cell(slow, deep) == examples_per_cell(native, deep) == PROFILES[deep]["max_examples"]

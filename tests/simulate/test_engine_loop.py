@@ -9,6 +9,7 @@ does not declare write_kv and copy_blocks is reported as unsupported.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from pagedattn.simulate.engine_loop import (
     BEAM_COVERAGE,
     EngineConfig,
     EngineLoop,
+    fit_config,
     make_engine_machine,
     unsupported_reason,
 )
@@ -63,8 +65,17 @@ def test_engine_loop_state_machine(name):
     assert BEAM_COVERAGE["copy-on-write"] > 0, BEAM_COVERAGE
 
 
+def _beam_config(backend) -> EngineConfig:
+    """The beam search's pool fitted to ``backend``'s capabilities (block_size 4 where declared,
+    else its smallest), with room for 3 beams of a prompt of block_size + 1 tokens and 7 steps."""
+    config = fit_config(backend, EngineConfig(num_blocks=16, block_size=4, max_seq_len=16, prefix_caching=False))
+    max_seq_len = max(config.max_seq_len, config.block_size + 8)
+    per_beam = -(-max_seq_len // config.block_size)
+    return replace(config, max_seq_len=max_seq_len, num_blocks=max(config.num_blocks, 4 * per_beam))
+
+
 def _beam_search(engine: EngineLoop) -> int:
-    """A beam search of 3 beams over a prompt of 5 tokens (block_size 4), checked every step.
+    """A beam search of 3 beams over a prompt of block_size + 1 tokens, checked every step.
 
     Steps: the prompt's one beam forks 3 children; one parent wins all three places (two
     forks, two losers freed); the three beams each keep one child; two parents split the
@@ -74,7 +85,8 @@ def _beam_search(engine: EngineLoop) -> int:
         engine.check_invariants()
         engine.check_attention(seed=len(engine.tokens))
 
-    prompt = engine.add_request([1, 2, 3, 0, 1])
+    vocab = engine.config.vocab_size
+    prompt = engine.add_request([(i + 1) % vocab for i in range(engine.config.block_size + 1)])
     assert prompt is not None
     check()
     beams = engine.beam_step([prompt], [0, 0, 0], [0, 1, 2])
@@ -101,17 +113,36 @@ def _beam_search(engine: EngineLoop) -> int:
 @pytest.mark.parametrize("name", BACKENDS)
 def test_beam_search_steps_copy_on_write_through_the_backend(name):
     backend = _backend(name)
-    config = EngineConfig(num_blocks=16, block_size=4, max_seq_len=16, prefix_caching=False)
-    copies = _beam_search(EngineLoop(backend, config))
-    # a parent's partial last block is copied once per extra child: the prompt's 5 tokens
-    # fill 1 of 4 slots of the second block, so the first step copies 2 blocks
+    copies = _beam_search(EngineLoop(backend, _beam_config(backend)))
+    # a parent's partial last block is copied once per extra child: the prompt's
+    # block_size + 1 tokens fill 1 slot of the second block, so the first step copies 2 blocks
     assert copies >= 2
 
 
+def test_beam_search_runs_within_restricted_capabilities():
+    backend = _Restricted()
+    config = _beam_config(backend)
+    assert (config.block_size, config.head_dim, config.dtype, config.kv_layout) == (16, 64, "float16", "HND")
+    assert _beam_search(EngineLoop(backend, config)) >= 2
+
+
 def test_beam_search_without_copy_blocks_is_caught():
-    config = EngineConfig(num_blocks=16, block_size=4, max_seq_len=16, prefix_caching=False)
+    backend = _NoCopyBackend()
     with pytest.raises(AssertionError, match="differs from its contiguous copy"):
-        _beam_search(EngineLoop(_NoCopyBackend(), config))
+        _beam_search(EngineLoop(backend, _beam_config(backend)))
+
+
+def test_a_config_outside_the_capabilities_is_reported_unsupported():
+    from pagedattn.errors import UnsupportedError
+
+    backend = _Restricted()
+    config = EngineConfig(block_size=4, head_dim=64, dtype="float16", kv_layout="HND")
+    assert unsupported_reason(backend, config) == (
+        "backend 'restricted' does not declare block_size 4 (supported: [16])"
+    )
+    with pytest.raises(UnsupportedError):
+        EngineLoop(backend, config)
+    assert unsupported_reason(backend, fit_config(backend, config)) is None
 
 
 def test_beam_step_preempts_others_then_drops_the_group_when_it_cannot_fit():
@@ -218,8 +249,6 @@ class _Restricted(NumpyBackend):
 
 
 def test_engine_config_fits_the_declared_capabilities():
-    from pagedattn.simulate.engine_loop import fit_config
-
     config = fit_config(_Restricted())
     assert (config.block_size, config.head_dim, config.dtype, config.kv_layout) == (16, 64, "float16", "HND")
     assert config.num_blocks * config.block_size >= EngineConfig().num_blocks * EngineConfig().block_size

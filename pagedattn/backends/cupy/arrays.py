@@ -106,24 +106,33 @@ def raw_view(array: Any, argument: str) -> tuple[Any, str]:
     )
 
 
-def launch_view(array: Any, argument: str) -> tuple[Any, tuple[int, ...], tuple[int, ...], int]:
+def launch_view(
+    array: Any, argument: str, device: int | None = None
+) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
     """``(pointer, shape, element strides, itemsize)`` of a device array (cupy, RawArray, torch
-    CUDA tensor), read from its attributes with no conversion; the pointer is an ``np.uint64``,
-    which a kernel takes for any pointer argument. What every ``run`` does with its arrays."""
+    CUDA tensor), read from its attributes with no conversion. What every ``run`` does with its
+    arrays; an array that is not on the GPU ``device`` (when given) is refused, naming it."""
     raw = array.raw if isinstance(array, RawArray) else array
     if is_torch(raw):
-        if not raw.is_cuda:
+        on = raw.get_device()
+        if on < 0 or (device is not None and on != device):
             raise PagedAttentionError(
-                argument, f"expected a CUDA tensor, received one on {raw.device}"
+                argument,
+                f"expected a CUDA tensor{'' if device is None else f' on cuda:{device}'},"
+                f" received one on {raw.device}",
             )
-        return np.uint64(raw.data_ptr()), tuple(raw.shape), tuple(raw.stride()), raw.element_size()
+        return raw.data_ptr(), tuple(raw.shape), tuple(raw.stride()), raw.element_size()
     data = getattr(raw, "data", None)
     if data is None or not hasattr(data, "ptr"):
         raise PagedAttentionError(
             argument,
             f"expected a cupy array, RawArray or torch CUDA tensor, received {type(array).__name__}",
         )
-    return np.uint64(data.ptr), tuple(raw.shape), element_strides(raw), raw.itemsize
+    if device is not None and data.device_id != device:
+        raise PagedAttentionError(
+            argument, f"expected an array on device {device}, received one on device {data.device_id}"
+        )
+    return int(data.ptr), tuple(raw.shape), element_strides(raw), raw.itemsize
 
 
 def contiguous_query(query: Any) -> Any:
@@ -142,22 +151,29 @@ def contiguous_query(query: Any) -> Any:
     return RawArray(copy, query.dtype) if isinstance(query, RawArray) else copy
 
 
-def empty_outputs(query: Any, shape: tuple[int, int, int]) -> tuple[Any, Any, Any, Any]:
+def empty_outputs(
+    query: Any, shape: tuple[int, int, int], with_lse: bool = True
+) -> tuple[Any, int, Any, int]:
     """``(out, out pointer, lse, lse pointer)``: out ``shape`` in the query's dtype and float32 lse
-    ``shape[:2]``, both in the query's kind (torch, RawArray, cupy)."""
+    ``shape[:2]`` (``None`` and 0 unless ``with_lse``), both in the query's kind (torch,
+    RawArray, cupy)."""
     raw = query.raw if isinstance(query, RawArray) else query
     if is_torch(raw):
         import torch
 
         out_t = torch.empty(shape, dtype=raw.dtype, device=raw.device)
+        if not with_lse:
+            return out_t, out_t.data_ptr(), None, 0
         lse_t = torch.empty(shape[:2], dtype=torch.float32, device=raw.device)
-        return out_t, np.uint64(out_t.data_ptr()), lse_t, np.uint64(lse_t.data_ptr())
+        return out_t, out_t.data_ptr(), lse_t, lse_t.data_ptr()
     import cupy
 
     raw_out = cupy.empty(shape, dtype=raw.dtype)
-    raw_lse = cupy.empty(shape[:2], dtype=cupy.float32)
     out = RawArray(raw_out, query.dtype) if isinstance(query, RawArray) else raw_out
-    return out, np.uint64(raw_out.data.ptr), raw_lse, np.uint64(raw_lse.data.ptr)
+    if not with_lse:
+        return out, int(raw_out.data.ptr), None, 0
+    raw_lse = cupy.empty(shape[:2], dtype=cupy.float32)
+    return out, int(raw_out.data.ptr), raw_lse, int(raw_lse.data.ptr)
 
 
 def element_strides(raw: Any) -> tuple[int, ...]:

@@ -22,11 +22,14 @@ from pagedattn.backends.cupy import arrays, planning, specializations
 from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.backends.cupy.options import resolve as resolve_options
 from pagedattn.backends.cupy.runtime import (
+    KernelArguments,
     current_stream,
     kernel,
+    kernel_handle,
     launch,
-    launch_prepared,
+    launch_direct,
     prepared,
+    stream_handle,
 )
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.errors import PagedAttentionError, UnsupportedError
@@ -34,13 +37,18 @@ from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.dtypes import QUERY_DTYPES
 
 NUM_THREADS = specializations.NUM_THREADS
+#: the attention kernel's parameters: query, key_cache, value_cache, out, lse, seven plan arrays,
+#: then the six cache strides at this slot
+ATTENTION_STRIDE_SLOTS = 12
+#: the merge kernel's parameters: partial_out, partial_lse, merges, then out and lse at this slot
+MERGE_OUT_SLOT = 3
 
 
 #: what a CUDA graph that captured ``run`` of a cupy plan holds fixed (see docs/backends/cupy.md)
 FIXED_IN_GRAPH: tuple[str, ...] = (
     "the work items, split-KV parts and kernel chosen by plan",
     "the device copies of block_tables, seq_lens, query_start_loc and alibi_slopes made by plan",
-    "the plan's split-KV partial buffers: one run of a plan at a time",
+    "the plan's split-KV partial buffers and parameter blocks: one run of a plan at a time",
     "the addresses and strides of query, key_cache and value_cache",
 )
 
@@ -75,12 +83,19 @@ class CupyPlanState:
     #: the merge kernel's arguments before out and lse, and after them
     merge_args: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
     sync: bool = False
-    #: (shape, dtype) of query, key_cache, value_cache as last accepted by the full check of
-    #: ``Backend.run``; equal ones skip it (the same check, done once)
-    accepted: tuple[Any, ...] | None = None
-    #: (pointer, shape, strides) of the caches last seen, and their checked strides
+    #: the device the plan's arrays and kernels are on
+    device: int = 0
+    #: float32 [T, Hq] written by the kernels as lse when the plan does not return it
+    lse_scratch: Any = None
+    #: the kernels' CUfunction handles and parameter blocks (runtime.KernelArguments): a run
+    #: writes its pointers (and changed strides) into the slots and launches in one driver call
+    attention_handle: int = 0
+    merge_handle: int = 0
+    attention_block: Any = None
+    merge_block: Any = None
+    #: (strides and 16-byte alignment of the two caches) last checked, whose strides are in
+    #: ``attention_block``
     strides_seen: tuple[Any, ...] | None = None
-    strides: tuple[Any, ...] = ()
 
     @property
     def capturable(self) -> bool:
@@ -262,20 +277,19 @@ class CupyBackend(Backend):
             state.items,
         )
         state.merge_args = ((*partials, state.merges), state.scalars[1:3])
+        state.device = cupy.cuda.Device().id
+        if not problem.return_lse:
+            state.lse_scratch = cupy.empty((problem.num_tokens, problem.num_q_heads), dtype=cupy.float32)
+        # pointers and strides are set by every run (slots 0-4 and ATTENTION_STRIDE_SLOTS)
+        state.attention_handle = kernel_handle(state.attention_kernel)
+        state.attention_block = KernelArguments(
+            (0, 0, 0, 0, 0, *state.table_args, *(np.int64(0),) * 6, *state.scalars)
+        )
+        if state.merge_kernel is not None:
+            before, after = state.merge_args
+            state.merge_handle = kernel_handle(state.merge_kernel)
+            state.merge_block = KernelArguments((*before, 0, 0, *after))
         return state
-
-    def run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> Any:
-        """As :meth:`Backend.run`; the (shape, dtype) check is skipped for arrays whose shape
-        and dtype objects equal those it last accepted for this plan."""
-        state = plan.state
-        seen = tuple((x.shape, x.dtype) for x in (query, key_cache, value_cache))
-        if not isinstance(state, CupyPlanState) or state.accepted != seen:
-            result = super().run(plan, query, key_cache, value_cache)
-            if isinstance(state, CupyPlanState):
-                state.accepted = seen
-            return result
-        out, lse = self._run(plan, query, key_cache, value_cache)
-        return (out, lse) if plan.problem.return_lse else out
 
     def _resident_ctas(self, problem: AttentionProblem, choice: planning.KernelChoice) -> int:
         """CTAs of the attention kernel ``choice`` resident on the whole device (registers,
@@ -320,67 +334,70 @@ class CupyBackend(Backend):
             )
         return np.int64(s_block), np.int64(s_slot), np.int64(s_head)
 
-    def _checked_strides(
+    def _set_strides(
         self, state: CupyPlanState, k_view: tuple[Any, ...], v_view: tuple[Any, ...], kv_layout: str
-    ) -> tuple[Any, ...]:
-        """The six cache strides of the kernel arguments, checked once per (pointer, shape,
-        strides) of the two caches (:meth:`_cache_strides` does the checking)."""
-        seen = (k_view, v_view)
+    ) -> None:
+        """Write the six cache strides into the attention kernel's parameter block, checked
+        (:meth:`_cache_strides`) once per strides and 16-byte alignment of the two caches."""
+        seen = (k_view[2], v_view[2], k_view[0] & 15, v_view[0] & 15, k_view[3], v_view[3])
         if seen != state.strides_seen:
-            k_strides = self._cache_strides(k_view, "key_cache", kv_layout)
-            v_strides = self._cache_strides(v_view, "value_cache", kv_layout)
-            state.strides, state.strides_seen = (*k_strides, *v_strides), seen
-        return state.strides
+            strides = (
+                *self._cache_strides(k_view, "key_cache", kv_layout),
+                *self._cache_strides(v_view, "value_cache", kv_layout),
+            )
+            block = state.attention_block
+            for slot, stride in enumerate(strides, start=ATTENTION_STRIDE_SLOTS):
+                block[slot] = int(stride)
+            state.strides_seen = seen
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
-        """Allocate out and lse in the query's kind and launch on the current stream (torch's
-        when torch uses CUDA). Arrays are passed by pointer: no conversion, copy or
-        synchronisation, so the launches can be graph-captured."""
+        """Allocate out (and lse when planned) in the query's kind and launch on the current
+        stream (torch's when torch uses CUDA). Arrays are passed by pointer through the plan's
+        parameter blocks: no conversion, copy or synchronisation, so the launches can be
+        graph-captured."""
         p: AttentionProblem = plan.problem
         state: CupyPlanState = plan.state
         work = state.work
-        k_view = arrays.launch_view(key_cache, "key_cache")
-        v_view = arrays.launch_view(value_cache, "value_cache")
-        strides = self._checked_strides(state, k_view, v_view, p.kv_layout)
+        device = state.device
+        k_view = arrays.launch_view(key_cache, "key_cache", device)
+        v_view = arrays.launch_view(value_cache, "value_cache", device)
+        self._set_strides(state, k_view, v_view, p.kv_layout)
         query = arrays.contiguous_query(query)
-        q_pointer = arrays.launch_view(query, "query")[0]
+        q_pointer = arrays.launch_view(query, "query", device)[0]
         out, out_pointer, lse, lse_pointer = arrays.empty_outputs(
-            query, (p.num_tokens, p.num_q_heads, p.head_dim)
+            query, (p.num_tokens, p.num_q_heads, p.head_dim), p.return_lse
         )
-        stream = current_stream()
-        with stream:
-            launch_prepared(
-                state.attention_kernel,
-                state.attention.name_expression,
-                (len(work.items),),
-                (state.threads,),
-                (
-                    q_pointer,
-                    k_view[0],
-                    v_view[0],
-                    out_pointer,
-                    lse_pointer,
-                    *state.table_args,
-                    *strides,
-                    *state.scalars,
-                ),
-                state.smem,
+        if lse is None:
+            lse_pointer = int(state.lse_scratch.data.ptr)
+        stream = stream_handle(device)
+        block = state.attention_block
+        block[0], block[1], block[2], block[3], block[4] = (
+            q_pointer, k_view[0], v_view[0], out_pointer, lse_pointer
+        )
+        launch_direct(
+            state.attention_handle,
+            state.attention.name_expression,
+            (len(work.items),),
+            (state.threads,),
+            block,
+            state.smem,
+            stream,
+            state.sync,
+        )
+        if state.merge_block is not None:
+            merge_block = state.merge_block
+            merge_block[MERGE_OUT_SLOT], merge_block[MERGE_OUT_SLOT + 1] = out_pointer, lse_pointer
+            launch_direct(
+                state.merge_handle,
+                state.merge.name_expression,
+                (len(work.merges), work.rows),  # one CTA per (merge, row)
+                (NUM_THREADS,),
+                merge_block,
+                0,
                 stream,
                 state.sync,
             )
-            if state.merge_kernel is not None:
-                before, after = state.merge_args
-                launch_prepared(
-                    state.merge_kernel,
-                    state.merge.name_expression,
-                    (len(work.merges), work.rows),  # one CTA per (merge, row)
-                    (NUM_THREADS,),
-                    (*before, out_pointer, lse_pointer, *after),
-                    0,
-                    stream,
-                    state.sync,
-                )
-        return out, (lse if p.return_lse else None)
+        return out, lse
 
     # -- other operations (uploads, copies and launches all on the current stream) --
     def _write_kv(

@@ -184,20 +184,6 @@ def choose_split(
     return best
 
 
-#: the least tiles per split-KV part where the whole batch is too small to fill the device
-#: (one tile: TILE_N keys, 16 per warp of the decode kernel)
-SMALL_GRID_MIN_TILES = 1
-
-
-def min_tiles_for(base_tiles: np.ndarray, slots: int, min_tiles: int) -> int:
-    """Fewest tiles of a split part: ``min_tiles``, or fewer (not below ``SMALL_GRID_MIN_TILES``)
-    where the items' ``base_tiles`` cannot give each of ``slots`` resident CTAs that many
-    (small-batch decode: one sequence of 2,048 keys is 8 items of 32 tiles for 264 slots).
-    Batches with at least ``min_tiles`` tiles per slot keep their plans."""
-    tiles_per_slot = -(-int(base_tiles.sum()) // max(1, slots))
-    return max(min(SMALL_GRID_MIN_TILES, min_tiles), min(min_tiles, tiles_per_slot))
-
-
 def build_work(
     problem: AttentionProblem,
     choice: KernelChoice | None = None,
@@ -212,8 +198,7 @@ def build_work(
     resident on the device.
 
     With ``split_kv``, ranges are split into parts of :func:`choose_split` tiles (at least
-    ``min_tiles_per_split``, or fewer where :func:`min_tiles_for` says the batch cannot fill
-    the device); ``num_splits`` replaces that choice by parts of ``ceil(longest / num_splits)``
+    ``min_tiles_per_split``); ``num_splits`` replaces that choice by parts of ``ceil(longest / num_splits)``
     tiles; without ``split_kv``, every item covers its whole range.
     """
     G = problem.group_size
@@ -274,7 +259,7 @@ def build_work(
         per_split = choose_split(
             base_tiles,
             max(1, slots),
-            min_tiles=min_tiles_for(base_tiles, slots, min_tiles_per_split),
+            min_tiles=min_tiles_per_split,
             partial_overhead=partial_tiles,
         )
     splits = np.maximum(1, -(-base_tiles // per_split))

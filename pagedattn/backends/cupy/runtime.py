@@ -8,12 +8,15 @@ to surface asynchronous faults at the launch that caused them.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
 import sys
 import tempfile
 from typing import Any
+
+import numpy as np
 
 from pagedattn.backends.cupy.specializations import COMPILE_OPTIONS, Specialization, source
 
@@ -145,24 +148,92 @@ def prepared(spec: Specialization, shared_mem: int = 0) -> Any:
     return function
 
 
-def launch_prepared(
-    function: Any,
+def stream_handle(device: int) -> int:
+    """The handle of the stream :func:`current_stream` names, on ``device`` for torch's: what
+    every ``run`` launches on, read without making a cupy stream object."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if get_raw is not None:
+            return int(get_raw(device))
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    import cupy
+
+    return int(cupy.cuda.get_current_stream().ptr)
+
+
+_SLOT_MASK = (1 << 64) - 1
+
+
+def argument_bits(value: Any) -> int:
+    """The bits a kernel parameter slot holds for ``value``: an int (a pointer) as it is, a
+    cupy array's data pointer, a NumPy scalar's bytes (a 4-byte one in the low half)."""
+    if isinstance(value, int):
+        return value & _SLOT_MASK
+    data = getattr(value, "data", None)
+    if data is not None and hasattr(data, "ptr"):  # cupy.ndarray
+        return int(data.ptr)
+    if isinstance(value, np.generic) and value.nbytes in (4, 8):
+        return int.from_bytes(value.tobytes(), sys.byteorder)
+    raise TypeError(f"a kernel argument must be an int, a cupy array or a 4- or 8-byte NumPy scalar,"
+                    f" received {type(value).__name__}")
+
+
+class KernelArguments:
+    """A kernel's parameter block, made once per plan: one 8-byte slot per argument holding its
+    bits (a 4-byte value in the low half, which is where the kernel reads it on a
+    little-endian host) and the array of slot addresses that ``cuLaunchKernel`` takes.
+    A run rewrites only the slots that change (pointers, strides); the driver copies the
+    values at launch, so a CUDA graph keeps those of its capture."""
+
+    def __init__(self, values: tuple[Any, ...]) -> None:
+        if sys.byteorder != "little":
+            raise KernelLaunchError("kernel parameter slots assume a little-endian host")
+        count = len(values)
+        self._slots = (ctypes.c_uint64 * count)(*(argument_bits(v) for v in values))
+        base = ctypes.addressof(self._slots)
+        self._addresses = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
+        self.address = ctypes.addressof(self._addresses)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __getitem__(self, index: int) -> int:
+        return int(self._slots[index])
+
+    def __setitem__(self, index: int, value: int) -> None:
+        """Set slot ``index`` to an integer (a pointer or a 64-bit stride)."""
+        self._slots[index] = value & _SLOT_MASK
+
+
+def kernel_handle(function: Any) -> int:
+    """The ``CUfunction`` handle of a :func:`prepared` kernel (a ``cupy.RawKernel``) on the
+    current device."""
+    return int(function.kernel.ptr)
+
+
+def launch_direct(
+    handle: int,
     name: str,
     grid: tuple[int, ...],
     block: tuple[int, ...],
-    args: tuple[Any, ...],
+    arguments: KernelArguments,
     shared_mem: int,
-    stream: Any,
+    stream: int,
     sync: bool = False,
 ) -> None:
-    """Launch a :func:`prepared` kernel inside ``with stream:`` (the caller's); raise
-    KernelLaunchError naming it. The short path of :func:`launch`, for every run's launches."""
+    """Launch a kernel by its handle with a prepared parameter block on ``stream`` (a handle),
+    in one driver call; raise KernelLaunchError naming it. What every ``run`` launches with."""
     if grid[0] == 0:
         return
+    from cupy_backends.cuda.api import driver, runtime
+
+    gx, gy, gz = (*grid, 1, 1)[:3]
+    bx, by, bz = (*block, 1, 1)[:3]
     try:
-        function(grid, block, args, shared_mem=shared_mem)
+        driver.launchKernel(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, arguments.address, 0)
         if sync:
-            stream.synchronize()
+            runtime.streamSynchronize(stream)
     except Exception as error:
         raise KernelLaunchError(f"launching {name} grid={grid} block={block}: {error}") from error
 

@@ -8,9 +8,10 @@ is imported until a method needs them.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -65,6 +66,8 @@ class TritonPlanState:
     work_q: Any
     alibi_slopes: Any
     device: Any
+    device_index: int  # the device's index, -1 on the CPU (what ``Tensor.get_device`` says)
+    interpret: bool  # whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 at plan)
     unused_output: Any  # float32 [1]: passed for an output the launch does not write (lse, partials)
     #: float32 split-KV partials [num_splits, T, Hq, D] and [num_splits, T, Hq] (unused_output
     #: when the plan does not split): made once by plan, written by every run
@@ -78,6 +81,9 @@ class TritonPlanState:
     launch_options: dict[str, Any] = field(default_factory=dict)
     merge_constexprs: dict[str, Any] = field(default_factory=dict)
     relauncher: Relauncher = field(default_factory=Relauncher)  # compiled kernels of this plan, reused by run
+    #: data pointers of the plan's own arrays as the attention kernel takes them (partials,
+    #: then index arrays and slopes), for launches that pass integers
+    plan_pointers: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     #: a CUDA graph that captured ``run`` of a triton plan holds these fixed
     fixed_in_graph: ClassVar[tuple[str, ...]] = (
@@ -87,6 +93,29 @@ class TritonPlanState:
         "the addresses and strides of query, key_cache and value_cache",
     )
     capturable: ClassVar[bool] = True
+
+
+@functools.cache
+def _attention_kernels() -> tuple[Any, Any]:
+    """The attention and merge kernels (imported once: every run launches them)."""
+    from pagedattn.backends.triton.attention_kernels import merge_splits_kernel, paged_attention_kernel
+
+    return paged_attention_kernel, merge_splits_kernel
+
+
+def _current_device(torch: Any) -> int:
+    """The current CUDA device's index; torch's internal getter where present (every run asks)."""
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
+    return int(get_device()) if get_device is not None else int(torch.cuda.current_device())
+
+
+def _current_stream(torch: Any, device_index: int) -> int:
+    """The handle of torch's current stream on a device (where CUDA graphs capture); torch's
+    internal getter where present (every run asks)."""
+    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get_raw is not None:
+        return int(get_raw(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)
 
 
 def _work_list(problem: AttentionProblem, tiles: Tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,7 +188,12 @@ class TritonBackend(Backend):
     def _device(self) -> Any:
         import torch
 
-        return torch.device("cpu") if interpreter_mode() else torch.device("cuda", torch.cuda.current_device())
+        if interpreter_mode():
+            from pagedattn.backends.triton.interpreter import install
+
+            install()  # every path to a launch asks for the device first
+            return torch.device("cpu")
+        return torch.device("cuda", torch.cuda.current_device())
 
     def _num_sms(self) -> int:
         if interpreter_mode():
@@ -222,7 +256,7 @@ class TritonBackend(Backend):
         options: dict[str, Any] = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
         if tiles.max_registers is not None:
             options["maxnreg"] = tiles.max_registers
-        return TritonPlanState(
+        state = TritonPlanState(
             tiles=tiles,
             num_splits=num_splits,
             num_work=num_work,
@@ -233,6 +267,8 @@ class TritonBackend(Backend):
             work_q=upload(work_q),
             alibi_slopes=None if slopes is None else upload(slopes, np.float32),
             device=device,
+            device_index=-1 if device.index is None else int(device.index),
+            interpret=interpreter_mode(),
             unused_output=unused,
             part_out=part_out,
             part_lse=part_lse,
@@ -259,52 +295,76 @@ class TritonBackend(Backend):
                 STORE_LSE=problem.return_lse, INTERPRET=interpreter_mode(),
             ),
         )
+        tables = (state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
+                  state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens)
+        pointers = (tuple(x.data_ptr() for x in (part_out, part_lse)), tuple(x.data_ptr() for x in tables))
+        return replace(state, plan_pointers=pointers)
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
         """Allocate out (and lse) and launch on torch's current stream; everything else was
-        made by plan, so a run copies nothing to the device and never synchronises."""
+        made by plan, so a run copies nothing to the device and never synchronises. After a
+        plan's first launch under a key of strides, alignment and device, its compiled kernel
+        is launched directly, pointers as integers (:mod:`.relaunch`)."""
         import torch
 
-        from pagedattn.backends.triton.attention_kernels import merge_splits_kernel, paged_attention_kernel
-
         problem, state = plan.problem, plan.state
-        device = state.device
-        q = as_tensor(query, device)
-        k_cache = as_tensor(key_cache, device)
-        v_cache = as_tensor(value_cache, device)
+        paged_attention_kernel, merge_splits_kernel = _attention_kernels()
+        q, k_cache, v_cache = query, key_cache, value_cache
+        if not (type(q) is torch.Tensor and type(k_cache) is torch.Tensor and type(v_cache) is torch.Tensor):
+            device = state.device
+            q, k_cache, v_cache = as_tensor(q, device), as_tensor(k_cache, device), as_tensor(v_cache, device)
+        for tensor, argument in ((q, "query"), (k_cache, "key_cache"), (v_cache, "value_cache")):
+            if tensor.get_device() != state.device_index:
+                raise PagedAttentionError(argument, f"expected a tensor on {state.device}, received one on "
+                                                    f"{tensor.device}")
         T, Hq, D = problem.num_tokens, problem.num_q_heads, problem.head_dim
-        out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
-        lse = torch.empty((T, Hq), dtype=torch.float32, device=q.device) if problem.return_lse else None
+        out = torch.empty((T, Hq, D), dtype=q.dtype, device=state.device)
+        lse = torch.empty((T, Hq), dtype=torch.float32, device=state.device) if problem.return_lse else None
         if T == 0 or state.num_work == 0:
             return out, lse
-        part_out, part_lse = state.part_out, state.part_lse
-        kb, k1, k2, kd = k_cache.stride()
-        vb, v1, v2, vd = v_cache.stride()
+        lse_arg = lse if lse is not None else state.unused_output
+        q_strides, k_strides, v_strides = q.stride(), k_cache.stride(), v_cache.stride()
+        interpret = state.interpret
+        attention = merge = None
+        key: tuple[Any, ...] | None = None  # None: the JIT's binary is not kept (interpreter, unaligned)
+        if not interpret:
+            pointers = (out.data_ptr(), lse_arg.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
+            out_lse, qkv = pointers[:2], pointers[2:]
+            if not (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]) & 15:
+                # what may differ between runs of this plan with 16-byte aligned arrays: the
+                # arrays' strides, the current device
+                device_now = _current_device(torch)
+                key = (q_strides, k_strides, v_strides, device_now)
+                attention = state.relauncher.ready(paged_attention_kernel, key)
+                if state.num_splits > 1:
+                    merge = state.relauncher.ready(merge_splits_kernel, key)
+        kb, k1, k2, kd = k_strides
+        vb, v1, v2, vd = v_strides
         # NHD [blocks, slot, head, d]; HND [blocks, head, slot, d]
         (ks, kh), (vs, vh) = ((k1, k2), (v1, v2)) if problem.kv_layout == "NHD" else ((k2, k1), (v2, v1))
-        lse_arg = lse if lse is not None else state.unused_output
-        q_strides = q.stride()
+        strides = (*q_strides, Hq * D, D, kb, ks, kh, kd, vb, vs, vh, vd)
+        if attention is not None and (merge is not None or state.num_splits == 1):
+            stream = _current_stream(torch, device_now)
+            parts, tables = state.plan_pointers
+            attention(stream, (*out_lse, *parts, *qkv, *tables, *strides, *state.tail_args))
+            if merge is not None:
+                merge(stream, (*out_lse, *parts, T, Hq, state.num_splits, Hq * D, D))
+            return out, lse
+        part_out, part_lse = state.part_out, state.part_lse
         args = [
             out, lse_arg, part_out, part_lse,
             q, k_cache, v_cache,
             state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
             state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens,
-            *q_strides,
-            out.stride(0), out.stride(1),
-            kb, ks, kh, kd,
-            vb, vs, vh, vd,
+            *strides,
             *state.tail_args,
         ]
-        # what may differ between runs of this plan: the arrays' strides and 16-byte alignment
-        key = (q_strides, (kb, k1, k2, kd), (vb, v1, v2, vd),
-               tuple(a.data_ptr() % 16 == 0 for a in (q, k_cache, v_cache, out, lse_arg)))
-        interpret = interpreter_mode()
         state.relauncher.launch(paged_attention_kernel, state.grid, key, args, state.constexprs,
                                 state.launch_options, interpret)
         if state.num_splits > 1:
             state.relauncher.launch(
                 merge_splits_kernel, (T, Hq, 1), key,
-                [out, lse_arg, part_out, part_lse, T, Hq, state.num_splits, out.stride(0), out.stride(1)],
+                [out, lse_arg, part_out, part_lse, T, Hq, state.num_splits, Hq * D, D],
                 state.merge_constexprs, {"num_warps": 4}, interpret)
         return out, lse
 

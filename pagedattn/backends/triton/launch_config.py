@@ -10,16 +10,9 @@ Pure Python, no triton import: the plan calls these once per batch.
   one multiprocessor at once), each program's key range is cut into
   ``floor(resident * num_sms / num_programs)`` splits (rounded down, so the grid
   never exceeds that many programs: a few extra programs would cost a whole extra round),
-  but never into splits of fewer than :func:`min_tiles_per_split` key tiles (each split adds
+  but never into splits of fewer than ``MIN_TILES_PER_SPLIT`` key tiles (each split adds
   partials to merge), and never more than ``MAX_SPLITS``. Splits only partition the key
   range: which keys count never depends on the choice.
-- :func:`min_tiles_per_split`: ``MIN_TILES_PER_SPLIT``, unless the whole grid holds fewer
-  than that many key tiles per resident slot (small-batch decode: one sequence of 2,048 keys
-  is 8 (sequence, KV head) pairs of 128 tiles, 1,024 tiles for 528 slots). Then a split
-  needs only enough tiles for the grid to cover every slot, and at least
-  ``SMALL_GRID_MIN_TILES`` (two tiles keep a load in flight while one is used). Grids with
-  at least ``MIN_TILES_PER_SPLIT`` tiles per slot (large batches, long contexts, prefill)
-  keep their plans.
 """
 
 from __future__ import annotations
@@ -29,7 +22,6 @@ from typing import NamedTuple
 
 PROGRAMS_PER_SM = 2  # resident programs per multiprocessor assumed when the tiles do not say
 MIN_TILES_PER_SPLIT = 4  # key tiles a split must have for the extra merge to pay
-SMALL_GRID_MIN_TILES = 2  # the least key tiles per split of a grid too small to fill the device
 MAX_SPLITS = 64  # bound on the partial buffers: [num_splits, T, Hq, D] float32
 MAX_GROUP_TILE = 64  # query heads of one KV head served by one program at most
 MAX_HEAD_DIM = 256  # larger head_dims exceed registers/shared memory: reported unsupported
@@ -147,14 +139,6 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
                  table_by_block=table_by_block)
 
 
-def min_tiles_per_split(num_programs: int, max_key_tiles: int, slots: int) -> int:
-    """Fewest key tiles a split may have: ``MIN_TILES_PER_SPLIT``, or fewer (not below
-    ``SMALL_GRID_MIN_TILES``) where ``num_programs`` x ``max_key_tiles`` tiles cannot give
-    each of ``slots`` resident programs that many."""
-    tiles_per_slot = -(-num_programs * max_key_tiles // max(1, slots))
-    return max(SMALL_GRID_MIN_TILES, min(MIN_TILES_PER_SPLIT, tiles_per_slot))
-
-
 def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resident: int = PROGRAMS_PER_SM) -> int:
     """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles,
     ``resident`` programs fitting on each of ``num_sms`` multiprocessors."""
@@ -162,6 +146,6 @@ def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resid
     if num_programs <= 0:
         return 1
     wanted = target // num_programs
-    affordable = max_key_tiles // min_tiles_per_split(num_programs, max_key_tiles, target)
+    affordable = max_key_tiles // MIN_TILES_PER_SPLIT
     splits = min(wanted, affordable, MAX_SPLITS)
     return splits if splits >= 2 else 1

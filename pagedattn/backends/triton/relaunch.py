@@ -2,51 +2,97 @@
 
 ``kernel[grid](*args)`` binds and specializes every argument on every call: each tensor's
 dtype and 16-byte alignment, each integer's value class (1, divisible by 16), then a cache
-lookup (tens of microseconds of host time for the attention kernel's ~50 arguments). A
-:class:`Relauncher` belongs to one plan. It keeps the compiled kernel a first JIT launch
+lookup, and its launcher asks the driver about every pointer (tens of microseconds of host
+time for the attention kernel's ~50 arguments). A :class:`Relauncher` belongs to one plan.
+Its :meth:`~Relauncher.launch` goes through the JIT and keeps the compiled kernel it
 returned, under a key the caller builds from everything that can differ between runs of
-that plan (strides and alignment of the arrays passed to ``run``, the device, the grid),
-and launches that binary directly when the key comes again. Every other argument is
-fixed by the plan. Any new key goes through the JIT, which compiles or finds its binary.
-In the interpreter, or with a launch hook installed, every call goes through the JIT.
+that plan (strides and alignment of the arrays passed to ``run``, the device); when the
+key comes again, :meth:`~Relauncher.ready` gives a :class:`ReadyLaunch` that calls the
+binary's launcher directly with integer pointers. The caller has checked that those
+pointers are on the plan's device, which the launcher then no longer asks. In the
+interpreter, or with a launch hook installed, every launch goes through the JIT.
 
 This module imports triton inside its methods only.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
+@dataclass(frozen=True)
+class ReadyLaunch:
+    """One compiled kernel and everything its launcher takes besides the stream and the
+    run-time arguments: ``launch(*grid, stream, *middle, *args, *constexpr_values)``."""
+
+    launch: Callable[..., Any]
+    grid: tuple[int, int, int]
+    middle: tuple[Any, ...]
+    constexpr_values: tuple[Any, ...]
+
+    def __call__(self, stream: int, args: tuple[Any, ...]) -> None:
+        """Launch on ``stream`` (a CUDA stream handle) with the kernel's non-constexpr
+        arguments ``args``, pointers as integers."""
+        self.launch(*self.grid, stream, *self.middle, *args, *self.constexpr_values)
+
+    @classmethod
+    def of(cls, compiled: Any, grid: tuple[int, int, int], constexpr_values: tuple[Any, ...]) -> ReadyLaunch | None:
+        """The ready launch of a kernel the JIT compiled and launched, or None when this
+        triton's compiled kernel does not have the parts it needs."""
+        if not all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
+            return None
+        launcher = compiled.run
+        direct = all(hasattr(launcher, name) for name in ("launch", "launch_cooperative_grid", "launch_pdl"))
+        scratch = getattr(launcher, "global_scratch_size", 0) or getattr(launcher, "profile_scratch_size", 0)
+        if direct and not scratch:  # the C launcher itself: no Python frame, no scratch allocation
+            middle = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+                      compiled.packed_metadata, None, None, None)
+            return cls(launcher.launch, grid, middle, constexpr_values)
+        return cls(launcher, grid, (compiled.function, compiled.packed_metadata, None, None, None), constexpr_values)
+
+
 class Relauncher:
-    """Compiled kernels of one plan, by launch key."""
+    """Compiled kernels of one plan, by kernel and launch key."""
 
     def __init__(self) -> None:
-        self._compiled: dict[tuple[Any, ...], Any] = {}
+        self._ready: dict[tuple[Any, ...], ReadyLaunch] = {}
 
-    def launch(self, kernel: Any, grid: tuple[int, int, int], key: tuple[Any, ...], args: list[Any],
+    def ready(self, kernel: Any, key: tuple[Any, ...]) -> ReadyLaunch | None:
+        """The ready launch of ``kernel`` found for ``key``; None if there is none yet or a
+        launch hook is installed (then the caller goes through :meth:`launch`)."""
+        found = self._ready.get((id(kernel), key))
+        if found is None or _launch_hooked():
+            return None
+        return found
+
+    def launch(self, kernel: Any, grid: tuple[int, int, int], key: tuple[Any, ...] | None, args: list[Any],
                constexprs: dict[str, Any], options: dict[str, Any], interpret: bool) -> None:
-        """Run ``kernel[grid](*args, **constexprs, **options)``, reusing the binary found for ``key``."""
-        if interpret:
-            kernel[grid](*args, **constexprs, **options)
+        """Run ``kernel[grid](*args, **constexprs, **options)`` through the JIT and keep the
+        binary it found for ``key`` (not when ``key`` is None, in the interpreter or under a
+        launch hook)."""
+        compiled = kernel[grid](*args, **constexprs, **options)
+        if interpret or key is None or _launch_hooked():
             return
-        from triton import knobs
-        from triton.runtime.driver import driver
+        names = kernel.arg_names[len(args):]
+        ready = ReadyLaunch.of(compiled, grid, tuple(constexprs[name] for name in names))
+        if ready is not None:
+            self._ready[(id(kernel), key)] = ready
 
-        device = driver.active.get_current_device()
-        full_key = (id(kernel), device, grid, key)
-        found = self._compiled.get(full_key)
-        hooks = _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
-        if found is None or hooks:
-            compiled = kernel[grid](*args, **constexprs, **options)
-            if not hooks and all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
-                names = kernel.arg_names[len(args):]
-                self._compiled[full_key] = (compiled, [constexprs[name] for name in names])
-            return
-        compiled, constexpr_values = found
-        stream = driver.active.get_current_stream(device)
-        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     *args, *constexpr_values)
+
+@functools.cache
+def _runtime_knobs() -> Any:
+    from triton import knobs
+
+    return knobs.runtime
+
+
+def _launch_hooked() -> bool:
+    """Whether a launch enter or exit hook is installed (a profiler must see every launch)."""
+    runtime = _runtime_knobs()
+    return _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
 
 
 def _hooked(hook: Any) -> bool:

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -29,6 +30,18 @@ SUITE_MODULES: tuple[str, ...] = (
     "pagedattn.conformance.test_meaning",
     "pagedattn.conformance.test_never",
 )
+
+
+def suite_location() -> list[str]:
+    """pytest arguments that select the suite's modules with node ids that keep the module's path.
+
+    ``--pyargs`` of single modules outside pytest's rootdir gives ids like ``::test_x[...]``;
+    a rootdir at the folder holding the package gives ``pagedattn/conformance/test_x.py::...``,
+    installed or not.
+    """
+    import pagedattn
+
+    return ["--rootdir", str(Path(pagedattn.__file__).resolve().parent.parent), "--pyargs", *SUITE_MODULES]
 
 
 class MutantResult(NamedTuple):
@@ -78,7 +91,7 @@ def run_mutant(
     with tempfile.TemporaryDirectory(prefix="pagedattn-mutant-") as cases:
         args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x", "--no-header",
                 "-p", "no:randomly", f"--hypothesis-profile={profile}", "--conformance-cases", cases,
-                "--backend", f"mutant:{name}", "--pyargs", *SUITE_MODULES, *extra_args]
+                "--backend", f"mutant:{name}", *suite_location(), *extra_args]
         start = time.perf_counter()
         if isolated:
             done = subprocess.run([sys.executable, "-m", "pytest", "-rf", *args], capture_output=True, text=True)

@@ -124,7 +124,7 @@ def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) ->
 
 
 @pytest.mark.parametrize("seq_lens, options", [
-    ([2048], {}),  # one sequence: 8 ranges of 32 tiles for 264 slots, parts of one tile
+    ([2048], {}),  # one sequence: 8 ranges of 32 tiles for 264 slots, parts of four tiles
     ([900, 17, 0], {"num_splits": 3}),  # forced parts, uneven ranges, an empty sequence
 ])
 def test_small_batch_split_plans_give_the_exact_answer(seq_lens: list[int], options: dict) -> None:

@@ -236,45 +236,27 @@ def test_choose_split_splits_only_where_long_ranges_leave_slots_idle() -> None:
 
 # split-KV parts of llama3-8b decode (8 KV heads, 64-key tiles) for 264 resident decode CTAs
 # (two per SM of an H200): (sequences, keys) -> parts per range
-LARGE_BATCH_PARTS = {(64, 4096): 1, (2, 65536): 16}
-SMALL_BATCH_PARTS = {(1, 2048): 32, (1, 32768): 32, (4, 8192): 8, (8, 2048): 4, (16, 2048): 2}
+DECODE_PARTS = {(64, 4096): 1, (2, 65536): 16, (1, 2048): 8, (1, 32768): 32, (4, 8192): 8, (8, 2048): 4,
+                (16, 2048): 2}
 
 
-def _parts(base_tiles: np.ndarray, slots: int) -> int:
-    """Parts of the longest range under build_work's rule (the decode kernel's partial overhead)."""
-    from pagedattn.backends.cupy.planning import choose_split, min_tiles_for
-
-    per_split = choose_split(base_tiles, slots, min_tiles=min_tiles_for(base_tiles, slots, 4), partial_overhead=0.25)
-    return -(-int(base_tiles.max()) // per_split)
-
-
-@pytest.mark.parametrize("shape, parts", [*LARGE_BATCH_PARTS.items(), *SMALL_BATCH_PARTS.items()])
-def test_decode_parts_fill_the_device_and_keep_large_batch_plans(shape: tuple[int, int], parts: int) -> None:
-    from pagedattn.backends.cupy.planning import min_tiles_for
-
+@pytest.mark.parametrize("shape, parts", DECODE_PARTS.items())
+def test_decode_parts_on_the_h200_keep_four_tiles_and_one_wave(shape: tuple[int, int], parts: int) -> None:
     seqs, keys = shape
-    base_tiles = np.full(seqs * 8, keys // 64)
-    assert _parts(base_tiles, 264) == parts
-    if shape in LARGE_BATCH_PARTS:
-        assert min_tiles_for(base_tiles, 264, 4) == 4, "large batches keep the four-tile least part"
-    else:
-        assert 128 <= seqs * 8 * parts <= 264, "small batches: one wave that covers every SM"
+    case = poisoned_case("decode", [keys] * seqs, num_q_heads=32, num_kv_heads=8)
+    work = work_of(problem_of(case), slots=264)
+    per_range = len(work.items) // (seqs * 8)
+    assert per_range == parts
+    if parts > 1:
+        assert len(work.items) <= 264, "the parts fit one wave"
+        assert keys // 64 // parts >= 4, "at least four tiles a part"
 
 
-def test_the_least_part_shrinks_only_where_the_batch_cannot_fill_the_slots() -> None:
-    from pagedattn.backends.cupy.planning import SMALL_GRID_MIN_TILES, min_tiles_for
-
-    assert min_tiles_for(np.full(8, 32), 264, 4) == SMALL_GRID_MIN_TILES  # 256 tiles for 264 slots
-    assert min_tiles_for(np.full(8, 100), 264, 4) == 4  # 800 tiles: 4 per slot
-    assert min_tiles_for(np.full(8, 100), 264, 2) == 2, "never above the caller's least"
-    causal_prefill = np.tile(np.arange(1, 65), 128)
-    assert min_tiles_for(causal_prefill, 264, 4) == 4
-
-
-def test_small_batch_decode_is_split_to_fill_the_slots_and_every_key_is_covered_once() -> None:
+def test_small_batch_decode_keeps_four_tiles_a_part_and_every_key_is_covered_once() -> None:
     case = poisoned_case("one short", [2048], num_q_heads=32, num_kv_heads=8)
     work = work_of(problem_of(case), slots=264)
-    assert len(work.merges) == 8 and len(work.items) == 8 * 32, "8 ranges of 32 tiles, one tile a part"
+    # 8 ranges of 32 tiles: 33 parts a range would fill the slots, four tiles a part allow 8
+    assert len(work.merges) == 8 and len(work.items) == 8 * 8, "8 ranges of 32 tiles, four tiles a part"
     for head in range(8):
         mine = work.items[work.items[:, 1] == head]
         spans = sorted(zip(mine[:, 6].tolist(), mine[:, 7].tolist(), strict=True))

@@ -187,12 +187,12 @@ def test_lse_only_when_asked() -> None:
 
 # -- split-KV: a launch choice that never changes which keys count ---------------------------------
 
-def test_a_small_grid_splits_to_fill_the_device_and_matches_spec() -> None:
-    # interpreter: 4 "SMs" x 4 resident = 16 slots; 1 sequence x 2 KV heads of 19 key tiles is
-    # 38 tiles, under 4 a slot: splits of 3 tiles (6), where the four-tile rule gave 4
+def test_a_small_grid_keeps_four_key_tiles_a_split_and_matches_spec() -> None:
+    # interpreter: 4 "SMs" x 4 resident = 16 slots; 1 sequence x 2 KV heads of 19 key tiles:
+    # 8 splits would fill the slots, but splits keep MIN_TILES_PER_SPLIT tiles, so 4
     case = random_paged_inputs([300], None, block_size=16, dtype="bfloat16", num_q_heads=8, num_kv_heads=2, seed=12)
     plan = BACKEND.plan(*case.args())
-    assert plan.state.num_splits == 6
+    assert plan.state.num_splits == 4
     assert_within_model(case)
 
 
@@ -256,9 +256,8 @@ def test_split_heuristic_from_batch_shape() -> None:
     assert choose_num_splits(16, 512, 132) == 16
     assert choose_num_splits(512, 32, 132) == 1
     assert choose_num_splits(150, 64, 132) == 1  # a second split would overfill the grid
-    assert choose_num_splits(16, 64, 132) == 16  # 1,024 tiles for 264 slots: MIN_TILES_PER_SPLIT per split
-    assert choose_num_splits(16, 8, 132) == 4  # 128 tiles for 264 slots: SMALL_GRID_MIN_TILES per split
-    assert choose_num_splits(16, 1, 132) == 1
+    assert choose_num_splits(16, 8, 132) == 2  # at least MIN_TILES_PER_SPLIT tiles per split
+    assert choose_num_splits(16, 7, 132) == 1
     assert choose_num_splits(1, 10_000, 132) == 64  # bounded
     assert choose_num_splits(16, 512, 132, resident=4) == 33  # more resident programs, more splits
     decode = choose_tiles(1, 4, 128, "bfloat16")

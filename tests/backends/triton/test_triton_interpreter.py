@@ -1,0 +1,78 @@
+"""The cached builtin scan of Triton's interpreter patches exactly what the interpreter's own scan does."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is needed (pip install 'pagedattn[triton]')", allow_module_level=True)
+
+import triton.language as tl
+from triton.runtime import interpreter
+
+from pagedattn.backends.triton import interpreter as cached_scan
+
+
+class RecordingScope(interpreter._LangPatchScope):  # type: ignore[misc]
+    """A patch scope that also remembers which attributes it set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[tuple[Any, str]] = []
+
+    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+        self.names.append((obj, name))
+        super().set_attr(obj, name, value)
+
+
+def patched_names(patch_builtin: Any, namespaces: tuple[Any, ...]) -> list[tuple[Any, str]]:
+    scope = RecordingScope()
+    try:
+        for namespace in namespaces:
+            patch_builtin(namespace, interpreter.interpreter_builder, scope)
+        return scope.names
+    finally:
+        scope.restore()
+
+
+def test_cached_scan_patches_what_the_interpreter_scan_patches() -> None:
+    cached_scan.install()
+    cached_scan.install()  # idempotent: the original stays the interpreter's own
+    original = cached_scan.original_patch_builtin
+    assert original is not None and original.__module__ == "triton.runtime.interpreter"
+    namespaces = (tl, tl.tensor, tl.math, tl.core, tl.core.tensor_descriptor_base)
+    expected = patched_names(original, namespaces)
+    assert expected, "the interpreter found no builtins: the test would show nothing"
+    assert patched_names(interpreter._patch_builtin, namespaces) == expected
+    assert patched_names(interpreter._patch_builtin, namespaces) == expected  # from the cache
+
+
+def test_a_helper_inside_a_patched_scope_finds_nothing_left_to_patch() -> None:
+    cached_scan.install()
+    outer = RecordingScope()
+    try:
+        interpreter._patch_builtin(tl, interpreter.interpreter_builder, outer)
+        assert patched_names(interpreter._patch_builtin, (tl,)) == []
+        assert patched_names(cached_scan.original_patch_builtin, (tl,)) == []
+    finally:
+        outer.restore()
+
+
+def test_a_tensor_used_as_an_index_raises_no_warning() -> None:
+    import warnings
+
+    import numpy as np
+
+    cached_scan.install()
+    scope = interpreter._LangPatchScope()
+    try:
+        interpreter._patch_lang_tensor(tl.tensor, scope)
+        value = tl.core.tensor(interpreter.TensorHandle(np.array([5], np.int32), tl.int32), tl.int32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert [10, 11, 12, 13, 14, 15][value] == 15
+    finally:
+        scope.restore()
