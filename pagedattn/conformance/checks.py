@@ -455,6 +455,23 @@ def _remapped(ids: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     return np.searchsorted(blocks, ids)
 
 
+def _far_blocks_match_spec(backend: Backend, case: WriteKVCase | CopyBlocksCase, blocks: np.ndarray,
+                           spec: Callable[[np.ndarray, np.ndarray], None], run: Callable[[Any, Any], None],
+                           what: str, call: str) -> float:
+    """Run ``run(key_cache, value_cache)`` on device caches holding only ``blocks`` of the case's, and
+    ``spec`` on host copies of those blocks: the blocks must then be bit-identical."""
+    __tracebackhide__ = True
+    expected = [c[blocks].copy() for c in (case.key_cache, case.value_cache)]
+    spec(expected[0], expected[1])
+    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    run(caches[0], caches[1])
+    backend.synchronize()
+    for name, device, want in zip(("key_cache", "value_cache"), caches, expected, strict=True):
+        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], want, what, call,
+                             coordinates=f"(index in blocks {blocks.tolist()}, ...)")
+    return 0.0
+
+
 def far_write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
     """write_kv past element 2**31: the slots written hold x, the other slots of their blocks unchanged."""
     __tracebackhide__ = True
@@ -464,20 +481,17 @@ def far_write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
     blocks = np.unique(slots[slots >= 0] // block_size)
     small = np.where(slots >= 0, _remapped(np.maximum(slots, 0) // block_size, blocks) * block_size
                      + slots % block_size, -1)
-    expected = [c[blocks].copy() for c in (case.key_cache, case.value_cache)]
-    kv_ops.write_kv(case.key, case.value, expected[0], expected[1], small, kv_layout=case.kv_layout)
-    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
-    backend.write_kv(backend.to_device(case.key), backend.to_device(case.value), caches[0], caches[1],
-                     backend.to_device(case.slot_mapping), kv_layout=case.kv_layout)
-    backend.synchronize()
     call = (f"[call: backend={backend.name} write_kv dtype={dtype_name(case.key.dtype)} kv_layout={case.kv_layout}"
             f" block_size={block_size} caches of {case.key_cache.size:,} elements,"
             f" slot_mapping={case.slot_mapping.tolist()}]")
-    for name, device, want in zip(("key_cache", "value_cache"), caches, expected, strict=True):
-        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], want,
-                             "write_kv past element 2**31 differs from the spec in the blocks written", call,
-                             coordinates=f"(index in blocks {blocks.tolist()}, ...)")
-    return 0.0
+    return _far_blocks_match_spec(
+        backend, case, blocks,
+        lambda key_cache, value_cache: kv_ops.write_kv(case.key, case.value, key_cache, value_cache, small,
+                                                       kv_layout=case.kv_layout),
+        lambda key_cache, value_cache: backend.write_kv(
+            backend.to_device(case.key), backend.to_device(case.value), key_cache, value_cache,
+            backend.to_device(case.slot_mapping), kv_layout=case.kv_layout),
+        "write_kv past element 2**31 differs from the spec in the blocks written", call)
 
 
 def far_copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> float:
@@ -485,19 +499,15 @@ def far_copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> floa
     __tracebackhide__ = True
     _require_pool(backend, case.key_cache.size)
     blocks = np.unique(case.pairs.astype(np.int64))
-    expected = [c[blocks].copy() for c in (case.key_cache, case.value_cache)]
-    kv_ops.copy_blocks(expected[0], expected[1], _remapped(case.pairs.astype(np.int64), blocks),
-                       kv_layout=case.kv_layout)
-    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
-    backend.copy_blocks(caches[0], caches[1], backend.to_device(case.pairs), kv_layout=case.kv_layout)
-    backend.synchronize()
     call = (f"[call: backend={backend.name} copy_blocks dtype={dtype_name(case.key_cache.dtype)}"
             f" kv_layout={case.kv_layout} caches of {case.key_cache.size:,} elements pairs={case.pairs.tolist()}]")
-    for name, device, want in zip(("key_cache", "value_cache"), caches, expected, strict=True):
-        assert_bit_identical(name, np.asarray(backend.to_numpy(device))[blocks], want,
-                             "copy_blocks past element 2**31 differs from the spec", call,
-                             coordinates=f"(index in blocks {blocks.tolist()}, ...)")
-    return 0.0
+    return _far_blocks_match_spec(
+        backend, case, blocks,
+        lambda key_cache, value_cache: kv_ops.copy_blocks(
+            key_cache, value_cache, _remapped(case.pairs.astype(np.int64), blocks), kv_layout=case.kv_layout),
+        lambda key_cache, value_cache: backend.copy_blocks(key_cache, value_cache, backend.to_device(case.pairs),
+                                                           kv_layout=case.kv_layout),
+        "copy_blocks past element 2**31 differs from the spec", call)
 
 
 Check = Callable[[Backend, Any], float]

@@ -8,14 +8,17 @@ elements declares ``max_pool_elements`` and its far-pool cells are UNSUPPORTED.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import Phase
 
+from pagedattn.backends.interface import Backend
 from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_property
 from pagedattn.conformance.scale import (
+    ScaleLimits,
     far_copy_blocks_cases,
     far_pool_cases,
     far_write_kv_cases,
@@ -35,18 +38,27 @@ FIRST_FAILURE: dict[str, Any] = {"report_multiple_bugs": False,
 FAR_DTYPES = ("float16", "bfloat16")
 
 
+def _run_scale_cell(request: Any, backend: Backend, cases: Callable[..., Any],
+                    check: Callable[[Backend, Any], float], limits: ScaleLimits, *, dtype: str, feature: str,
+                    max_examples: int, cell: dict[str, Any] | None = None,
+                    requires: dict[str, Any] | None = None) -> None:
+    """Run ``check`` on ``cases`` of ``dtype`` drawn within ``limits``, stopping at the first failure;
+    ``cell`` and ``requires`` add to the cell's record and to what it requires beyond ``dtype``."""
+    run_property(
+        request, backend, lambda: cases(backend.capabilities(), dtype=dtype, limits=limits), check,
+        cell={"feature": feature, "dtype": dtype, "block_size": "-", "kv_layout": "-", **(cell or {})},
+        requires={"dtype": dtype, **(requires or {})}, max_examples=max_examples,
+        settings_overrides=FIRST_FAILURE,
+    )
+
+
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)  # the profile is loaded before collection
 def test_long_sequences_match_spec(request, backend, dtype):
     """A small batch of long sequences (thousands of keys: split-KV plans, long 16-bit rows) within
     the error model of exact attention; inputs untouched."""
     limits = scale_limits()
-    run_property(
-        request, backend, lambda: long_sequence_cases(backend.capabilities(), dtype=dtype, limits=limits),
-        checks.matches_spec,
-        cell={"feature": "long_sequences", "dtype": dtype, "block_size": "-", "kv_layout": "-",
-              "max_keys": limits.max_long},
-        requires={"dtype": dtype}, max_examples=limits.long_examples, settings_overrides=FIRST_FAILURE,
-    )
+    _run_scale_cell(request, backend, long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
+                    feature="long_sequences", max_examples=limits.long_examples, cell={"max_keys": limits.max_long})
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
@@ -54,12 +66,8 @@ def test_odd_sizes_match_spec(request, backend, dtype):
     """Head counts, GQA ratios, head_dim, block_size, num_blocks, lengths and batch sizes that are
     no power of two, wherever the backend allows them, within the error model."""
     limits = scale_limits()
-    run_property(
-        request, backend, lambda: odd_size_cases(backend.capabilities(), dtype=dtype, limits=limits),
-        checks.matches_spec,
-        cell={"feature": "odd_sizes", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
-        requires={"dtype": dtype}, max_examples=limits.odd_examples, settings_overrides=FIRST_FAILURE,
-    )
+    _run_scale_cell(request, backend, odd_size_cases, checks.matches_spec, limits, dtype=dtype,
+                    feature="odd_sizes", max_examples=limits.odd_examples)
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
@@ -67,36 +75,24 @@ def test_far_pool_attention_matches_spec(request, backend, dtype):
     """Attention on caches past 2**31 elements, every block in use past element 2**31 (the last
     block too), within the error model; the blocks in use unchanged."""
     limits = scale_limits()
-    run_property(
-        request, backend, lambda: far_pool_cases(backend.capabilities(), dtype=dtype, limits=limits),
-        checks.far_pool_matches_spec,
-        cell={"feature": "far_pool", "dtype": dtype, "block_size": "-", "kv_layout": "-",
-              "pool_elements": limits.pool_elements},
-        requires={"dtype": dtype, "pool_elements": limits.pool_elements},
-        max_examples=limits.far_examples, settings_overrides=FIRST_FAILURE,
-    )
+    _run_scale_cell(request, backend, far_pool_cases, checks.far_pool_matches_spec, limits, dtype=dtype,
+                    feature="far_pool", max_examples=limits.far_examples,
+                    cell={"pool_elements": limits.pool_elements}, requires={"pool_elements": limits.pool_elements})
 
 
-def test_far_pool_write_kv(request, backend):
-    """write_kv at slots past element 2**31 of its caches: the spec's bits there, the other slots of
-    those blocks unchanged."""
+#: The far-pool cells of the cache operations: each operation's cases and check.
+FAR_OPERATIONS: dict[str, tuple[Callable[..., Any], Callable[[Backend, Any], float]]] = {
+    "write_kv": (far_write_kv_cases, checks.far_write_kv_matches_spec),
+    "copy_blocks": (far_copy_blocks_cases, checks.far_copy_blocks_matches_spec),
+}
+
+
+@pytest.mark.parametrize("operation", FAR_OPERATIONS)
+def test_far_pool_operation(request, backend, operation):
+    """The operation on blocks past element 2**31 of its caches: write_kv leaves the spec's bits at
+    its slots and the other slots of those blocks unchanged; copy_blocks equals the spec's, bit for bit."""
     limits = scale_limits()
-    run_property(
-        request, backend, lambda: far_write_kv_cases(backend.capabilities(), dtype="float16", limits=limits),
-        checks.far_write_kv_matches_spec,
-        cell={"feature": "far_write_kv", "dtype": "float16", "block_size": "-", "kv_layout": "-"},
-        requires={"dtype": "float16", "features": ("write_kv",), "pool_elements": limits.pool_elements},
-        max_examples=limits.far_examples, settings_overrides=FIRST_FAILURE,
-    )
-
-
-def test_far_pool_copy_blocks(request, backend):
-    """copy_blocks between blocks past element 2**31 of the caches equals the spec's, bit for bit."""
-    limits = scale_limits()
-    run_property(
-        request, backend, lambda: far_copy_blocks_cases(backend.capabilities(), dtype="float16", limits=limits),
-        checks.far_copy_blocks_matches_spec,
-        cell={"feature": "far_copy_blocks", "dtype": "float16", "block_size": "-", "kv_layout": "-"},
-        requires={"dtype": "float16", "features": ("copy_blocks",), "pool_elements": limits.pool_elements},
-        max_examples=limits.far_examples, settings_overrides=FIRST_FAILURE,
-    )
+    cases, check = FAR_OPERATIONS[operation]
+    _run_scale_cell(request, backend, cases, check, limits, dtype="float16", feature=f"far_{operation}",
+                    max_examples=limits.far_examples,
+                    requires={"features": (operation,), "pool_elements": limits.pool_elements})

@@ -379,37 +379,48 @@ def _fail(message: str) -> int:
     return usage_error(PROG, message)
 
 
+# The keywords of kv_budget and WorkloadSpec, each with the option (its argparse dest) that sets it.
+BUDGET_OPTIONS = {
+    "gpu_mib": "gpu_mib",
+    "utilization": "gpu_utilization",
+    "params": "params",
+    "num_layers": "layers",
+    "num_kv_heads": "kv_heads",
+    "head_dim": "head_dim",
+}
+WORKLOAD_OPTIONS = {
+    "arrival_rate": "rate",
+    "mean_prompt": "mean_prompt",
+    "mean_output": "mean_output",
+    "sigma": "sigma",
+    "max_model_len": "max_model_len",
+    "max_tokens_choices": "max_tokens",
+    "num_prefixes": "prefixes",
+    "prefix_len": "prefix_len",
+    "shared_prefix_fraction": "prefix_fraction",
+    "parallel_n": "parallel_n",
+    "parallel_fraction": "parallel_fraction",
+    "seed": "seed",
+}
+
+
+def _options(args: argparse.Namespace, keywords: dict[str, str]) -> dict[str, Any]:
+    """The values of the options ``keywords`` names, under their keywords."""
+    return {keyword: getattr(args, dest) for keyword, dest in keywords.items()}
+
+
 def _budget(args: argparse.Namespace) -> Budget:
     if args.capacity_tokens is not None:
         return Budget(
             args.capacity_tokens, 0, (f"capacity: {args.capacity_tokens:,} tokens (given)",)
         )
-    return kv_budget(
-        gpu_mib=args.gpu_mib,
-        utilization=args.gpu_utilization,
-        params=args.params,
-        num_layers=args.layers,
-        num_kv_heads=args.kv_heads,
-        head_dim=args.head_dim,
-    )
+    return kv_budget(**_options(args, BUDGET_OPTIONS))
 
 
 def _spec(args: argparse.Namespace) -> WorkloadSpec:
     default_requests = 1000 if args.beam_width else 10000
     return WorkloadSpec(
-        num_requests=args.requests or default_requests,
-        arrival_rate=args.rate,
-        mean_prompt=args.mean_prompt,
-        mean_output=args.mean_output,
-        sigma=args.sigma,
-        max_model_len=args.max_model_len,
-        max_tokens_choices=args.max_tokens,
-        num_prefixes=args.prefixes,
-        prefix_len=args.prefix_len,
-        shared_prefix_fraction=args.prefix_fraction,
-        parallel_n=args.parallel_n,
-        parallel_fraction=args.parallel_fraction,
-        seed=args.seed,
+        num_requests=args.requests or default_requests, **_options(args, WORKLOAD_OPTIONS)
     )
 
 

@@ -112,6 +112,18 @@ def simulate_paged(
         preempted += 1
         preempted_now += 1
 
+    def append_or_preempt(entry: _Running, seq_id: int, count: int) -> bool:
+        """Append ``count`` new tokens to ``seq_id`` of ``entry``, preempting the youngest request
+        until they fit; False if that preempted ``entry`` itself."""
+        tokens = ids.fresh(count) if prefix_caching else count
+        while entry.alive:
+            try:
+                alloc.append(seq_id, tokens)
+                return True
+            except OutOfBlocksError:
+                preempt_youngest()
+        return False
+
     def worst_case_blocks(r: Request) -> int:
         per_sample = -(-(r.prompt_len + r.max_tokens) // block_size)
         return per_sample * r.num_seqs
@@ -163,14 +175,7 @@ def simulate_paged(
             alloc.free(beam.seq_id)
         entry.samples = ranked
         for beam in ranked:
-            tokens = ids.fresh(1) if prefix_caching else 1
-            while entry.alive:
-                try:
-                    alloc.append(beam.seq_id, tokens)
-                    break
-                except OutOfBlocksError:
-                    preempt_youngest()
-            if not entry.alive:
+            if not append_or_preempt(entry, beam.seq_id, 1):
                 return
         entry.step += 1
         if entry.step == entry.request.output_lens[0]:
@@ -199,15 +204,7 @@ def simulate_paged(
                     sample.pending += 1
                     pending_total += 1
                 else:
-                    count = sample.pending + 1
-                    tokens = ids.fresh(count) if prefix_caching else count
-                    while entry.alive:
-                        try:
-                            alloc.append(sample.seq_id, tokens)
-                            break
-                        except OutOfBlocksError:
-                            preempt_youngest()
-                    if not entry.alive:
+                    if not append_or_preempt(entry, sample.seq_id, sample.pending + 1):
                         break
                     pending_total -= sample.pending
                     sample.pending = 0

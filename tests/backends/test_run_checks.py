@@ -21,6 +21,15 @@ def _inputs() -> Any:
                                dtype="float32", seed=4)
 
 
+def _planned_and_run(backend: NumpyBackend) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+    """``backend``'s plan for :func:`_inputs`, run once, with the query and caches it was run on."""
+    inputs = _inputs()
+    q, k, v = inputs.args()[:3]
+    plan = backend.plan(q, k, v, *inputs.args()[3:])
+    backend.run(plan, q, k, v)
+    return plan, q, k, v
+
+
 def _changed(arrays: dict[str, Any], argument: str, how: str) -> dict[str, Any]:
     """``arrays`` with one array replaced by one of another shape or dtype."""
     x = arrays[argument]
@@ -55,11 +64,8 @@ def test_a_changed_array_is_refused_after_runs_that_passed(kind: str, argument: 
 
 
 def test_equal_shapes_and_dtypes_of_new_arrays_pass_without_the_full_check() -> None:
-    inputs = _inputs()
     backend = NumpyBackend()
-    q, k, v = inputs.args()[:3]
-    plan = backend.plan(q, k, v, *inputs.args()[3:])
-    backend.run(plan, q, k, v)
+    plan, q, k, v = _planned_and_run(backend)
     seen = plan.accepted[0]
     other = q.copy()  # another array, the same shape and dtype
     backend.run(plan, other, k, v)
@@ -74,11 +80,8 @@ class _ContiguousOnly(NumpyBackend):
 
 
 def test_a_backend_without_strided_caches_refuses_a_strided_cache_at_every_run() -> None:
-    inputs = _inputs()
     backend = _ContiguousOnly()
-    q, k, v = inputs.args()[:3]
-    plan = backend.plan(q, k, v, *inputs.args()[3:])
-    backend.run(plan, q, k, v)
+    plan, q, k, v = _planned_and_run(backend)
     wide = np.zeros((*k.shape[:-1], 2 * k.shape[-1]), dtype=k.dtype)
     strided = wide[..., ::2]
     strided[...] = k

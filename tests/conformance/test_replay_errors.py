@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pagedattn.backends.numpy.backend import NumpyBackend
-from pagedattn.backends.registry import refresh_backends
 from pagedattn.conformance import replay
 from pagedattn.conformance.cases import MergeCase, save_case
 
@@ -57,15 +54,6 @@ def test_an_npz_without_a_case(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_unknown_backend(case_file: Path, spec: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert replay.main([str(case_file), "--backend", spec]) == 2
     one_error_line(capsys)
-
-
-@pytest.fixture
-def numpy_unavailable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(NumpyBackend, "availability", classmethod(lambda cls: "no such device in this test"))
-    refresh_backends()
-    yield
-    monkeypatch.undo()
-    refresh_backends()
 
 
 def test_unavailable_backend(case_file: Path, numpy_unavailable: None, capsys: pytest.CaptureFixture[str]) -> None:

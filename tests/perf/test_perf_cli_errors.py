@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from pagedattn.backends.numpy.backend import NumpyBackend
-from pagedattn.backends.registry import refresh_backends
 from pagedattn.perf import cli, device, report
 from pagedattn.perf.ceilings import Ceilings
 from pagedattn.perf.measure import Result
@@ -47,15 +44,6 @@ def test_unknown_backend_times_nothing_and_writes_nothing(tmp_path: Path, capsys
     assert cli.main(["--backend", "nosuch", "--out", str(tmp_path)]) == 2
     one_error_line(capsys, "--backend nosuch", "no backend named 'nosuch'")
     assert not (tmp_path / "bench.json").exists()
-
-
-@pytest.fixture
-def numpy_unavailable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(NumpyBackend, "availability", classmethod(lambda cls: "no such device in this test"))
-    refresh_backends()
-    yield
-    monkeypatch.undo()
-    refresh_backends()
 
 
 def test_unavailable_backend(tmp_path: Path, numpy_unavailable: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@ before anything is written."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from pagedattn.backends import load_backend
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec import check_paged_attention, exact_attention
+from pagedattn.spec.case import AttentionCase
 from pagedattn.spec.pools import random_paged_inputs
 
 BACKEND = load_backend("numpy")
@@ -46,10 +48,29 @@ def test_valid_call_runs() -> None:
     call()
 
 
-def test_query_head_dim_disagrees_with_cache() -> None:
+#: Arrays of a valid case changed one way each: (the argument named, the message, the changed arrays).
+BAD_ARRAYS: dict[str, tuple[str, str, Callable[[AttentionCase], dict[str, Any]]]] = {
+    "query_head_dim_disagrees_with_cache": (
+        "query", "head_dim 8 differs", lambda case: {"query": case.query[..., :8].copy()}),
+    "value_cache_shape_differs": (
+        "value_cache", "differs from key_cache", lambda case: {"value_cache": case.value_cache[:-1]}),
+    "unsupported_query_dtype": (
+        "query", "dtype float64 is not one of", lambda case: {"query": case.query.astype(np.float64)}),
+    "cache_dtype_must_match_query_or_be_fp8": (
+        "key_cache", "must equal query's float32",
+        lambda case: {"key_cache": case.key_cache.astype(np.float16),
+                      "value_cache": case.value_cache.astype(np.float16)}),
+    "block_tables_must_hold_integers": (
+        "block_tables", "expected integers that fit in int32, received dtype float32",
+        lambda case: {"block_tables": case.block_tables.astype(np.float32)}),
+}
+
+
+@pytest.mark.parametrize(("argument", "match", "change"), BAD_ARRAYS.values(), ids=list(BAD_ARRAYS))
+def test_bad_array(argument: str, match: str, change: Callable[[AttentionCase], dict[str, Any]]) -> None:
     case = random_paged_inputs([20, 5, 33], [4, 5, 1])
-    with raises("query", "head_dim 8 differs"):
-        call(query=case.query[..., :8].copy())
+    with raises(argument, match):
+        call(**change(case))
 
 
 def test_head_counts_disagree() -> None:
@@ -58,33 +79,9 @@ def test_head_counts_disagree() -> None:
         BACKEND.paged_attention(*case.args())
 
 
-def test_value_cache_shape_differs() -> None:
-    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
-    with raises("value_cache", "differs from key_cache"):
-        call(value_cache=case.value_cache[:-1])
-
-
-def test_unsupported_query_dtype() -> None:
-    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
-    with raises("query", "dtype float64 is not one of"):
-        call(query=case.query.astype(np.float64))
-
-
-def test_cache_dtype_must_match_query_or_be_fp8() -> None:
-    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
-    with raises("key_cache", "must equal query's float32"):
-        call(key_cache=case.key_cache.astype(np.float16), value_cache=case.value_cache.astype(np.float16))
-
-
 def test_unknown_layout() -> None:
     with raises("kv_layout", "expected 'NHD' or 'HND'"):
         call(kv_layout="NDH")
-
-
-def test_block_tables_must_hold_integers() -> None:
-    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
-    with raises("block_tables", "expected integers that fit in int32, received dtype float32"):
-        call(block_tables=case.block_tables.astype(np.float32))
 
 
 def test_index_values_must_fit_in_int32() -> None:

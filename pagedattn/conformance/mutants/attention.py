@@ -7,6 +7,7 @@ Every class states its bug in ``bug`` and the kind of public report it models in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +15,12 @@ import numpy as np
 
 from pagedattn.conformance.mutants.kernel import F32, SteppedKernelBackend
 from pagedattn.spec.arrays import AttentionProblem
+
+
+def _where_set(problem: AttentionProblem, field: str, change: Callable[[Any], Any]) -> AttentionProblem:
+    """``problem`` with its option ``field`` replaced by ``change(value)``; unchanged where the option is None."""
+    value = getattr(problem, field)
+    return problem if value is None else replace(problem, **{field: change(value)})
 
 
 class UnmaskedTail(SteppedKernelBackend):
@@ -198,9 +205,7 @@ class AlibiSign(SteppedKernelBackend):
     models = "ALiBi bias sign"
 
     def transform(self, s_ij, p, p_q, visible, problem):
-        if problem.alibi_slopes is None:
-            return super().transform(s_ij, p, p_q, visible, problem)
-        flipped = replace(problem, alibi_slopes=-problem.alibi_slopes)
+        flipped = _where_set(problem, "alibi_slopes", lambda slopes: -slopes)
         return super().transform(s_ij, p, p_q, visible, flipped)
 
 
@@ -209,9 +214,7 @@ class SlidingWindowOffByOne(SteppedKernelBackend):
     models = "sliding-window off-by-one"
 
     def visible(self, p, p_q, length, problem):
-        if problem.sliding_window is None:
-            return super().visible(p, p_q, length, problem)
-        wider = replace(problem, sliding_window=problem.sliding_window + 1)
+        wider = _where_set(problem, "sliding_window", lambda window: window + 1)
         return super().visible(p, p_q, length, wider)
 
 
@@ -328,15 +331,8 @@ class Exp2WithoutLog2e(SteppedKernelBackend):
     bug = "weights are exp2(s - m) without folding log2(e) into the scale: a base-2 softmax"
     models = "exp -> exp2 rewrite of the softmax (jax, vllm-metal) with the log2(e) factor lost"
 
-    def update(self, m, l, O, s_ij, visible, v):
-        with np.errstate(invalid="ignore", over="ignore"):
-            m_new = np.maximum(m, s_ij.max(axis=-1))
-            shift = np.where(np.isneginf(m_new), F32(0), m_new)
-            alpha = np.exp2(m - shift)
-            p_ij = np.exp2(s_ij - shift[..., None])
-            l_new = alpha * l + p_ij.sum(axis=-1)
-            O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
-        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+    def exp(self, x):
+        return np.exp2(x)
 
 
 class AlibiFromSequenceEnd(SteppedKernelBackend):
@@ -352,7 +348,6 @@ class AlibiSlopePerKVHead(SteppedKernelBackend):
     models = "ALiBi slopes and the GQA head mapping mixed up (vLLM's ALiBi head-mapping hotfix)"
 
     def transform(self, s_ij, p, p_q, visible, problem):
-        if problem.alibi_slopes is None:
-            return super().transform(s_ij, p, p_q, visible, problem)
-        slopes = problem.alibi_slopes[np.arange(problem.num_q_heads) // problem.group_size]
-        return super().transform(s_ij, p, p_q, visible, replace(problem, alibi_slopes=slopes))
+        by_kv_head = np.arange(problem.num_q_heads) // problem.group_size
+        mixed = _where_set(problem, "alibi_slopes", lambda slopes: slopes[by_kv_head])
+        return super().transform(s_ij, p, p_q, visible, mixed)

@@ -18,6 +18,8 @@ from pagedattn.spec.arrays import AttentionProblem
 from pagedattn.spec.kv_ops import slot_view
 
 F32 = np.float32
+#: The online-softmax state (m, l, O) of a part of a sequence's keys.
+State = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 class SteppedKernelBackend(NumpyBackend):
@@ -85,6 +87,10 @@ class SteppedKernelBackend(NumpyBackend):
         """The running max m before any key."""
         return -np.inf
 
+    def exp(self, x: np.ndarray) -> np.ndarray:
+        """The online softmax's exponential, e**x (of score minus running max)."""
+        return np.exp(x)
+
     def mask(self, s_ij: np.ndarray, visible: np.ndarray) -> np.ndarray:
         return np.where(visible[:, None, :], s_ij, F32(-np.inf))
 
@@ -94,8 +100,8 @@ class SteppedKernelBackend(NumpyBackend):
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf the row sees propagate
             m_new = np.maximum(m, s_ij.max(axis=-1))
             shift = np.where(np.isneginf(m_new), F32(0), m_new)
-            alpha = np.exp(m - shift)
-            p_ij = np.exp(s_ij - shift[..., None])
+            alpha = self.exp(m - shift)
+            p_ij = self.exp(s_ij - shift[..., None])
             l_new = alpha * l + p_ij.sum(axis=-1)
             O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
@@ -113,6 +119,18 @@ class SteppedKernelBackend(NumpyBackend):
         return out, lse.astype(F32)
 
     # -- the kernel -----------------------------------------------------------------------------
+    def read_block(self, slots: np.ndarray, row: np.ndarray, j: int, problem: AttentionProblem) -> np.ndarray:
+        """Logical block ``j`` of a sequence whose block-table row is ``row``, from the slot view ``slots``."""
+        return slots[self.physical_block(row, j)]
+
+    def parts(self, blocks: list[int], length: int, problem: AttentionProblem) -> list[list[int]]:
+        """The logical blocks cut into parts, each with its own (m, l, O): one part, no split."""
+        return [blocks]
+
+    def merge(self, states: list[State]) -> State:
+        """The parts' (m, l, O) as one: the single part's own."""
+        return states[0]
+
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
         pr = plan.problem
         query = np.asarray(query)
@@ -132,18 +150,21 @@ class SteppedKernelBackend(NumpyBackend):
             length = int(pr.seq_lens[s])
             q, p_q = q_all[start:stop], p_q_all[start:stop]
             n = stop - start
-            m = np.full((n, Hq), self.initial_max(), dtype=F32)
-            l = np.zeros((n, Hq), dtype=F32)
-            O = np.zeros((n, Hq, D), dtype=F32)
-            for j in self.logical_blocks(length, bs, p_q, pr):
-                block = self.physical_block(pr.block_tables[s], j)
-                k = k_slots[block].astype(F32)[:, heads] * F32(pr.k_scale)  # [bs, Hq, D]
-                v = v_slots[block].astype(F32)[:, heads] * F32(pr.v_scale)
-                p = j * bs + np.arange(k.shape[0])
-                vis = self.visible(p, p_q, length, pr)
-                s_ij = self.transform(self.scores(q, k, pr), p, p_q, vis, pr)
-                m, l, O = self.update(m, l, O, self.mask(s_ij, vis), vis, v)
-            o, lse_s = self.finalize(m, l, O)
+            row = pr.block_tables[s]
+            states: list[State] = []
+            for part in self.parts(self.logical_blocks(length, bs, p_q, pr), length, pr):
+                m = np.full((n, Hq), self.initial_max(), dtype=F32)
+                l = np.zeros((n, Hq), dtype=F32)
+                O = np.zeros((n, Hq, D), dtype=F32)
+                for j in part:
+                    k = self.read_block(k_slots, row, j, pr).astype(F32)[:, heads] * F32(pr.k_scale)  # [bs, Hq, D]
+                    v = self.read_block(v_slots, row, j, pr).astype(F32)[:, heads] * F32(pr.v_scale)
+                    p = j * bs + np.arange(k.shape[0])
+                    vis = self.visible(p, p_q, length, pr)
+                    s_ij = self.transform(self.scores(q, k, pr), p, p_q, vis, pr)
+                    m, l, O = self.update(m, l, O, self.mask(s_ij, vis), vis, v)
+                states.append((m, l, O))
+            o, lse_s = self.finalize(*(self.merge(states) if states else self.merge([(m, l, O)])))
             out[start:stop] = o.astype(query.dtype)
             lse[start:stop] = lse_s
         return out, (lse if pr.return_lse else None)

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.backends.interface import Plan
-from pagedattn.conformance.mutants.kernel import F32, SteppedKernelBackend
+from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBackend
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem
 
@@ -24,8 +23,6 @@ SPLIT_MIN_KEYS = 2048
 SPLIT_MAX_SEQS = 4
 #: Keys per split part (rounded down to whole blocks).
 PART_KEYS = 1024
-
-State = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def _wrap_int32(values: np.ndarray) -> np.ndarray:
@@ -68,51 +65,16 @@ class AddressedKernelBackend(SteppedKernelBackend):
         return m.astype(F32), l.astype(F32), O.astype(F32)
 
     # -- the kernel -----------------------------------------------------------------------------
-    def read_block(self, cache: Any, row: np.ndarray, j: int, problem: AttentionProblem) -> np.ndarray:
+    def read_block(self, slots: np.ndarray, row: np.ndarray, j: int, problem: AttentionProblem) -> np.ndarray:
         """Logical block ``j`` of a sequence as ``[block_size, Hkv, D]``, read through element offsets."""
         bs = problem.block_size
         p = j * bs + np.arange(bs)
-        columns, slots = self.locate(p, bs)
+        columns, slot_ids = self.locate(p, bs)
         blocks = np.asarray(row)[np.minimum(columns, len(row) - 1)].astype(np.int64)
         slot_elements = problem.num_kv_heads * problem.head_dim
-        offsets = self.block_offsets(blocks, slots, problem) % (problem.num_blocks * bs * slot_elements)
+        offsets = self.block_offsets(blocks, slot_ids, problem) % (problem.num_blocks * bs * slot_elements)
         flat_slots = offsets // slot_elements
-        return self.slots(cache, problem)[flat_slots // bs, flat_slots % bs]
-
-    def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
-        pr = plan.problem
-        query = np.asarray(query)
-        T, Hq, D = pr.num_tokens, pr.num_q_heads, pr.head_dim
-        bs = pr.block_size
-        out = np.zeros((T, Hq, D), dtype=query.dtype)
-        lse = np.full((T, Hq), -np.inf, dtype=F32)
-        heads = self.kv_heads(pr)
-        p_q_all = self.query_positions(pr)
-        q_all = query.astype(F32) * F32(self.scale(pr))
-        for s in range(pr.num_seqs):
-            start, stop = int(pr.query_start_loc[s]), int(pr.query_start_loc[s + 1])
-            if stop == start:
-                continue
-            length = int(pr.seq_lens[s])
-            q, p_q = q_all[start:stop], p_q_all[start:stop]
-            n = stop - start
-            states: list[State] = []
-            for part in self.parts(self.logical_blocks(length, bs, p_q, pr), length, pr):
-                m = np.full((n, Hq), -np.inf, dtype=F32)
-                l = np.zeros((n, Hq), dtype=F32)
-                O = np.zeros((n, Hq, D), dtype=F32)
-                for j in part:
-                    k = self.read_block(key_cache, pr.block_tables[s], j, pr).astype(F32)[:, heads] * F32(pr.k_scale)
-                    v = self.read_block(value_cache, pr.block_tables[s], j, pr).astype(F32)[:, heads] * F32(pr.v_scale)
-                    p = j * bs + np.arange(bs)
-                    vis = self.visible(p, p_q, length, pr)
-                    s_ij = self.transform(self.scores(q, k, pr), p, p_q, vis, pr)
-                    m, l, O = self.update(m, l, O, self.mask(s_ij, vis), vis, v)
-                states.append((m, l, O))
-            o, lse_s = self.finalize(*(self.merge(states) if states else self.merge([(m, l, O)])))
-            out[start:stop] = o.astype(query.dtype)
-            lse[start:stop] = lse_s
-        return out, (lse if pr.return_lse else None)
+        return slots[flat_slots // bs, flat_slots % bs]
 
 
 # -- 32-bit offsets past 2**31 elements --------------------------------------------------------

@@ -74,6 +74,20 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,"   \
   "%59,%60,%61,%62,%63}"
 
+// One wrapper of S = A B with A from registers (K-major) and B from shared memory: m64nNk16, D of
+// DN floats; AREGS, B, P and TB are the asm operand numbers of a, b_desc, scale_d and TRANS_B.
+#define PA_WGMMA_RS(AB, N, DN, DLIST, DOPS, AREGS, B, P, TB)                                                        \
+  template <int TRANS_B>                                                                                            \
+  static __device__ __forceinline__ void m64n##N(float (&d)[DN], const unsigned (&a)[4], unsigned long long b_desc, \
+                                                int scale_d) {                                                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                                    \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." AB "." AB " " DLIST ", "                         \
+                 "{" AREGS "}, %" B ", p, 1, 1, %" TB ";\n}\n"                                                      \
+                 : DOPS                                                                                             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TRANS_B)              \
+                 : "memory");                                                                                       \
+  }
+
 // The wrappers of one input type; AB is its PTX name ("f16", "bf16"), the only difference.
 #define PA_WGMMA_WRAPPERS(AB)                                                                                       \
   /* S = A B with A from shared memory too (both K-major, 128-byte swizzle): no A registers */                     \
@@ -86,26 +100,8 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
                  : "l"(a_desc), "l"(b_desc), "r"(scale_d)                                                           \
                  : "memory");                                                                                       \
   }                                                                                                                 \
-  template <int TRANS_B>                                                                                            \
-  static __device__ __forceinline__ void m64n64(float (&d)[32], const unsigned (&a)[4], unsigned long long b_desc,  \
-                                                int scale_d) {                                                      \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                      \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB " " PA_WGMMA_D32_LIST ", "                  \
-                 "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                                                       \
-                 : PA_WGMMA_D32                                                                                     \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TRANS_B)              \
-                 : "memory");                                                                                       \
-  }                                                                                                                 \
-  template <int TRANS_B>                                                                                            \
-  static __device__ __forceinline__ void m64n128(float (&d)[64], const unsigned (&a)[4], unsigned long long b_desc, \
-                                                 int scale_d) {                                                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                      \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." AB "." AB " " PA_WGMMA_D64_LIST ", "                 \
-                 "{%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                                                       \
-                 : PA_WGMMA_D64                                                                                     \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TRANS_B)              \
-                 : "memory");                                                                                       \
-  }
+  PA_WGMMA_RS(AB, 64, 32, PA_WGMMA_D32_LIST, PA_WGMMA_D32, "%32,%33,%34,%35", "36", "37", "38")                     \
+  PA_WGMMA_RS(AB, 128, 64, PA_WGMMA_D64_LIST, PA_WGMMA_D64, "%64,%65,%66,%67", "68", "69", "70")
 
 template <typename T> struct Wgmma;
 template <> struct Wgmma<half_t> {
