@@ -24,6 +24,8 @@ ANY = Capabilities()
 DECLARED = Capabilities(head_dims=(64, 128, 256), block_sizes=(16, 32, 64))
 H200_SMS = 132
 INTERPRETER_SMS = 4
+#: CTAs of cupy's decode kernel resident on an H200 (two per multiprocessor)
+H200_CUPY_DECODE_SLOTS = 2 * H200_SMS
 
 
 def drawn(strategy, count: int) -> list:
@@ -94,11 +96,19 @@ def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_p
     from pagedattn.backends.cupy.planning import build_work
 
     (case,) = drawn(scale.long_sequence_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 1)
-    work = build_work(checks.problem_of(case))
-    ranges = work.items[work.items[:, 8] >= 0][:, 6:8]
-    assert work.merges[:, 6].min() % 2 == 1  # an odd number of parts
-    assert len({int(b - a) for a, b in ranges}) > 1  # parts of unequal length: one is partial
+    problem = checks.problem_of(case)
+    for slots in (H200_CUPY_DECODE_SLOTS, build_work.__kwdefaults__["slots"]):
+        work = build_work(problem, slots=slots)
+        ranges = work.items[work.items[:, 8] >= 0][:, 6:8]
+        assert work.merges.shape[0] > 0 and work.merges[:, 6].min() % 2 == 1, (slots, work.merges)  # odd parts
+        assert len({int(b - a) for a, b in ranges}) > 1, (slots, ranges)  # parts of unequal length: one is partial
     assert case.seq_lens[0] % work.tile_n != 0
+    tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                         problem.block_size)
+    work_seq, _, key_tiles = _work_list(problem, tiles)
+    programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+    for sms in (INTERPRETER_SMS, H200_SMS):  # triton: resident x 132 slots on the H200
+        assert choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident) > 1, sms
 
 
 # -- pools past 2**31 elements ----------------------------------------------------------------
