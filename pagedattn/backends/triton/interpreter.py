@@ -22,7 +22,7 @@ It also gives the interpreter's tensors an ``__index__`` that reads their one el
 ``.item()``: the interpreter's own ``int(array)`` on a one-element array raises NumPy's
 DeprecationWarning ("Conversion of an array with ndim > 0 to a scalar"), one per use of a
 tensor as an index, which flooded the suite's output with about a hundred thousand copies.
-This module imports triton inside :func:`install` only.
+This module imports triton only when :func:`install` runs.
 """
 
 from __future__ import annotations
