@@ -5,16 +5,24 @@ program instance and call site) makes the interpreter look again for the builtin
 ``triton.language``, its ``tensor`` class and ``math`` module to patch:
 ``inspect.getmembers`` on each, which lists, looks up and sorts every member. That scan,
 not the kernels' arithmetic, was most of the interpreter's time in the conformance suite.
-:func:`install` keeps the names of each namespace's builtins from its first scan (taken
-while nothing is patched: a kernel launch patches before any helper runs) and thereafter
-checks only those names, patching the ones that are still builtins, as the scan would.
-What runs and what it computes are unchanged.
+:func:`install` scans the namespaces the interpreter patches once, outside any kernel launch,
+and thereafter checks only those names, patching the ones that are still builtins, as the
+scan would; a namespace it did not scan gets the interpreter's own scan. What runs and what
+it computes are unchanged.
+
+The names come from :func:`install`, not from the first scan during a launch, because a launch
+leaves some builtins replaced while it runs: it sets ``reduce`` and ``associative_scan`` of
+both ``triton.language`` and ``triton.language.core``, even when the kernel sees only one of
+them, and restores them afterwards. A first scan of the other module inside that launch (a
+helper such as ``tl.max`` sees ``core``) would miss those names for the rest of the process.
+Outside a launch, a builtin that is not there is gone for good: the interpreter never restores
+what a helper's patches replace.
 
 It also gives the interpreter's tensors an ``__index__`` that reads their one element with
 ``.item()``: the interpreter's own ``int(array)`` on a one-element array raises NumPy's
 DeprecationWarning ("Conversion of an array with ndim > 0 to a scalar"), one per use of a
 tensor as an index, which flooded the suite's output with about a hundred thousand copies.
-This module imports triton inside :func:`install` only.
+This module imports triton only when :func:`install` runs.
 """
 
 from __future__ import annotations
@@ -27,28 +35,41 @@ _installed = False
 original_patch_builtin: Any = None
 
 
+def _builtin_names(pkg: Any) -> tuple[str, ...]:
+    """The names of ``pkg``'s members that are triton builtins now, in the interpreter's scan order."""
+    from triton.language import core
+
+    return tuple(name for name, member in inspect.getmembers(pkg) if core.is_builtin(member))
+
+
 def install() -> None:
-    """Replace the interpreter's builtin scan by the cached one and its ``__index__`` (idempotent)."""
+    """Replace the interpreter's builtin scan by the cached one and its ``__index__`` (idempotent).
+
+    Must run outside a kernel launch (the backend installs it before its first launch).
+    """
     global _installed, original_patch_builtin
     if _installed:
         return
+    import triton.language as language
     from triton.language import core
     from triton.runtime import interpreter
 
-    builtin_names: dict[int, tuple[str, ...]] = {}
+    namespaces = (core, core.tensor, core.tensor_descriptor_base, language, language.math)
+    builtin_names = {id(pkg): _builtin_names(pkg) for pkg in namespaces}  # they live as long as the process
     patch_attr = interpreter._patch_attr
+    scan = interpreter._patch_builtin
 
     def patch_builtin(pkg: Any, builder: Any, scope: Any) -> None:
         names = builtin_names.get(id(pkg))
         if names is None:
-            names = tuple(name for name, member in inspect.getmembers(pkg) if core.is_builtin(member))
-            builtin_names[id(pkg)] = names  # modules and classes: they live as long as the process
+            scan(pkg, builder, scope)
+            return
         for name in names:
             member = getattr(pkg, name)
             if core.is_builtin(member):
                 patch_attr(pkg, name, member, builder, scope)
 
-    original_patch_builtin = interpreter._patch_builtin
+    original_patch_builtin = scan
     patch_lang_tensor = interpreter._patch_lang_tensor
 
     def patch_lang_tensor_index(tensor: Any, scope: Any) -> None:

@@ -38,6 +38,22 @@ def patched_names(patch_builtin: Any, namespaces: tuple[Any, ...]) -> list[tuple
         scope.restore()
 
 
+def test_a_scan_inside_a_launch_leaves_no_name_out_afterwards() -> None:
+    """A launch of a kernel that sees only ``triton.language`` replaces ``reduce`` and
+    ``associative_scan`` of ``triton.language.core`` too; a helper that sees ``core`` scans it
+    inside that launch; once the launch restores them, both scans patch them again."""
+    cached_scan.install()
+    launch = interpreter._patch_lang(test_a_scan_inside_a_launch_leaves_no_name_out_afterwards)
+    try:
+        assert not tl.core.is_builtin(tl.core.associative_scan)
+        patched_names(interpreter._patch_builtin, (tl.core,))  # the helper's scan
+    finally:
+        launch.restore()
+    expected = patched_names(cached_scan.original_patch_builtin, (tl.core,))
+    assert (tl.core, "associative_scan") in expected and (tl.core, "reduce") in expected
+    assert patched_names(interpreter._patch_builtin, (tl.core,)) == expected
+
+
 def test_cached_scan_patches_what_the_interpreter_scan_patches() -> None:
     cached_scan.install()
     cached_scan.install()  # idempotent: the original stays the interpreter's own
