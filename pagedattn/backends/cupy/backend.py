@@ -11,9 +11,11 @@ query's kind.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -51,6 +53,21 @@ FIXED_IN_GRAPH: tuple[str, ...] = (
     "the plan's split-KV partial buffers and parameter blocks: one run of a plan at a time",
     "the addresses and strides of query, key_cache and value_cache",
 )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _on_current_stream(method: Callable[P, R]) -> Callable[P, R]:
+    """Run ``method`` with torch's current stream as cupy's (uploads, copies and launches in order)."""
+
+    @functools.wraps(method)
+    def on_stream(*args: P.args, **kwargs: P.kwargs) -> R:
+        with current_stream():
+            return method(*args, **kwargs)
+
+    return on_stream
 
 
 @dataclass
@@ -400,27 +417,8 @@ class CupyBackend(Backend):
         return out, lse
 
     # -- other operations (uploads, copies and launches all on the current stream) --
+    @_on_current_stream
     def _write_kv(
-        self,
-        problem: WriteKVProblem,
-        key: Any,
-        value: Any,
-        key_cache: Any,
-        value_cache: Any,
-        slot_mapping: Any,
-    ) -> None:
-        with current_stream():
-            self._write_kv_on_stream(problem, key, value, key_cache, value_cache, slot_mapping)
-
-    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
-        with current_stream():
-            self._copy_blocks_on_stream(key_cache, value_cache, pairs)
-
-    def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
-        with current_stream():
-            return self._merge_states_on_stream(out_a, lse_a, out_b, lse_b)
-
-    def _write_kv_on_stream(
         self,
         problem: WriteKVProblem,
         key: Any,
@@ -467,7 +465,8 @@ class CupyBackend(Backend):
             sync=self.options.sync,
         )
 
-    def _copy_blocks_on_stream(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+    @_on_current_stream
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
         import cupy
 
         if len(pairs) == 0:
@@ -521,7 +520,8 @@ class CupyBackend(Backend):
                 sync=self.options.sync,
             )
 
-    def _merge_states_on_stream(
+    @_on_current_stream
+    def _merge_states(
         self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any
     ) -> tuple[Any, Any]:
         import cupy
