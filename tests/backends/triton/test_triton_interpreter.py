@@ -92,3 +92,26 @@ def test_a_tensor_used_as_an_index_raises_no_warning() -> None:
             assert [10, 11, 12, 13, 14, 15][value] == 15
     finally:
         scope.restore()
+
+
+def test_a_launch_on_nan_data_raises_no_warning_and_keeps_the_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    import numpy as np
+
+    from pagedattn.backends.triton.backend import TritonBackend
+    from pagedattn.spec.pools import random_paged_inputs
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    case = random_paged_inputs([5], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=16)
+    query = case.query.copy()
+    query[0, 0, 3] = np.nan  # row (token 0, head 0) sees it
+    backend = TritonBackend()
+    dev = backend.to_device
+    caches = dev(case.key_cache), dev(case.value_cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = backend.plan(dev(query), *caches, dev(case.block_tables), dev(case.seq_lens))
+        out = backend.run(plan, dev(query), *caches)
+    out = backend.to_numpy(out)
+    assert np.isnan(out[0, 0]).all() and np.isfinite(out[0, 1]).all()
