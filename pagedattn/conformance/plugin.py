@@ -168,7 +168,7 @@ def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _STATE not in config.stash:
         return
     items[:] = fail_fast_order(items)
