@@ -118,3 +118,24 @@ __device__ __forceinline__ float warp_sum(float x) {
   const int L = seq_lens[seq];                                                                    \
   const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];                              \
   const int* table_row = block_tables + (long long)seq * max_blocks_per_seq
+
+// Element d of row r of the work item's result: o_final (and lse_final at d == 0) to split-KV
+// partial `partial` (ROWS x HEAD_DIM per partial) when partial >= 0, else to out and lse at the
+// row's token token_start + r / num_groups and query head kv_head * group_size + group_start +
+// r % num_groups.
+template <int ROWS, int HEAD_DIM, typename T>
+__device__ __forceinline__ void store_result(float o_final, float lse_final, int r, int d, int partial,
+                                             int token_start, int num_groups, int kv_head, int group_size,
+                                             int group_start, int num_q_heads, T* __restrict__ out,
+                                             float* __restrict__ lse, float* __restrict__ partial_out,
+                                             float* __restrict__ partial_lse) {
+  if (partial >= 0) {
+    partial_out[((long long)partial * ROWS + r) * HEAD_DIM + d] = o_final;
+    if (d == 0) partial_lse[(long long)partial * ROWS + r] = lse_final;
+  } else {
+    const long long t = token_start + r / num_groups;
+    const int h = kv_head * group_size + group_start + r % num_groups;
+    out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(o_final);
+    if (d == 0) lse[t * num_q_heads + h] = lse_final;
+  }
+}

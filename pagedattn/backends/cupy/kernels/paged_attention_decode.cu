@@ -324,14 +324,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     float o_final = l != 0.f ? acc / l : 0.f;
     if constexpr (FP8) o_final *= v_scale;  // the value used is cache * v_scale
     const float lse_final = l != 0.f ? m * LN2 + logf(l) : PA_NEG_INF;
-    if (partial >= 0) {
-      partial_out[((long long)partial * DEC_ROWS + r) * HEAD_DIM + d] = o_final;
-      if (d == 0) partial_lse[(long long)partial * DEC_ROWS + r] = lse_final;
-    } else {
-      const long long t = token_start + r / num_groups;
-      const int h = kv_head * group_size + group_start + r % num_groups;
-      out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(o_final);
-      if (d == 0) lse[t * num_q_heads + h] = lse_final;
-    }
+    store_result<DEC_ROWS, HEAD_DIM>(o_final, lse_final, r, d, partial, token_start, num_groups, kv_head, group_size,
+                                 group_start, num_q_heads, out, lse, partial_out, partial_lse);
   }
 }
