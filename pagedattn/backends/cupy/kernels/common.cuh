@@ -88,6 +88,24 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// The score s * scale of a query row at position p_q against key position p, soft-capped and
+// plus the ALiBi bias slope * (p - p_q), in log2 units; -inf (replacing it, never added to) where
+// the row cannot see p: padding (!valid), p >= L, causal, outside the sliding window. The row
+// state is taken by reference, read where the arithmetic needs it.
+template <typename Valid>
+__device__ __forceinline__ float masked_score_log2(float s, int p, const int& p_q, const float& slope,
+                                                   const Valid& valid, int L, float scale, float softcap,
+                                                   int has_alibi, int causal, int sliding_window) {
+  float x = s * scale;
+  if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+  const int distance = p - p_q;
+  if (has_alibi) x += slope * (float)distance;
+  bool visible = valid && p < L;
+  if (causal) visible = visible && distance <= 0;
+  if (sliding_window > 0) visible = visible && distance > -sliding_window;
+  return visible ? x * LOG2E : PA_NEG_INF;
+}
+
 // The parameters every paged-attention kernel takes, in the launch order of the host
 // (backend.py): query [T, Hq, D] of T, caches of C read through their element strides, the
 // outputs and split-KV partials, the index arrays and work items, then the call's scalars.

@@ -213,14 +213,8 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
         for (int e = 0; e < 4; ++e) {
           const int half = e / 2;
           const int p = p0 + 8 * j + 2 * tig + (e & 1);
-          float x = s[j][e] * scale;
-          if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-          const int distance = p - pq_row[half];
-          if (has_alibi) x += slope_row[half] * (float)distance;
-          bool visible = valid_row[half] && p < L;
-          if (causal) visible = visible && distance <= 0;
-          if (sliding_window > 0) visible = visible && distance > -sliding_window;
-          s[j][e] = visible ? x * LOG2E : PA_NEG_INF;
+          s[j][e] = masked_score_log2(s[j][e], p, pq_row[half], slope_row[half], valid_row[half], L,
+                                      scale, softcap, has_alibi, causal, sliding_window);
           m_ij[half] = fmaxf(m_ij[half], s[j][e]);
         }
       }
