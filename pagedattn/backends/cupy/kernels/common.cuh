@@ -88,6 +88,24 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// The score s * scale of a query row at position p_q against key position p, soft-capped and
+// plus the ALiBi bias slope * (p - p_q), in log2 units; -inf (replacing it, never added to) where
+// the row cannot see p: padding (!valid), p >= L, causal, outside the sliding window. The row
+// state is taken by reference, read where the arithmetic needs it.
+template <typename Valid>
+__device__ __forceinline__ float masked_score_log2(float s, int p, const int& p_q, const float& slope,
+                                                   const Valid& valid, int L, float scale, float softcap,
+                                                   int has_alibi, int causal, int sliding_window) {
+  float x = s * scale;
+  if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+  const int distance = p - p_q;
+  if (has_alibi) x += slope * (float)distance;
+  bool visible = valid && p < L;
+  if (causal) visible = visible && distance <= 0;
+  if (sliding_window > 0) visible = visible && distance > -sliding_window;
+  return visible ? x * LOG2E : PA_NEG_INF;
+}
+
 // The parameters every paged-attention kernel takes, in the launch order of the host
 // (backend.py): query [T, Hq, D] of T, caches of C read through their element strides, the
 // outputs and split-KV partials, the index arrays and work items, then the call's scalars.
@@ -118,3 +136,24 @@ __device__ __forceinline__ float warp_sum(float x) {
   const int L = seq_lens[seq];                                                                    \
   const int q_len = query_start_loc[seq + 1] - query_start_loc[seq];                              \
   const int* table_row = block_tables + (long long)seq * max_blocks_per_seq
+
+// Element d of row r of the work item's result: o_final (and lse_final at d == 0) to split-KV
+// partial `partial` (ROWS x HEAD_DIM per partial) when partial >= 0, else to out and lse at the
+// row's token token_start + r / num_groups and query head kv_head * group_size + group_start +
+// r % num_groups.
+template <int ROWS, int HEAD_DIM, typename T>
+__device__ __forceinline__ void store_result(float o_final, float lse_final, int r, int d, int partial,
+                                             int token_start, int num_groups, int kv_head, int group_size,
+                                             int group_start, int num_q_heads, T* __restrict__ out,
+                                             float* __restrict__ lse, float* __restrict__ partial_out,
+                                             float* __restrict__ partial_lse) {
+  if (partial >= 0) {
+    partial_out[((long long)partial * ROWS + r) * HEAD_DIM + d] = o_final;
+    if (d == 0) partial_lse[(long long)partial * ROWS + r] = lse_final;
+  } else {
+    const long long t = token_start + r / num_groups;
+    const int h = kv_head * group_size + group_start + r % num_groups;
+    out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(o_final);
+    if (d == 0) lse[t * num_q_heads + h] = lse_final;
+  }
+}

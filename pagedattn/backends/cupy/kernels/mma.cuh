@@ -47,3 +47,31 @@ __device__ __forceinline__ void ldmatrix_x4_trans_at(unsigned (&r)[4], unsigned 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+
+// The online-softmax step of a thread's two fragment rows (half 0, 1: rows g and g + 8 of the
+// m16n8 tiles s): this thread's tile row max m_ij reduced over its quad, m_i raised to it, l_i
+// scaled by alpha = exp2(m_old - m_new), then P = exp2(s - m) in place with its sum added to l_i.
+// An all-masked row subtracts 0 from its -inf scores and keeps p = 0.
+template <int TILES>
+__device__ __forceinline__ void online_softmax_step(float (&s)[TILES][4], float (&m_ij)[2], float (&m_i)[2],
+                                                    float (&l_i)[2], float (&alpha)[2]) {
+  float m_safe[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
+    m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
+    const float m_new = fmaxf(m_i[half], m_ij[half]);
+    m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;
+    alpha[half] = exp2f(m_i[half] - m_safe[half]);
+    m_i[half] = m_new;
+    l_i[half] *= alpha[half];
+  }
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = exp2f(s[j][e] - m_safe[e / 2]);
+      l_i[e / 2] += s[j][e];
+    }
+  }
+}

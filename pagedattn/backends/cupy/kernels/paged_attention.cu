@@ -266,15 +266,8 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
     const float l = l_i[r];
     const float o_final = l != 0.f ? acc / l : 0.f;
     const float lse_final = l != 0.f ? m_i[r] * LN2 + logf(l) : PA_NEG_INF;
-    if (partial >= 0) {
-      partial_out[((long long)partial * ROWS + r) * HEAD_DIM + d] = o_final;
-      if (d == 0) partial_lse[(long long)partial * ROWS + r] = lse_final;
-    } else {
-      const long long t = token_start + r / num_groups;
-      const int h = kv_head * group_size + group_start + r % num_groups;
-      out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(o_final);
-      if (d == 0) lse[t * num_q_heads + h] = lse_final;
-    }
+    store_result<ROWS, HEAD_DIM>(o_final, lse_final, r, d, partial, token_start, num_groups, kv_head, group_size,
+                                 group_start, num_q_heads, out, lse, partial_out, partial_lse);
   }
 }
 

@@ -213,37 +213,14 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
         for (int e = 0; e < 4; ++e) {
           const int half = e / 2;
           const int p = p0 + 8 * j + 2 * tig + (e & 1);
-          float x = s[j][e] * scale;
-          if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-          const int distance = p - pq_row[half];
-          if (has_alibi) x += slope_row[half] * (float)distance;
-          bool visible = valid_row[half] && p < L;
-          if (causal) visible = visible && distance <= 0;
-          if (sliding_window > 0) visible = visible && distance > -sliding_window;
-          s[j][e] = visible ? x * LOG2E : PA_NEG_INF;
+          s[j][e] = masked_score_log2(s[j][e], p, pq_row[half], slope_row[half], valid_row[half], L,
+                                      scale, softcap, has_alibi, causal, sliding_window);
           m_ij[half] = fmaxf(m_ij[half], s[j][e]);
         }
       }
     }
-    float alpha[2], m_safe[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
-      const float m_new = fmaxf(m_i[half], m_ij[half]);
-      m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;  // an all-masked row keeps p = 0
-      alpha[half] = exp2f(m_i[half] - m_safe[half]);
-      m_i[half] = m_new;
-      l_i[half] *= alpha[half];
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - m_safe[e / 2]);
-        l_i[e / 2] += s[j][e];
-      }
-    }
+    float alpha[2];
+    online_softmax_step(s, m_ij, m_i, l_i, alpha);  // P = exp2(s - m), l += row sums of P
     // -- update output accumulator: O = O * alpha + P V
     unsigned a[4];
     a[0] = Mma::pack(s[0][0], s[0][1]);
@@ -324,14 +301,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     float o_final = l != 0.f ? acc / l : 0.f;
     if constexpr (FP8) o_final *= v_scale;  // the value used is cache * v_scale
     const float lse_final = l != 0.f ? m * LN2 + logf(l) : PA_NEG_INF;
-    if (partial >= 0) {
-      partial_out[((long long)partial * DEC_ROWS + r) * HEAD_DIM + d] = o_final;
-      if (d == 0) partial_lse[(long long)partial * DEC_ROWS + r] = lse_final;
-    } else {
-      const long long t = token_start + r / num_groups;
-      const int h = kv_head * group_size + group_start + r % num_groups;
-      out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(o_final);
-      if (d == 0) lse[t * num_q_heads + h] = lse_final;
-    }
+    store_result<DEC_ROWS, HEAD_DIM>(o_final, lse_final, r, d, partial, token_start, num_groups, kv_head, group_size,
+                                 group_start, num_q_heads, out, lse, partial_out, partial_lse);
   }
 }

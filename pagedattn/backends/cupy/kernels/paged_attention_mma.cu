@@ -205,38 +205,15 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
           const int half = e / 2;
           const int r = half == 0 ? row_lo : row_hi;
           const int p = p0 + 8 * j + 2 * tig + (e & 1);
-          float x = s[j][e] * scale;
-          if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-          const int distance = p - p_q[r];
-          if (has_alibi) x += slope[r] * (float)distance;
-          bool visible = row_valid[r] && p < L;
-          if (causal) visible = visible && distance <= 0;
-          if (sliding_window > 0) visible = visible && distance > -sliding_window;
-          s[j][e] = visible ? x * LOG2E : PA_NEG_INF;
+          s[j][e] = masked_score_log2(s[j][e], p, p_q[r], slope[r], row_valid[r], L,
+                                      scale, softcap, has_alibi, causal, sliding_window);
           m_ij[half] = fmaxf(m_ij[half], s[j][e]);
         }
       }
     }
-    float alpha[2], m_safe[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
-      const float m_new = fmaxf(m_i[half], m_ij[half]);
-      m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;  // an all-masked row keeps p = 0
-      alpha[half] = exp2f(m_i[half] - m_safe[half]);
-      m_i[half] = m_new;
-      l_i[half] *= alpha[half];
-    }
-    // -- P = exp2(s - m), update l_i; rescale O
-#pragma unroll
-    for (int j = 0; j < S_TILES; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - m_safe[e / 2]);
-        l_i[e / 2] += s[j][e];
-      }
-    }
+    float alpha[2];
+    online_softmax_step(s, m_ij, m_i, l_i, alpha);  // P = exp2(s - m), l += row sums of P
+    // -- rescale O
 #pragma unroll
     for (int j = 0; j < O_TILES; ++j) {
       o[j][0] *= alpha[0]; o[j][1] *= alpha[0];

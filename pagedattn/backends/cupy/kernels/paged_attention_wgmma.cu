@@ -238,14 +238,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
         const int half = (e / 2) % 2;
         const int r = half == 0 ? row_lo : row_hi;
         const int p = p0 + 8 * (e / 4) + 2 * tig + (e & 1);
-        float x = s[e] * scale;
-        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-        const int distance = p - p_q[r];
-        if (has_alibi) x += slope[r] * (float)distance;
-        bool visible = row_valid[r] && p < L;
-        if (causal) visible = visible && distance <= 0;
-        if (sliding_window > 0) visible = visible && distance > -sliding_window;
-        s[e] = visible ? x * LOG2E : PA_NEG_INF;
+        s[e] = masked_score_log2(s[e], p, p_q[r], slope[r], row_valid[r], L,
+                                 scale, softcap, has_alibi, causal, sliding_window);
         m_ij[half] = fmaxf(m_ij[half], s[e]);
       }
     }
