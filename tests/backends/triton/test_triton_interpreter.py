@@ -94,7 +94,7 @@ def test_a_tensor_used_as_an_index_raises_no_warning() -> None:
         scope.restore()
 
 
-def test_a_launch_on_nan_data_raises_no_warning_and_keeps_the_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_launch_on_nan_data_raises_no_warning_and_keeps_ieee_results(monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
     import numpy as np
@@ -103,8 +103,9 @@ def test_a_launch_on_nan_data_raises_no_warning_and_keeps_the_nan(monkeypatch: p
     from pagedattn.spec.pools import random_paged_inputs
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    case = random_paged_inputs([5], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=16)
-    query = case.query
+    case = random_paged_inputs([32], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=16)
+    query = case.query.copy()
+    query[0, 0, 3] = np.nan  # every score of row (token 0, head 0) is NaN: its maximum is of an all-NaN slice
     key_cache, value_cache = case.key_cache.copy(), case.value_cache.copy()
     block = case.block_tables[0, 0]
     key_cache[block, 2, 0, :] = np.inf  # key of position 2: every row's score is +inf or -inf or NaN
