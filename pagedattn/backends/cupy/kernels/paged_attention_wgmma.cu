@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
   }
 }
 
-// Layout check of one warpgroup's wgmma products against the host (gpu_check runs it first):
+// Layout check of one warpgroup's wgmma products against the host (the Hopper kernel's gpu tests run it first):
 // S = Q K^T (64 x 64, K-major K) and O = P V (64 x HEAD_DIM, MN-major V) for one 64-row Q,
 // 64-key K and V and a 64 x 64 P, all of T; K and V staged exactly as paged_attention_wgmma
 // stages them, the A fragments of Q and P read straight from global memory (the m16n8k16 A
