@@ -88,7 +88,7 @@ class SdpaPeer:
     def prepare(self, case: Case, rotations: int) -> Callable[[int], Any]:
         import torch
         import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention import sdpa_kernel
 
         if not torch.cuda.is_available():
             raise _unsupported(self.name, "needs a CUDA GPU")
@@ -117,24 +117,39 @@ class SdpaPeer:
             return F.scaled_dot_product_attention(q[r], k[r], v[r], attn_mask=mask, is_causal=causal,
                                                   enable_gqa=gqa)
 
+        kernel, error = self._first_kernel(attend)
+        if kernel is None and gqa and mask is not None:  # no kernel takes GQA with a mask: whole heads
+            repeats = m.num_q_heads // m.num_kv_heads
+            k, v, gqa = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2), False
+            kernel, error = self._first_kernel(attend)
+            self.note = f"K/V heads repeated to {m.num_q_heads}: no SDPA kernel here took GQA with a mask"
+        if kernel is None:
+            raise _unsupported(self.name, f"no fused SDPA kernel takes it: {error}")
+        self.kernel = kernel.name.split("_")[0].lower()
+
+        def run(i: int, kernel: Any = kernel) -> Any:
+            with sdpa_kernel([kernel]):
+                return attend(i)
+
+        return run
+
+    def _first_kernel(self, attend: Callable[[int], Any]) -> tuple[Any, Exception | None]:
+        """The first SDPA kernel of ``SDPA_ORDER`` that runs ``attend(0)``, else None and the last error."""
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
         last_error: Exception | None = None
-        for kernel in self.SDPA_ORDER:
-            backend = getattr(SDPBackend, kernel)
+        for name in self.SDPA_ORDER:
+            kernel = getattr(SDPBackend, name)
             try:
-                with sdpa_kernel([backend]):
+                with sdpa_kernel([kernel]):
                     attend(0)
                 torch.cuda.synchronize()
             except Exception as error:  # this kernel does not take the case: try the next
                 last_error = error
                 continue
-            self.kernel = kernel.split("_")[0].lower()
-
-            def run(i: int, backend: Any = backend) -> Any:
-                with sdpa_kernel([backend]):
-                    return attend(i)
-
-            return run
-        raise _unsupported(self.name, f"no fused SDPA kernel takes it: {last_error}")
+            return kernel, None
+        return None, last_error
 
 
 class FlashPeer(SdpaPeer):

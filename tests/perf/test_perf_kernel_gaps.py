@@ -215,3 +215,16 @@ def test_bench_runs_an_fp8_and_a_chunked_case_on_the_cpu(tmp_path: Path) -> None
     kv_bytes = 2 * 2 * 256 * 8 * 128 * 1  # one byte per element
     assert fp8["bytes"] == kv_bytes + 2 * 2 * 32 * 128 * 4 + 4 * (2 * 16 + 2)
     assert chunked["kind"] == "chunked" and chunked["flops"] == 4 * 128 * 8 * 2 * sum(range(113, 129))
+
+
+def test_the_chunked_mask_is_torchs_lower_right_causal() -> None:
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn((2, 4, n, 8), generator=gen) for n in (5, 12, 12))
+    mask = torch.from_numpy(peers.lower_right_causal(5, 12))
+    assert mask.sum(dim=1).tolist() == [8, 9, 10, 11, 12], "query i sits at position 7 + i"
+    ours = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(5, 12)))
