@@ -263,11 +263,17 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   };
 
   // ---- inner loop over this stream's sub-tiles, DEC_STAGES - 1 ahead; the stream's barriers only
+  // (a pair: named barrier 1 + stream over its two warps, 0 being __syncthreads'; immediate ids,
+  // since a barrier id in a register makes ptxas reserve all 16)
+  static_assert(SPLIT == 1 || STREAMS == 2, "named barriers 1 and 2");
   auto stream_sync = [&]() {
-    if constexpr (SPLIT == 1)
+    if constexpr (SPLIT == 1) {
       __syncwarp();
-    else  // named barrier 1 + stream over the stream's warps (0 is __syncthreads')
-      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + stream), "n"(STREAM_THREADS) : "memory");
+    } else if (stream == 0) {
+      asm volatile("bar.sync 1, %0;\n" ::"n"(STREAM_THREADS) : "memory");
+    } else {
+      asm volatile("bar.sync 2, %0;\n" ::"n"(STREAM_THREADS) : "memory");
+    }
   };
 #pragma unroll
   for (int i = 0; i < DEC_STAGES - 1; ++i) {
