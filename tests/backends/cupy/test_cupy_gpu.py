@@ -204,6 +204,13 @@ def test_bits_depend_only_on_what_a_row_sees(backend: CupyBackend, check: str) -
     checks.CHECKS[check](backend, poisoned_case("bits", [3000, 70], [5, 70]))
 
 
+@pytest.mark.parametrize("check", ["deterministic", "relocation_invariant", "garbage_ignored"])
+def test_head_dim_256_decode_bits_depend_only_on_what_a_row_sees(backend: CupyBackend, check: str) -> None:
+    """The warp pairs' merge order and their copies beyond L (zero-filled) change no bit."""
+    case = poisoned_case("bits d256", [3000, 70, 1], head_dim=256, num_q_heads=16, num_kv_heads=8, block_size=32)
+    checks.CHECKS[check](backend, case)
+
+
 #: (schedule, CTAs per SM) of the Hopper kernel's variants
 SCHEDULES = {"overlap": ("overlap", 1), "serial": ("serial", 1), "2cta": ("serial", 2)}
 
