@@ -67,11 +67,11 @@ def test_splits_fit_one_wave_and_hold_four_tiles(num_programs: int, max_key_tile
 @pytest.mark.parametrize("head_dim, cache_bytes, keys_per_tile", [
     (128, 2, 16),  # the table's tiles
     (64, 2, 32),  # half the row bytes: twice the keys
-    (128, 1, 32),  # fp8 caches
-    (64, 1, 64),
+    (128, 1, 64),  # fp8 caches: four times the keys
+    (64, 1, 64),  # at most 64
     (256, 2, 32),  # head_dim 256 takes the wide tiles, not the table's
     (32, 2, 16),  # below 64: the table's tiles as they are
 ])
-def test_decode_tiles_stream_the_same_bytes_per_tile(head_dim: int, cache_bytes: int, keys_per_tile: int) -> None:
+def test_decode_tiles_scale_with_head_dim_and_fp8_caches(head_dim: int, cache_bytes: int, keys_per_tile: int) -> None:
     tiles = choose_tiles(1, 4, head_dim, "bfloat16", 16, cache_bytes=cache_bytes)
     assert tiles.block_n == keys_per_tile
