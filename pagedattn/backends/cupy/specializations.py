@@ -55,6 +55,9 @@ MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 DECODE_ROWS = 16
 DECODE_WARPS = 4
 DECODE_STAGES = 3
+#: K/V stages per warp of the decode kernel for fp8 caches (half the bytes per sub-tile, one
+#: more sub-tile in flight)
+DECODE_FP8_STAGES = 4
 DECODE_SUB_N = 16
 DECODE_THREADS = 32 * DECODE_WARPS
 NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)
@@ -194,10 +197,8 @@ def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
 
 def decode_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
     """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu)."""
-    fp8 = cache_dtype in FP8_TYPES
-    warp_bytes = DECODE_STAGES * 2 * DECODE_SUB_N * head_dim * cache_bytes(cache_dtype) + (
-        2 * DECODE_SUB_N * head_dim * 2 if fp8 else 0
-    )
+    stages = DECODE_FP8_STAGES if cache_dtype in FP8_TYPES else DECODE_STAGES
+    warp_bytes = stages * 2 * DECODE_SUB_N * head_dim * cache_bytes(cache_dtype)
     return (
         DECODE_ROWS * head_dim * 2
         + DECODE_WARPS * warp_bytes
