@@ -29,6 +29,11 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
         r for r in results if r.name_expression == "paged_attention<bfloat16_t, 128, 16, 4>"
     )
     assert decode.spill_store_bytes <= 64, f"decode kernel spills {decode.spill_store_bytes} bytes"
+    # the tensor-core decode kernel: 2 dtypes x (own, e4m3, e5m2 caches) x head_dim 64, 128 x
+    # block sizes 16, 32, 64, none of them spilling (fp8 holds its K and V words in registers)
+    tc_decode = [r for r in results if r.name_expression.startswith("paged_attention_decode")]
+    assert len(tc_decode) == 36, [r.name_expression for r in tc_decode]
+    assert all(r.spill_store_bytes == 0 and r.stack_bytes == 0 for r in tc_decode), tc_decode
     wgmma = [r for r in results if r.name_expression.startswith("paged_attention_wgmma")]
     # 2 dtypes x block sizes 16, 32, 64 x (1 CTA/SM: head_dim 64 serial, 128 serial and
     # overlap; 2 CTAs/SM: serial at both head dims)
@@ -39,6 +44,34 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
     two_cta = [r for r in wgmma if r.name_expression.endswith(", 2>")]
     assert len(two_cta) == 12 and all(r.registers <= 128 for r in two_cta), two_cta
     assert all(r.spill_store_bytes <= 64 for r in two_cta), two_cta
+
+
+@pytest.mark.skipif(
+    not HAVE_NVRTC and not os.environ.get("CI"),
+    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
+)
+def test_decode_shared_memory_agrees_between_host_and_kernel() -> None:
+    """The bytes the host gives paged_attention_decode (specializations.decode_smem_bytes) are
+    the kernel's own decode_smem_bytes (which traps on fewer) for every cache type and head_dim,
+    and the fp8 kernels take DECODE_FP8_STAGES stages."""
+    from pagedattn.backends.cupy import compile_check
+    from pagedattn.backends.cupy import specializations as sp
+
+    module = "paged_attention_decode"
+    asserts = [
+        f"static_assert(decode_smem_bytes<{d}, {sp.cache_bytes(cache)}>() == {sp.decode_smem_bytes(d, cache)});"
+        for d in sp.MMA_HEAD_DIMS
+        for cache in ("bfloat16", *sp.FP8_TYPES)
+    ]
+    asserts.append(f"static_assert(decode_stages<1>() == {sp.DECODE_FP8_STAGES});")
+    asserts.append(f"static_assert(decode_stages<2>() == {sp.DECODE_STAGES});")
+    text = sp.source(module) + "\n".join(asserts) + "\n"
+    name = sp.attention("bfloat16", 64, 16, sp.DECODE_ROWS, "float8_e4m3fn").name_expression
+    (report,) = compile_check.compile_module(module, [name], text=text)
+    assert report.spill_store_bytes == 0
+    wrong = text + f"static_assert(decode_smem_bytes<128, 1>() == {sp.decode_smem_bytes(128, 'float8_e5m2') + 16});\n"
+    with pytest.raises(compile_check.CompileError):
+        compile_check.compile_module(module, [name], text=wrong)
 
 
 @pytest.mark.skipif(
