@@ -1,10 +1,11 @@
 // fp8 cache storage (float8_e4m3fn, float8_e5m2) for the pagedattn CuPy kernels.
 //
 // The caches hold raw bytes; the attention kernels stage those bytes in shared memory with
-// 16-byte cp.async and convert them there, exactly, to the query's 16-bit type for the
-// tensor cores (every e4m3 and e5m2 value is a float16 and a bfloat16 value). The scales
-// are applied outside the products: k_scale folded into the score scale, v_scale on O at
-// the end. write_kv stores x / scale as ml_dtypes rounds it (pagedattn.spec.kv_ops, see
+// 16-byte cp.async. The prefill kernel (paged_attention_mma.cu) converts each landed tile
+// there, exactly, to the query's 16-bit type (every e4m3 and e5m2 value is a float16 and a
+// bfloat16 value); the decode kernel (paged_attention_decode.cu) converts in registers to
+// float16 and multiplies in float16 for either query type. The scales are applied outside
+// the products: k_scale folded into the score scale, v_scale on O at the end. write_kv stores x / scale as ml_dtypes rounds it (pagedattn.spec.kv_ops, see
 // fp8_from_quotient): e4m3fn has no infinity (overflow and inf give NaN), e5m2 does.
 #pragma once
 #include "common.cuh"

@@ -17,9 +17,37 @@
 //               (replace, never add; skipped on sub-tiles every row sees whole), update m, l,
 //               O (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
 //   epilogue:   merge the warps' states, O / l, lse, to out or a split-KV partial.
-// fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): the stages hold the raw bytes;
-// before attend_tile the warp converts its sub-tile to T in one more buffer (exact), the
-// score scale passed in already holds k_scale, and O is multiplied by v_scale at the end.
+// fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): DEC_FP8_STAGES stages of the raw
+// bytes (half the bytes of a 16-bit sub-tile, so one more in flight), and every product in
+// float16 whatever T is, so that each fp8 pair takes one exact cvt.rn.f16x2.e4m3x2 / e5m2x2
+// (NaN, and e5m2's inf, kept) and nothing goes through shared memory twice:
+//   K: the q.k reduction order may be permuted if Q is permuted alike. Lane (g, tig) reads its
+//      HEAD_DIM / 4 contiguous bytes HEAD_DIM / 4 * tig + 4 kk + i of keys g and g + 8 (one or
+//      two 16-byte loads each) and takes them as k-positions 2 tig, 2 tig + 1 (b0: bytes 0, 1)
+//      and 2 tig + 8, 2 tig + 9 (b1: bytes 2, 3) of k-step kk; Q's A fragments are read from
+//      shared memory in that order in the setup.
+//   V: keys are P V's reduction dimension, head dims its n side, and output columns may be
+//      permuted if the store undoes it. Lane (g, tig) reads bytes O_TILES * g .. + O_TILES - 1
+//      of keys 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (one 16- or 8-byte load each); byte j
+//      serves n-tile j, pairs assembled with prmt: head dim O_TILES * n + j is column n of n-tile
+//      j, and the epilogue stores it there.
+//   The stages are XOR-swizzled by chunk (fp8_swizzle), which leaves both loads free of bank
+//   conflicts at head_dim 128 (2-way for V at 64).
+//   bfloat16 queries (RESCALE_Q): each Q row goes to float16 once, in the setup, as q * 2^shift
+//   with shift from its largest finite |q| (q_row_shift): that element lands in [2^15, 2^16),
+//   below float16's max (a bfloat16 there is at most 65,280), and every element down to 2^-32
+//   of it is exact (8 significant bits stay above float16's 2^-24 subnormal step); smaller ones
+//   are off by at most 2^-25 * 2^-shift <= max|q| * 2^-40 (2^-151 where the shift is capped at
+//   126). S is multiplied by 2^-shift (exact) before the score scale, so the scores are those
+//   of exact bfloat16 products but for a score error of at most |scale| max|q| 2^-40 sum_d |k_d|,
+//   under the error model's absolute 8 u_acc = 2^-21 while |scale| max|q| sum_d |k_d| <= 2^19,
+//   and nothing at all unless an element is below 2^-32 of its row's largest
+//   (docs/backends/cupy.md). NaN and inf in q are left out of the max and pass through the
+//   scaling and the cvt unchanged, so a row sees them as before.
+//   P (in [0, 1]) goes to float16 as P * 2^15: relative error 2^-11 (u_p allows 2^-8 for
+//   bfloat16 queries, 2^-11 for float16) down to P = 2^-29 and at most 2^-40 absolute below,
+//   where unscaled P would lose precision from 2^-14 on; O is multiplied by 2^-15 (exact) at
+//   the end. The score scale passed in holds k_scale, and O is multiplied by v_scale at the end.
 #include "common.cuh"
 #include "fp8.cuh"
 #include "mma.cuh"
@@ -121,7 +149,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   float row_pow2[2] = {1.f, 1.f};  // RESCALE_Q: 2^-shift of rows g, g + 8 (Q was scaled by 2^shift)
   if constexpr (FP8) {
     // Q in the permuted order of the reduction dimension: the lane's HEAD_DIM / 4 elements
-    // Q_LANE * tig + 4 kk + i (i = 0..3) are mma k-positions 2 tig, 2 tig + 1, 2 tig + 8,
+    // HEAD_DIM / 4 * tig + 4 kk + i (i = 0..3) are mma k-positions 2 tig, 2 tig + 1, 2 tig + 8,
     // 2 tig + 9 of k-step kk (attend_tile reads K in the same order)
     constexpr int Q_LANE_CHUNKS = HEAD_DIM / 32;  // a lane's chunks of 8 elements per row
 #pragma unroll
