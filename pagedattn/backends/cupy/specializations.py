@@ -56,8 +56,10 @@ DECODE_ROWS = 16
 DECODE_WARPS = 4
 DECODE_STAGES = 3
 #: K/V stages per warp of the decode kernel for fp8 caches (half the bytes per sub-tile, one
-#: more sub-tile in flight)
+#: more sub-tile in flight), and the CTAs per SM its launch bounds ask for (at most 168
+#: registers a thread; 3 x 70 KB of shared memory at head_dim 128)
 DECODE_FP8_STAGES = 4
+DECODE_FP8_CTAS_PER_SM = 3
 DECODE_SUB_N = 16
 DECODE_THREADS = 32 * DECODE_WARPS
 NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)

@@ -34,6 +34,9 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
     tc_decode = [r for r in results if r.name_expression.startswith("paged_attention_decode")]
     assert len(tc_decode) == 36, [r.name_expression for r in tc_decode]
     assert all(r.spill_store_bytes == 0 and r.stack_bytes == 0 for r in tc_decode), tc_decode
+    # fp8: at most 168 registers, so that three 128-thread CTAs share an SM's 64 K registers
+    fp8_decode = [r for r in tc_decode if "fp8" in r.name_expression]
+    assert len(fp8_decode) == 24 and all(r.registers <= 168 for r in fp8_decode), fp8_decode
     wgmma = [r for r in results if r.name_expression.startswith("paged_attention_wgmma")]
     # 2 dtypes x block sizes 16, 32, 64 x (1 CTA/SM: head_dim 64 serial, 128 serial and
     # overlap; 2 CTAs/SM: serial at both head dims)
@@ -53,7 +56,7 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
 def test_decode_shared_memory_agrees_between_host_and_kernel() -> None:
     """The bytes the host gives paged_attention_decode (specializations.decode_smem_bytes) are
     the kernel's own decode_smem_bytes (which traps on fewer) for every cache type and head_dim,
-    and the fp8 kernels take DECODE_FP8_STAGES stages."""
+    and the fp8 kernels take DECODE_FP8_STAGES stages and DECODE_FP8_CTAS_PER_SM CTAs an SM."""
     from pagedattn.backends.cupy import compile_check
     from pagedattn.backends.cupy import specializations as sp
 
@@ -65,6 +68,7 @@ def test_decode_shared_memory_agrees_between_host_and_kernel() -> None:
     ]
     asserts.append(f"static_assert(decode_stages<1>() == {sp.DECODE_FP8_STAGES});")
     asserts.append(f"static_assert(decode_stages<2>() == {sp.DECODE_STAGES});")
+    asserts.append(f"static_assert(DEC_FP8_CTAS_PER_SM == {sp.DECODE_FP8_CTAS_PER_SM});")
     text = sp.source(module) + "\n".join(asserts) + "\n"
     name = sp.attention("bfloat16", 64, 16, sp.DECODE_ROWS, "float8_e4m3fn").name_expression
     (report,) = compile_check.compile_module(module, [name], text=text)

@@ -115,6 +115,9 @@ def test_two_decode_ctas_fit_on_an_sm() -> None:
     for cache in ("bfloat16", "float8_e4m3fn"):
         smem = specializations.smem_bytes("bfloat16", 128, specializations.DECODE_ROWS, cache)
         assert 2 * (smem + 1024) <= per_sm, f"decode kernel with {cache} caches: {smem} bytes"
+    # fp8: three (its launch bounds ask for DECODE_FP8_CTAS_PER_SM), not four
+    fp8 = specializations.smem_bytes("bfloat16", 128, specializations.DECODE_ROWS, "float8_e5m2") + 1024
+    assert specializations.DECODE_FP8_CTAS_PER_SM * fp8 <= per_sm < 4 * fp8
 
 
 # -- the Hopper prefill kernel (wgmma): switch, sizing, predicates ----------------------------

@@ -18,7 +18,9 @@
 //               O (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
 //   epilogue:   merge the warps' states, O / l, lse, to out or a split-KV partial.
 // fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): DEC_FP8_STAGES stages of the raw
-// bytes (half the bytes of a 16-bit sub-tile, so one more in flight), and every product in
+// bytes (half the bytes of a 16-bit sub-tile, so one more in flight), DEC_FP8_CTAS_PER_SM CTAs
+// an SM (more warps to hide each one's latency; nothing is converted through shared memory, so
+// the registers fit), and every product in
 // float16 whatever T is, so that each fp8 pair takes one exact cvt.rn.f16x2.e4m3x2 / e5m2x2
 // (NaN, and e5m2's inf, kept) and nothing goes through shared memory twice:
 //   K: the q.k reduction order may be permuted if Q is permuted alike. Lane (g, tig) reads its
@@ -56,6 +58,7 @@
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_THREADS = DEC_WARPS * 32;
 constexpr int DEC_CTAS_PER_SM = 2;  // 2 x 103 KB of shared memory at d = 128
+constexpr int DEC_FP8_CTAS_PER_SM = 3;  // fp8: 3 x 70 KB at d = 128, at most 168 registers
 constexpr int DEC_ROWS = 16;
 constexpr int DEC_SUB_N = 16;   // keys per warp sub-tile (two n-tiles of 8); never crosses a block
 constexpr int DEC_STAGES = 3;   // sub-tiles per warp in shared memory: two load while one computes
@@ -79,7 +82,8 @@ template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decod
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, typename C>
-__global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_decode(
+__global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_PER_SM : DEC_CTAS_PER_SM)
+    paged_attention_decode(
     PAGED_ATTENTION_PARAMS(T, C)) {
   constexpr bool FP8 = CacheKind<C>::FP8;
   constexpr bool RESCALE_Q = FP8 && IsBfloat16<T>::value;  // bfloat16 Q to float16, row by row
