@@ -50,6 +50,7 @@
 //   bfloat16 queries, 2^-11 for float16) down to P = 2^-29 and at most 2^-40 absolute below,
 //   where unscaled P would lose precision from 2^-14 on; O is multiplied by 2^-15 (exact) at
 //   the end. The score scale passed in holds k_scale, and O is multiplied by v_scale at the end.
+//   O *= alpha is skipped where no row of the warp raised its max (alpha == 1: the same bits).
 #include "common.cuh"
 #include "fp8.cuh"
 #include "mma.cuh"
@@ -342,17 +343,21 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
           vw[q][0] = raw.x, vw[q][1] = raw.y;
         }
       }
+      // O *= alpha, skipped where no row of the warp raised its max (alpha == 1 exactly: the
+      // same bits), as after the first sub-tiles of a long range
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < O_TILES; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
+        }
+      }
 #pragma unroll
       for (int dj = 0; dj < O_TILES / 2; ++dj) {  // n-tiles 2 dj, 2 dj + 1: bytes 2 (dj % 2), + 1 of word dj / 2
         const unsigned b0 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[0][dj / 2], vw[1][dj / 2])
                                         : interleave_bytes<0x7362>(vw[0][dj / 2], vw[1][dj / 2]);
         const unsigned b1 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[2][dj / 2], vw[3][dj / 2])
                                         : interleave_bytes<0x7362>(vw[2][dj / 2], vw[3][dj / 2]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          o[2 * dj][e] *= alpha[e / 2];
-          o[2 * dj + 1][e] *= alpha[e / 2];
-        }
         Mma::mma(o[2 * dj], a, fp8_lo_to_f16x2<C>(b0), fp8_lo_to_f16x2<C>(b1));
         Mma::mma(o[2 * dj + 1], a, fp8_hi_to_f16x2<C>(b0), fp8_hi_to_f16x2<C>(b1));
       }
