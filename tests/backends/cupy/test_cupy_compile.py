@@ -29,14 +29,6 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
         r for r in results if r.name_expression == "paged_attention<bfloat16_t, 128, 16, 4>"
     )
     assert decode.spill_store_bytes <= 64, f"decode kernel spills {decode.spill_store_bytes} bytes"
-    # the tensor-core decode kernel: 2 dtypes x (own, e4m3, e5m2 caches) x head_dim 64, 128 x
-    # block sizes 16, 32, 64, none of them spilling (fp8 holds its K and V words in registers)
-    tc_decode = [r for r in results if r.name_expression.startswith("paged_attention_decode")]
-    assert len(tc_decode) == 36, [r.name_expression for r in tc_decode]
-    assert all(r.spill_store_bytes == 0 and r.stack_bytes == 0 for r in tc_decode), tc_decode
-    # fp8: at most 168 registers, so that three 128-thread CTAs share an SM's 64 K registers
-    fp8_decode = [r for r in tc_decode if "fp8" in r.name_expression]
-    assert len(fp8_decode) == 24 and all(r.registers <= 168 for r in fp8_decode), fp8_decode
     wgmma = [r for r in results if r.name_expression.startswith("paged_attention_wgmma")]
     # 2 dtypes x block sizes 16, 32, 64 x (1 CTA/SM: head_dim 64 serial, 128 serial and
     # overlap; 2 CTAs/SM: serial at both head dims)
@@ -53,29 +45,52 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
     not HAVE_NVRTC and not os.environ.get("CI"),
     reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
 )
-def test_decode_shared_memory_agrees_between_host_and_kernel() -> None:
-    """The bytes the host gives paged_attention_decode (specializations.decode_smem_bytes) are
-    the kernel's own decode_smem_bytes (which traps on fewer) for every cache type and head_dim,
-    and the fp8 kernels take DECODE_FP8_STAGES stages and DECODE_FP8_CTAS_PER_SM CTAs an SM."""
+def test_tensor_core_decode_kernel_never_spills() -> None:
+    """Every decode specialization, head_dim 256 (O split between warp pairs) included, keeps
+    its state in registers: no spills, no stack, at most 255 registers (two 128-thread CTAs
+    per SM; fp8 caches: 168, three CTAs)."""
+    from pagedattn.backends.cupy.compile_check import compile_all
+
+    results = compile_all("sm_90", only="paged_attention_decode<")
+    at_256 = {r.name_expression for r in results if ", 256, " in r.name_expression}
+    assert at_256 == {
+        f"paged_attention_decode<{t}, 256, {bs}, {t}>" for t in ("half_t", "bfloat16_t") for bs in (16, 32, 64)
+    }
+    # 2 dtypes x 3 block sizes x (head_dim 64, 128: 3 caches; 256: the 16-bit cache)
+    assert len(results) == 2 * 3 * (2 * 3 + 1), [r.name_expression for r in results]
+    for r in results:
+        assert (r.spill_store_bytes, r.spill_load_bytes, r.stack_bytes) == (0, 0, 0), r
+        assert r.registers <= 255, r
+    # fp8: at most 168 registers, so that three 128-thread CTAs share an SM's 64 K registers
+    fp8 = [r for r in results if "fp8" in r.name_expression]
+    assert len(fp8) == 24 and all(r.registers <= 168 for r in fp8), fp8
+
+
+@pytest.mark.skipif(
+    not HAVE_NVRTC and not os.environ.get("CI"),
+    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
+)
+def test_host_and_kernel_agree_on_the_decode_kernels_shared_memory() -> None:
+    """The bytes the host asks for (specializations.decode_smem_bytes) are those the kernel
+    checks for (decode_smem_bytes in the .cu, which traps on fewer), at every head_dim and
+    cache width, and the fp8 stages and CTAs per SM: static_asserts compiled with the kernel's
+    source."""
     from pagedattn.backends.cupy import compile_check
     from pagedattn.backends.cupy import specializations as sp
 
-    module = "paged_attention_decode"
-    asserts = [
-        f"static_assert(decode_smem_bytes<{d}, {sp.cache_bytes(cache)}>() == {sp.decode_smem_bytes(d, cache)});"
-        for d in sp.MMA_HEAD_DIMS
-        for cache in ("bfloat16", *sp.FP8_TYPES)
-    ]
-    asserts.append(f"static_assert(decode_stages<1>() == {sp.DECODE_FP8_STAGES});")
-    asserts.append(f"static_assert(decode_stages<2>() == {sp.DECODE_STAGES});")
-    asserts.append(f"static_assert(DEC_FP8_CTAS_PER_SM == {sp.DECODE_FP8_CTAS_PER_SM});")
-    text = sp.source(module) + "\n".join(asserts) + "\n"
-    name = sp.attention("bfloat16", 64, 16, sp.DECODE_ROWS, "float8_e4m3fn").name_expression
-    (report,) = compile_check.compile_module(module, [name], text=text)
-    assert report.spill_store_bytes == 0
-    wrong = text + f"static_assert(decode_smem_bytes<128, 1>() == {sp.decode_smem_bytes(128, 'float8_e5m2') + 16});\n"
+    asserts = "".join(
+        f"static_assert(decode_smem_bytes<{d}, {sp.cache_bytes(cache)}>() == {sp.decode_smem_bytes(d, cache)});\n"
+        for d in sp.DECODE_HEAD_DIMS
+        for cache in ("bfloat16", "float8_e4m3fn")
+    )
+    asserts += f"static_assert(decode_stages<1>() == {sp.DECODE_FP8_STAGES});\n"
+    asserts += f"static_assert(decode_stages<2>() == {sp.DECODE_STAGES});\n"
+    asserts += f"static_assert(DEC_FP8_CTAS_PER_SM == {sp.DECODE_FP8_CTAS_PER_SM});\n"
+    text = sp.source("paged_attention_decode") + asserts + "__global__ void smem_probe() {}\n"
+    compile_check.compile_module("paged_attention_decode", ["smem_probe"], text=text)
+    wrong = text.replace(f"== {sp.decode_smem_bytes(256)})", f"== {sp.decode_smem_bytes(256) + 16})")
     with pytest.raises(compile_check.CompileError):
-        compile_check.compile_module(module, [name], text=wrong)
+        compile_check.compile_module("paged_attention_decode", ["smem_probe"], text=wrong)
 
 
 @pytest.mark.skipif(
