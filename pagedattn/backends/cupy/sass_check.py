@@ -1,5 +1,7 @@
-"""A SASS invariant of the wgmma kernel: every S = Q K^T wgmma inside the tile loop reads A
-fragments that an ``ldmatrix`` wrote inside that loop.
+"""SASS invariants of two kernels.
+
+The wgmma kernel: every S = Q K^T wgmma inside the tile loop reads A fragments that an
+``ldmatrix`` wrote inside that loop.
 
 Why: with Q loaded into registers once before the loop, ptxas 13.0 gave those registers to
 other values inside the loop at head_dim 64 (P, mask scratch), so from the second tile on S
@@ -8,9 +10,17 @@ The kernel reads Q from shared memory before every S; this check keeps it so.
 The 2-CTA/SM variant (``CTAS = 2``) gives wgmma Q's shared-memory descriptor instead: its S
 wgmmas must all take A from shared memory.
 
+The decode kernel with fp8 caches (:func:`fp8_decode_violations`): every tensor-core product is
+a float16 one, whatever the query type, and its sub-tile loop converts K and V in registers:
+one fp8-pair conversion per pair a lane multiplies (HEAD_DIM / 2 per 16-key sub-tile), no
+shared-memory store and no ``ldmatrix``. Why: converting to bfloat16 took four instructions
+per pair and a round trip through shared memory, and fp8 decode ran at the speed of bf16
+(docs/backends/cupy.md, fp8 caches).
+
 ``python -m pagedattn.backends.cupy.sass_check`` compiles every wgmma specialization with
-``nvcc`` for sm_90a and disassembles it with ``cuobjdump`` (from the CUDA toolkit or Triton's
-package); exit 1 on a violation, 2 when a tool is missing.
+``nvcc`` for sm_90a and every decode specialization for sm_90, and disassembles them with
+``cuobjdump`` (from the CUDA toolkit or Triton's package); exit 1 on a violation, 2 when a
+tool is missing.
 """
 
 from __future__ import annotations
@@ -118,6 +128,44 @@ def s_wgmma_shared_a(instructions: list[Instruction]) -> int:
     )
 
 
+def innermost_loop(instructions: list[Instruction], opcode: str) -> list[Instruction]:
+    """The instructions of the smallest loop (backward branch and its target) holding an
+    ``opcode`` instruction; empty if none does."""
+    loops = [
+        (b - t, t, b)
+        for b, t in backward_branches(instructions)
+        if any(t <= i.address <= b and i.opcode.startswith(opcode) for i in instructions)
+    ]
+    if not loops:
+        return []
+    _, head, branch = min(loops)
+    return [i for i in instructions if head <= i.address <= branch]
+
+
+def fp8_decode_violations(instructions: list[Instruction], head_dim: int) -> list[str]:
+    """Check the fp8 decode invariant on one ``paged_attention_decode<T, head_dim, _, fp8>``:
+    every HMMA multiplies float16 (no ``.BF16``), and the innermost loop holding the HMMAs (the
+    sub-tile loop) has ``head_dim / 2`` ``F2FP.F16.E4M3``/``E5M2`` conversions and no ``STS``
+    or ``LDSM``."""
+    violations = [
+        f"HMMA at {i.address:#x} is {i.opcode}, not float16"
+        for i in instructions
+        if i.opcode.startswith("HMMA") and "BF16" in i.opcode
+    ]
+    loop = innermost_loop(instructions, "HMMA")
+    if not loop:
+        return [*violations, "no loop holds an HMMA"]
+    unpacks = sum(1 for i in loop if re.match(r"F2FP\.F16\.E(4M3|5M2)", i.opcode))
+    if unpacks != head_dim // 2:
+        violations.append(f"{unpacks} fp8-pair conversions in the sub-tile loop, expected {head_dim // 2}")
+    violations.extend(
+        f"{i.opcode} at {i.address:#x} in the sub-tile loop"
+        for i in loop
+        if i.opcode.startswith(("STS", "LDSM"))
+    )
+    return violations
+
+
 def find_tools() -> tuple[str, str] | None:
     """(nvcc, cuobjdump): nvcc from PATH; cuobjdump from PATH, else the copy in Triton's
     package (which reads nvcc 13.0's cubins; NVRTC 13.5's it rejects). None if either is
@@ -132,30 +180,33 @@ def find_tools() -> tuple[str, str] | None:
     return (nvcc, cuobjdump) if nvcc and cuobjdump else None
 
 
-def wgmma_sass(nvcc: str, cuobjdump: str) -> dict[str, list[Instruction]]:
-    """Every declared wgmma attention specialization, compiled by ``nvcc`` for sm_90a and
-    disassembled: instructions by mangled name (the ptxas of nvcc, not of NVRTC: the
-    invariant is one of the source's structure)."""
+def compiled_sass(
+    nvcc: str, cuobjdump: str, module: str, prefix: str, arch: str
+) -> dict[str, list[Instruction]]:
+    """Every declared specialization of ``module`` whose name expression starts with
+    ``prefix``, compiled by ``nvcc`` for ``arch`` (``sm_90a``, ``sm_90``) and disassembled:
+    instructions by mangled name (the ptxas of nvcc, not of NVRTC: the invariants are ones
+    of the source's structure)."""
     from pagedattn.backends.cupy.specializations import (
         COMPILE_OPTIONS,
         KERNEL_DIR,
-        WGMMA_MODULE,
         all_specializations,
     )
 
     names = [
         spec.name_expression
         for spec in all_specializations()
-        if spec.module == WGMMA_MODULE and spec.name_expression.startswith("paged_attention_wgmma")
+        if spec.module == module and spec.name_expression.startswith(prefix)
     ]
     table = ",\n".join(f"  (const void*)&{name}" for name in names)
-    unit = f'#include "{WGMMA_MODULE}.cu"\nconst void* sass_check_kernels[] = {{\n{table}}};\n'
+    unit = f'#include "{module}.cu"\nconst void* sass_check_kernels[] = {{\n{table}}};\n'
+    compute = arch.replace("sm_", "compute_")
     with tempfile.TemporaryDirectory() as folder:
         source, cubin = os.path.join(folder, "unit.cu"), os.path.join(folder, "unit.cubin")
         with open(source, "w") as f:
             f.write(unit)
         subprocess.run(
-            [nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *COMPILE_OPTIONS,
+            [nvcc, "-cubin", f"-gencode=arch={compute},code={arch}", *COMPILE_OPTIONS,
              f"-I{KERNEL_DIR}", "-o", cubin, source],
             capture_output=True, text=True, check=True,
         )
@@ -163,10 +214,28 @@ def wgmma_sass(nvcc: str, cuobjdump: str) -> dict[str, list[Instruction]]:
             [cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True
         ).stdout
     functions = parse_functions(sass)
-    kernels = {name: code for name, code in functions.items() if "paged_attention_wgmma" in name}
+    kernels = {name: code for name, code in functions.items() if prefix in name}
     if len(kernels) != len(names):
-        raise RuntimeError(f"expected {len(names)} wgmma kernels in the SASS, found {len(kernels)}")
+        raise RuntimeError(f"expected {len(names)} {prefix} kernels in the SASS, found {len(kernels)}")
     return kernels
+
+
+def wgmma_sass(nvcc: str, cuobjdump: str) -> dict[str, list[Instruction]]:
+    """Every declared wgmma attention specialization, compiled for sm_90a and disassembled."""
+    from pagedattn.backends.cupy.specializations import WGMMA_ARCH, WGMMA_MODULE
+
+    return compiled_sass(nvcc, cuobjdump, WGMMA_MODULE, "paged_attention_wgmma", WGMMA_ARCH)
+
+
+def decode_sass(nvcc: str, cuobjdump: str) -> dict[str, list[Instruction]]:
+    """Every declared decode specialization, compiled for sm_90 and disassembled."""
+    return compiled_sass(nvcc, cuobjdump, "paged_attention_decode", "paged_attention_decode", "sm_90")
+
+
+def fp8_decode_head_dim(name: str) -> int | None:
+    """head_dim of a mangled ``paged_attention_decode`` name with an fp8 cache, else None."""
+    match = re.search(r"_tLi(\d+)ELi\d+E10fp8_e[45]m[23]_t", name)
+    return int(match.group(1)) if match else None
 
 
 def main() -> int:
@@ -185,6 +254,15 @@ def main() -> int:
             f"{'ok  ' if ok else 'FAIL'} {name}: {checked} S wgmmas in loops checked"
             f" ({shared_a} reading Q from shared memory)"
         )
+        for violation in violations:
+            print(f"     {violation}")
+    for name, instructions in decode_sass(*tools).items():
+        head_dim = fp8_decode_head_dim(name)
+        if head_dim is None:
+            continue
+        violations = fp8_decode_violations(instructions, head_dim)
+        failed += bool(violations)
+        print(f"{'FAIL' if violations else 'ok  '} {name}: float16 products, K and V converted in registers")
         for violation in violations:
             print(f"     {violation}")
     return 1 if failed else 0

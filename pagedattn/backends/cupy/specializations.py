@@ -56,6 +56,11 @@ MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 DECODE_ROWS = 16
 DECODE_WARPS = 4
 DECODE_STAGES = 3
+#: K/V stages per stream (a warp) of the decode kernel for fp8 caches (half the bytes per sub-tile, one
+#: more sub-tile in flight), and the CTAs per SM its launch bounds ask for (at most 168
+#: registers a thread; 3 x 70 KB of shared memory at head_dim 128)
+DECODE_FP8_STAGES = 4
+DECODE_FP8_CTAS_PER_SM = 3
 DECODE_SUB_N = 16
 DECODE_HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 DECODE_THREADS = 32 * DECODE_WARPS
@@ -202,13 +207,11 @@ def decode_split(head_dim: int) -> int:
 
 def decode_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
     """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu):
-    Q, each stream's K/V stages (fp8: and its converted sub-tile), the row state, the streams'
-    m and l."""
-    fp8 = cache_dtype in FP8_TYPES
+    Q, each stream's K/V stages (DECODE_STAGES; fp8: DECODE_FP8_STAGES), the row state, the
+    streams' m and l."""
     streams = DECODE_WARPS // decode_split(head_dim)
-    stream_bytes = DECODE_STAGES * 2 * DECODE_SUB_N * head_dim * cache_bytes(cache_dtype) + (
-        2 * DECODE_SUB_N * head_dim * 2 if fp8 else 0
-    )
+    stages = DECODE_FP8_STAGES if cache_dtype in FP8_TYPES else DECODE_STAGES
+    stream_bytes = stages * 2 * DECODE_SUB_N * head_dim * cache_bytes(cache_dtype)
     return (
         DECODE_ROWS * head_dim * 2
         + streams * stream_bytes

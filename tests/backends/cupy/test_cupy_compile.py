@@ -48,7 +48,7 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
 def test_tensor_core_decode_kernel_never_spills() -> None:
     """Every decode specialization, head_dim 256 (O split between warp pairs) included, keeps
     its state in registers: no spills, no stack, at most 255 registers (two 128-thread CTAs
-    per SM)."""
+    per SM; fp8 caches: 168, three CTAs)."""
     from pagedattn.backends.cupy.compile_check import compile_all
 
     results = compile_all("sm_90", only="paged_attention_decode<")
@@ -61,6 +61,9 @@ def test_tensor_core_decode_kernel_never_spills() -> None:
     for r in results:
         assert (r.spill_store_bytes, r.spill_load_bytes, r.stack_bytes) == (0, 0, 0), r
         assert r.registers <= 255, r
+    # fp8: at most 168 registers, so that three 128-thread CTAs share an SM's 64 K registers
+    fp8 = [r for r in results if "fp8" in r.name_expression]
+    assert len(fp8) == 24 and all(r.registers <= 168 for r in fp8), fp8
 
 
 @pytest.mark.skipif(
@@ -70,7 +73,8 @@ def test_tensor_core_decode_kernel_never_spills() -> None:
 def test_host_and_kernel_agree_on_the_decode_kernels_shared_memory() -> None:
     """The bytes the host asks for (specializations.decode_smem_bytes) are those the kernel
     checks for (decode_smem_bytes in the .cu, which traps on fewer), at every head_dim and
-    cache width: static_asserts compiled with the kernel's source."""
+    cache width, and the fp8 stages and CTAs per SM: static_asserts compiled with the kernel's
+    source."""
     from pagedattn.backends.cupy import compile_check
     from pagedattn.backends.cupy import specializations as sp
 
@@ -79,6 +83,9 @@ def test_host_and_kernel_agree_on_the_decode_kernels_shared_memory() -> None:
         for d in sp.DECODE_HEAD_DIMS
         for cache in ("bfloat16", "float8_e4m3fn")
     )
+    asserts += f"static_assert(decode_stages<1>() == {sp.DECODE_FP8_STAGES});\n"
+    asserts += f"static_assert(decode_stages<2>() == {sp.DECODE_STAGES});\n"
+    asserts += f"static_assert(DEC_FP8_CTAS_PER_SM == {sp.DECODE_FP8_CTAS_PER_SM});\n"
     text = sp.source("paged_attention_decode") + asserts + "__global__ void smem_probe() {}\n"
     compile_check.compile_module("paged_attention_decode", ["smem_probe"], text=text)
     wrong = text.replace(f"== {sp.decode_smem_bytes(256)})", f"== {sp.decode_smem_bytes(256) + 16})")

@@ -9,6 +9,7 @@ compute-sanitizer.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from cases import FP8_SCALES, SLOPES, check_operation, gpu_case, operation_cases, poisoned_case
 
 from pagedattn.backends.cupy.backend import CupyBackend
+from pagedattn.backends.cupy.specializations import DECODE_ROWS
 from pagedattn.conformance import checks
 from pagedattn.conformance.cases import run_case
 from pagedattn.spec.case import AttentionCase
@@ -100,6 +102,42 @@ FP8_CASES = [
     gpu_case("fp8 pool view", [300, 45], [3, 45], kv_layout="HND", pool=True, cache_dtype=FP8[1]),
 ]
 
+def rescaled_query_case(name: str, seq_lens: list[int], magnitudes: tuple[float, ...], k_scale: float,
+                        **settings: Any) -> AttentionCase:
+    """An fp8 decode case whose query heads are standard normal times ``magnitudes`` (cycled over
+    the heads) and whose keys are the cache times ``k_scale``: rows beyond float16's range or
+    in its subnormals, which the decode kernel's float16 route rescales row by row."""
+    case = poisoned_case(name, seq_lens, **settings)
+    heads = case.query.shape[1]
+    factor = np.array([magnitudes[h % len(magnitudes)] for h in range(heads)])[None, :, None]
+    query = (case.query.astype(np.float64) * factor).astype(case.query.dtype)
+    return case.replace(query=query).with_options(k_scale=k_scale)
+
+
+def fp8_decode_param(name: str, seq_lens: list[int], magnitudes: tuple[float, ...], k_scale: float,
+                     **settings: Any) -> Any:
+    return pytest.param(functools.partial(rescaled_query_case, name, seq_lens, magnitudes, k_scale, **settings),
+                        id=name)
+
+
+#: fp8 decode on the tensor-core decode kernel (its float16 route): both fp8 formats, both query
+#: dtypes, every block size, with and without scales; query rows at the edges of float16's range
+#: (and heads of one KV head at very different magnitudes, so one CTA's rows take different shifts).
+FP8_DECODE = [
+    *(gpu_case(f"fp8 decode {cache} {d} bs{bs} {'scaled' if scaled else 'unscaled'}", [0, 1, 17, 300, 2100],
+               block_size=bs, dtype=d, kv_layout="HND" if bs == 32 else "NHD", cache_dtype=cache,
+               **(FP8_SCALES if scaled else {}))
+      for cache in FP8 for d in ("bfloat16", "float16") for bs in (16, 32, 64) for scaled in (True, False)),
+    *(gpu_case(f"fp8 decode {cache} d64 bs{bs}", [5, 700, 33], head_dim=64, block_size=bs, cache_dtype=cache,
+               **FP8_SCALES) for cache in FP8 for bs in (16, 64)),
+    fp8_decode_param("fp8 decode bf16 rows beyond float16", [900, 40], (3e5,), 1e-5, cache_dtype=FP8[0]),
+    fp8_decode_param("fp8 decode bf16 rows in float16 subnormals", [900, 40], (3e-6,), 1e5, cache_dtype=FP8[1]),
+    fp8_decode_param("fp8 decode bf16 heads of mixed magnitudes", [1500, 7], (1e30, 1e-30, 2e4, 1.0), 1.0,
+                     cache_dtype=FP8[0], block_size=32),
+    fp8_decode_param("fp8 decode fp16 large k_scale", [900, 40], (1.0,), 64.0, dtype="float16",
+                     cache_dtype=FP8[1]),
+]
+
 #: Decode at head_dim 256: the tensor-core decode kernel with warp pairs (each half of O's
 #: columns), at every block size and layout, GQA 2 (gemma2-9b's heads) and 16, softcap,
 #: windows, ALiBi, split-KV; float32 and G=24 stay on the CUDA-core kernel.
@@ -141,6 +179,7 @@ CASES = [
     *SHORT_PREFILL,
     *D256,
     *FP8_CASES,
+    *FP8_DECODE,
     *WIDE,
 ]
 
@@ -202,6 +241,21 @@ def test_long_ranges_walked_by_one_cta_match_the_spec(backend: CupyBackend, make
 @pytest.mark.parametrize("check", ["deterministic", "relocation_invariant", "garbage_ignored"])
 def test_bits_depend_only_on_what_a_row_sees(backend: CupyBackend, check: str) -> None:
     checks.CHECKS[check](backend, poisoned_case("bits", [3000, 70], [5, 70]))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cache", FP8)
+def test_fp8_decode_takes_the_decode_kernel_and_propagates_nonfinite(backend: CupyBackend, cache: str,
+                                                                      dtype: str) -> None:
+    """fp8 decode goes to the tensor-core decode kernel; NaN/inf in a row's query or in a key or
+    value it sees reaches its out and lse as IEEE arithmetic says (the float16 route keeps
+    non-finite query elements out of the row's rescaling), and garbage stays unseen."""
+    case = poisoned_case(f"fp8 nonfinite {cache} {dtype}", [300, 45, 1, 900], dtype=dtype, cache_dtype=cache,
+                         **FP8_SCALES)
+    device = [None if a is None else backend.to_device(a) for a in case.args()]
+    assert backend.plan(*device, **case.options).state.work.rows == DECODE_ROWS, "the decode kernel"
+    checks.nonfinite_propagates(backend, case)
+    checks.garbage_ignored(backend, case)
 
 
 @pytest.mark.parametrize("check", ["deterministic", "relocation_invariant", "garbage_ignored"])

@@ -14,6 +14,28 @@ from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.conformance.checks import problem_of
 
 
+@pytest.mark.parametrize("cache", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fp8_decode_takes_the_float16_route_of_the_decode_kernel(dtype: str, cache: str) -> None:
+    """fp8 decode at every block size and head_dim 64/128, with either query dtype and on either
+    device kind, takes paged_attention_decode with the fp8 cache type (the specialization whose
+    products are float16: test_cupy_sass), with its fp8 stages' shared memory."""
+    from pagedattn.backends.cupy import specializations as sp
+
+    for block_size, head_dim, sm90 in itertools.product(sp.BLOCK_SIZES, sp.MMA_HEAD_DIMS, (False, True)):
+        case = poisoned_case("fp8 route", [300, 45], block_size=block_size, head_dim=head_dim, dtype=dtype,
+                             cache_dtype=cache)
+        choice = kernel_of(problem_of(case), sm90=sm90)
+        assert choice.spec.name_expression == (
+            f"paged_attention_decode<{sp.CUDA_TYPES[dtype]}, {head_dim}, {block_size}, {sp.FP8_TYPES[cache]}>"
+        )
+        smem = sp.smem_bytes(dtype, head_dim, choice.rows, cache, choice.spec)
+        stages = sp.DECODE_FP8_STAGES * 2 * sp.DECODE_SUB_N * head_dim  # one byte an element
+        assert smem == sp.DECODE_ROWS * head_dim * 2 + sp.DECODE_WARPS * stages + (
+            3 * sp.DECODE_ROWS * 4 + 2 * sp.DECODE_WARPS * sp.DECODE_ROWS * 4
+        )
+
+
 @pytest.mark.parametrize(
     "seq_lens, q_lens, num_q_heads, rows",
     [
@@ -96,6 +118,15 @@ def test_two_decode_ctas_fit_on_an_sm(head_dim: int, cache: str) -> None:
     per_sm = 228 * 1024  # H100/H200 shared memory per SM; 1 KB per CTA reserved
     smem = specializations.smem_bytes(cache, head_dim, specializations.DECODE_ROWS, cache)
     assert 2 * (smem + 1024) <= per_sm, f"decode kernel at {head_dim} with {cache} caches: {smem} bytes"
+
+
+def test_three_fp8_decode_ctas_fit_on_an_sm() -> None:
+    """fp8 caches: three CTAs (the kernel's launch bounds ask for DECODE_FP8_CTAS_PER_SM), not four."""
+    from pagedattn.backends.cupy import specializations as sp
+
+    per_sm = 228 * 1024
+    fp8 = sp.smem_bytes("bfloat16", 128, sp.DECODE_ROWS, "float8_e5m2") + 1024
+    assert sp.DECODE_FP8_CTAS_PER_SM * fp8 <= per_sm < 4 * fp8
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -1,10 +1,11 @@
 // fp8 cache storage (float8_e4m3fn, float8_e5m2) for the pagedattn CuPy kernels.
 //
 // The caches hold raw bytes; the attention kernels stage those bytes in shared memory with
-// 16-byte cp.async and convert them there, exactly, to the query's 16-bit type for the
-// tensor cores (every e4m3 and e5m2 value is a float16 and a bfloat16 value). The scales
-// are applied outside the products: k_scale folded into the score scale, v_scale on O at
-// the end. write_kv stores x / scale as ml_dtypes rounds it (pagedattn.spec.kv_ops, see
+// 16-byte cp.async. The prefill kernel (paged_attention_mma.cu) converts each landed tile
+// there, exactly, to the query's 16-bit type (every e4m3 and e5m2 value is a float16 and a
+// bfloat16 value); the decode kernel (paged_attention_decode.cu) converts in registers to
+// float16 and multiplies in float16 for either query type. The scales are applied outside
+// the products: k_scale folded into the score scale, v_scale on O at the end. write_kv stores x / scale as ml_dtypes rounds it (pagedattn.spec.kv_ops, see
 // fp8_from_quotient): e4m3fn has no infinity (overflow and inf give NaN), e5m2 does.
 #pragma once
 #include "common.cuh"
@@ -35,6 +36,47 @@ __device__ __forceinline__ unsigned f16x2_to(unsigned h2, bfloat16_t) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<unsigned short>(h2 >> 16)));
   unsigned d;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// The 16-bit type the tensor-core decode kernel multiplies fp8 caches in: float16 for either
+// query type (kernels/paged_attention_decode.cu), so each fp8 pair takes one exact cvt; a
+// 16-bit cache is multiplied in its own type.
+template <typename T, typename C> struct DecodeMmaType { using type = T; };
+template <typename T> struct DecodeMmaType<T, fp8_e4m3_t> { using type = half_t; };
+template <typename T> struct DecodeMmaType<T, fp8_e5m2_t> { using type = half_t; };
+
+// The bfloat16 route of the decode kernel: a query row q is multiplied in float16 as q * 2^shift,
+// shift = 15 - floor(log2(amax)) for its largest finite |q| amax (0 for amax == 0), at most 126,
+// so the row's largest element lands in [2^15, 2^16) and below float16's 65,504 (a bfloat16 there
+// is at most 65,280) and 2^-shift stays a normal float.
+__device__ __forceinline__ int q_row_shift(float amax) {
+  if (amax == 0.f) return 0;
+  const int shift = 15 - ((__float_as_int(amax) >> 23) - 127);  // a subnormal amax reads as 2^-127
+  return shift < 126 ? shift : 126;
+}
+// 2^k as a float, for -126 <= k <= 127.
+__device__ __forceinline__ float pow2_float(int k) { return __int_as_float((127 + k) << 23); }
+// Word i (0-3, known at compile time) of a 16-byte chunk.
+__device__ __forceinline__ unsigned chunk_word(const uint4& c, int i) {
+  return i == 0 ? c.x : i == 1 ? c.y : i == 2 ? c.z : c.w;
+}
+
+template <typename T> struct IsBfloat16 { static constexpr bool value = false; };
+template <> struct IsBfloat16<bfloat16_t> { static constexpr bool value = true; };
+
+// The low (high) two bytes of a 32-bit word of fp8 values to a float16 pair, exact.
+template <typename C> __device__ __forceinline__ unsigned fp8_lo_to_f16x2(unsigned w) {
+  return fp8x2_to_f16x2(static_cast<unsigned short>(w & 0xffffu), C());
+}
+template <typename C> __device__ __forceinline__ unsigned fp8_hi_to_f16x2(unsigned w) {
+  return fp8x2_to_f16x2(static_cast<unsigned short>(w >> 16), C());
+}
+// Bytes of two words interleaved: {a.b[i], b.b[i], a.b[i + 1], b.b[i + 1]} for SELECTOR
+// 0x5140 (i = 0) or 0x7362 (i = 2), low byte first (prmt.b32).
+template <unsigned SELECTOR> __device__ __forceinline__ unsigned interleave_bytes(unsigned a, unsigned b) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "n"(SELECTOR));
   return d;
 }
 

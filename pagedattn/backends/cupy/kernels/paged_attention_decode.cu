@@ -22,9 +22,40 @@
 //               (replace, never add; skipped on sub-tiles every row sees whole), update m, l,
 //               O (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
 //   epilogue:   merge the streams' states, O / l, lse, to out or a split-KV partial.
-// fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): the stages hold the raw bytes;
-// before attend_tile the stream converts its sub-tile to T in one more buffer (exact), the
-// score scale passed in already holds k_scale, and O is multiplied by v_scale at the end.
+// fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): DEC_FP8_STAGES stages of the raw
+// bytes (half the bytes of a 16-bit sub-tile, so one more in flight), DEC_FP8_CTAS_PER_SM CTAs
+// an SM (more warps to hide each one's latency; nothing is converted through shared memory, so
+// the registers fit), and every product in
+// float16 whatever T is, so that each fp8 pair takes one exact cvt.rn.f16x2.e4m3x2 / e5m2x2
+// (NaN, and e5m2's inf, kept) and nothing goes through shared memory twice:
+//   K: the q.k reduction order may be permuted if Q is permuted alike. Lane (g, tig) reads its
+//      HEAD_DIM / 4 contiguous bytes HEAD_DIM / 4 * tig + 4 kk + i of keys g and g + 8 (one or
+//      two 16-byte loads each) and takes them as k-positions 2 tig, 2 tig + 1 (b0: bytes 0, 1)
+//      and 2 tig + 8, 2 tig + 9 (b1: bytes 2, 3) of k-step kk; Q's A fragments are read from
+//      shared memory in that order in the setup.
+//   V: keys are P V's reduction dimension, head dims its n side, and output columns may be
+//      permuted if the store undoes it. Lane (g, tig) reads bytes O_TILES * g .. + O_TILES - 1
+//      of keys 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (one 16- or 8-byte load each); byte j
+//      serves n-tile j, pairs assembled with prmt: head dim O_TILES * n + j is column n of n-tile
+//      j, and the epilogue stores it there.
+//   The stages are XOR-swizzled by chunk (fp8_swizzle), which leaves both loads free of bank
+//   conflicts at head_dim 128 (2-way for V at 64).
+//   bfloat16 queries (RESCALE_Q): each Q row goes to float16 once, in the setup, as q * 2^shift
+//   with shift from its largest finite |q| (q_row_shift): that element lands in [2^15, 2^16),
+//   below float16's max (a bfloat16 there is at most 65,280), and every element down to 2^-32
+//   of it is exact (8 significant bits stay above float16's 2^-24 subnormal step); smaller ones
+//   are off by at most 2^-25 * 2^-shift <= max|q| * 2^-40 (2^-151 where the shift is capped at
+//   126). S is multiplied by 2^-shift (exact) before the score scale, so the scores are those
+//   of exact bfloat16 products but for a score error of at most |scale| max|q| 2^-40 sum_d |k_d|,
+//   under the error model's absolute 8 u_acc = 2^-21 while |scale| max|q| sum_d |k_d| <= 2^19,
+//   and nothing at all unless an element is below 2^-32 of its row's largest
+//   (docs/backends/cupy.md). NaN and inf in q are left out of the max and pass through the
+//   scaling and the cvt unchanged, so a row sees them as before.
+//   P (in [0, 1]) goes to float16 as P * 2^15: relative error 2^-11 (u_p allows 2^-8 for
+//   bfloat16 queries, 2^-11 for float16) down to P = 2^-29 and at most 2^-40 absolute below,
+//   where unscaled P would lose precision from 2^-14 on; O is multiplied by 2^-15 (exact) at
+//   the end. The score scale passed in holds k_scale, and O is multiplied by v_scale at the end.
+//   O *= alpha is skipped where no row of the warp raised its max (alpha == 1: the same bits).
 #include "common.cuh"
 #include "fp8.cuh"
 #include "mma.cuh"
@@ -33,9 +64,13 @@
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_THREADS = DEC_WARPS * 32;
 constexpr int DEC_CTAS_PER_SM = 2;  // 2 x 103 KB of shared memory at d = 128, 2 x 104 KB at 256
+constexpr int DEC_FP8_CTAS_PER_SM = 3;  // fp8: 3 x 70 KB at d = 128, at most 168 registers
 constexpr int DEC_ROWS = 16;
 constexpr int DEC_SUB_N = 16;   // keys per sub-tile (two n-tiles of 8); never crosses a block
 constexpr int DEC_STAGES = 3;   // sub-tiles per stream in shared memory: two load while one computes
+constexpr int DEC_FP8_STAGES = 4;  // fp8: a sub-tile holds half the bytes, so one more in flight
+constexpr float DEC_P_SCALE = 32768.f;        // fp8: P * 2^15 to float16 for P V (see the header)
+constexpr float DEC_P_UNSCALE = 1.f / 32768.f;
 constexpr int DEC_TABLE_BATCH = 32;  // sub-tiles whose block-table entries a warp holds (one per lane)
 
 // Warps of one stream (sharing its sub-tiles, each with 1 / split of O's columns): 2 at head_dim
@@ -44,11 +79,13 @@ __host__ __device__ constexpr int dec_split(int head_dim) { return head_dim > 12
 template <int HEAD_DIM> __host__ __device__ constexpr int decode_streams() {
   return DEC_WARPS / dec_split(HEAD_DIM);
 }
-// 16-byte chunks one stream owns in shared memory: DEC_STAGES K and V sub-tiles of the cache's
-// bytes, plus (fp8) the converted K and V sub-tile.
+// K/V stages of one stream: DEC_STAGES for 16-bit caches, DEC_FP8_STAGES for fp8.
+template <int CACHE_BYTES> __host__ __device__ constexpr int decode_stages() {
+  return CACHE_BYTES == 1 ? DEC_FP8_STAGES : DEC_STAGES;
+}
+// 16-byte chunks one stream owns in shared memory: its K and V stages of the cache's bytes.
 template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decode_stream_chunks() {
-  return DEC_STAGES * 2 * DEC_SUB_N * HEAD_DIM * CACHE_BYTES / 16 +
-         (CACHE_BYTES == 1 ? 2 * DEC_SUB_N * HEAD_DIM * 2 / 16 : 0);
+  return decode_stages<CACHE_BYTES>() * 2 * DEC_SUB_N * HEAD_DIM * CACHE_BYTES / 16;
 }
 // Shared-memory bytes of paged_attention_decode (the host computes the same).
 template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decode_smem_bytes() {
@@ -58,12 +95,14 @@ template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decod
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, typename C>
-__global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_decode(
+__global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_PER_SM : DEC_CTAS_PER_SM)
+    paged_attention_decode(
     PAGED_ATTENTION_PARAMS(T, C)) {
   constexpr bool FP8 = CacheKind<C>::FP8;
+  constexpr bool RESCALE_Q = FP8 && IsBfloat16<T>::value;  // bfloat16 Q to float16, row by row
+  constexpr int STAGES = decode_stages<(int)sizeof(C)>();
   static_assert(FP8 || sizeof(C) == sizeof(T), "a 16-bit cache holds the query's type");
   constexpr int CHUNKS_PER_ROW = HEAD_DIM / 8;  // 16-byte chunks of 8 elements of T
-  constexpr int SUB_CHUNKS = DEC_SUB_N * CHUNKS_PER_ROW;
   constexpr int CACHE_ELEMS = 16 / (int)sizeof(C);            // cache elements per 16-byte chunk
   constexpr int CACHE_CHUNKS_PER_ROW = HEAD_DIM / CACHE_ELEMS;  // chunks of one key row in the cache
   constexpr int STAGE_CHUNKS = DEC_SUB_N * CACHE_CHUNKS_PER_ROW;  // one K (or V) sub-tile as stored
@@ -79,7 +118,8 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   static_assert(STAGE_CHUNKS % STREAM_THREADS == 0, "sub-tile loads must divide among a stream");
   static_assert(BLOCK_SIZE % DEC_SUB_N == 0, "a sub-tile must lie in one block");
   static_assert(DEC_TABLE_BATCH == 32, "one block-table entry per lane");
-  using Mma = MmaType<T>;
+  static_assert(!FP8 || SPLIT == 1, "fp8 caches: one warp a stream (head_dim 64, 128)");
+  using Mma = MmaType<typename DecodeMmaType<T, C>::type>;  // float16 for fp8 caches
 
   // ---- shared memory: Q | per stream: K stages, V stages | row state | the streams' m, l
   // chunk c of row n sits at n * CHUNKS_PER_ROW + (c ^ (n % 8)) (no ldmatrix bank conflicts)
@@ -96,6 +136,12 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   static_assert(STREAMS * DEC_ROWS * HEAD_DIM * 4 <= STREAMS * STREAM_CHUNKS * 16,
                 "the epilogue's O must fit in the K/V stages");
   auto swizzle = [](int n, int c) { return n * CHUNKS_PER_ROW + (c ^ (n % 8)); };
+  // fp8 stages: chunk c of key row n at n * CACHE_CHUNKS_PER_ROW + (c ^ (n % CACHE_CHUNKS_PER_ROW))
+  // (the lanes' K and V loads of attend_tile without bank conflicts at head_dim 128)
+  auto fp8_swizzle = [](int n, int c) {
+    return n * CACHE_CHUNKS_PER_ROW + (c ^ (n % CACHE_CHUNKS_PER_ROW));
+  };
+
 
   // ---- setup
   PAGED_ATTENTION_ITEM();
@@ -125,9 +171,56 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   cp_async_wait<0>();
   __syncthreads();
   unsigned q_frag[K_STEPS][4];  // Q as mma A fragments, kept in registers
+  float row_pow2[2] = {1.f, 1.f};  // RESCALE_Q: 2^-shift of rows g, g + 8 (Q was scaled by 2^shift)
+  if constexpr (FP8) {
+    // Q in the permuted order of the reduction dimension: the lane's HEAD_DIM / 4 elements
+    // HEAD_DIM / 4 * tig + 4 kk + i (i = 0..3) are mma k-positions 2 tig, 2 tig + 1, 2 tig + 8,
+    // 2 tig + 9 of k-step kk (attend_tile reads K in the same order)
+    constexpr int Q_LANE_CHUNKS = HEAD_DIM / 32;  // a lane's chunks of 8 elements per row
 #pragma unroll
-  for (int kk = 0; kk < K_STEPS; ++kk)
-    ldmatrix_x4(q_frag[kk], q_tile + swizzle((lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
+    for (int half = 0; half < 2; ++half) {
+      const int r = g + 8 * half;
+      float up = 1.f;
+      if constexpr (RESCALE_Q) {
+        float amax = 0.f;  // largest finite |q| of the row (NaN and inf pass through unscaled)
+#pragma unroll
+        for (int i = 0; i < Q_LANE_CHUNKS; ++i) {
+          const uint4 raw = q_tile[swizzle(r, tig * Q_LANE_CHUNKS + i)];
+          float x[8];
+          unpack_chunk(raw, x, bfloat16_t());
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float a = fabsf(x[e]);
+            amax = a < PA_INF ? fmaxf(amax, a) : amax;
+          }
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const int shift = q_row_shift(amax);
+        up = pow2_float(shift);
+        row_pow2[half] = pow2_float(-shift);
+      }
+#pragma unroll
+      for (int i = 0; i < Q_LANE_CHUNKS; ++i) {
+        const uint4 raw = q_tile[swizzle(r, tig * Q_LANE_CHUNKS + i)];
+        const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {  // elements 8 i + 2 m, + 1: k-step 2 i + m / 2
+          unsigned pair = w[m];
+          if constexpr (RESCALE_Q) {
+            float lo, hi;
+            unpack_word(w[m], lo, hi, bfloat16_t());
+            pair = Mma::pack(lo * up, hi * up);  // exact unless below float16's subnormals
+          }
+          q_frag[2 * i + m / 2][half + 2 * (m % 2)] = pair;
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk)
+      ldmatrix_x4(q_frag[kk], q_tile + swizzle((lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
+  }
   const int row_lo = g, row_hi = g + 8;
   const int pq_row[2] = {p_q[row_lo], p_q[row_hi]};
   const float slope_row[2] = {slope[row_lo], slope[row_hi]};
@@ -138,9 +231,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   const int num_sub = kv_stop > kv_begin ? (kv_stop - kv_begin + DEC_SUB_N - 1) / DEC_SUB_N : 0;
   const int my_subs = num_sub > stream ? (num_sub - stream + STREAMS - 1) / STREAMS : 0;
   uint4* k_stages = kv_region + stream * STREAM_CHUNKS;  // as stored in the cache
-  uint4* v_stages = k_stages + DEC_STAGES * STAGE_CHUNKS;
-  uint4* k_converted = v_stages + DEC_STAGES * STAGE_CHUNKS;  // fp8 only: the sub-tile as T
-  uint4* v_converted = k_converted + SUB_CHUNKS;
+  uint4* v_stages = k_stages + STAGES * STAGE_CHUNKS;
 
   // -- block-table entries: lane j holds the entry of sub-tile 32 * batch + j of this stream
   // (only sub-tiles below my_subs, whose first position is < L), the next batch loaded a
@@ -172,28 +263,9 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
       const bool valid = p0 + n < L;  // nothing at p >= L is read
       const C* k_src = valid ? k_base + n * k_stride_slot + c * CACHE_ELEMS : key_cache;
       const C* v_src = valid ? v_base + n * v_stride_slot + c * CACHE_ELEMS : value_cache;
-      const int at = FP8 ? idx : swizzle(n, c);  // fp8 bytes in order; T swizzled for ldmatrix
+      const int at = FP8 ? fp8_swizzle(n, c) : swizzle(n, c);
       cp_async_16(k_stages + stage * STAGE_CHUNKS + at, k_src, valid);
       cp_async_16(v_stages + stage * STAGE_CHUNKS + at, v_src, valid);
-    }
-  };
-
-  // -- fp8: this thread's share of the landed sub-tile in `stage` to T in k_converted /
-  // v_converted (exact)
-  auto convert_sub = [&](int stage) {
-    if constexpr (FP8) {  // (a 16-bit cache is read in place)
-#pragma unroll
-      for (int i = 0; i < LOADS_PER_LANE; ++i) {
-        const int idx = stream_lane + STREAM_THREADS * i;
-        const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
-        uint4 first, second;
-        fp8_chunk_to<C, T>(k_stages[stage * STAGE_CHUNKS + idx], first, second);
-        k_converted[swizzle(n, 2 * c)] = first;
-        k_converted[swizzle(n, 2 * c + 1)] = second;
-        fp8_chunk_to<C, T>(v_stages[stage * STAGE_CHUNKS + idx], first, second);
-        v_converted[swizzle(n, 2 * c)] = first;
-        v_converted[swizzle(n, 2 * c + 1)] = second;
-      }
     }
   };
 
@@ -206,12 +278,39 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   auto attend_tile = [&](const uint4* k_tile, const uint4* v_tile, int p0) {
     // -- compute qk: two n-tiles of 8 keys
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if constexpr (FP8) {
+      // keys g and g + 8, the lane's HEAD_DIM / 4 bytes (k-step kk: bytes 4 kk .. 4 kk + 3,
+      // b0 from the low pair, b1 from the high pair), converted in registers
+      constexpr int K_LANE_CHUNKS = HEAD_DIM / 64;
+      uint4 raw[2][K_LANE_CHUNKS];
 #pragma unroll
-    for (int kk = 0; kk < K_STEPS; ++kk) {
-      unsigned b[4];
-      ldmatrix_x4(b, k_tile + swizzle((lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
-      Mma::mma(s[0], q_frag[kk], b[0], b[1]);
-      Mma::mma(s[1], q_frag[kk], b[2], b[3]);
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int i = 0; i < K_LANE_CHUNKS; ++i) raw[t][i] = k_tile[fp8_swizzle(g + 8 * t, tig * K_LANE_CHUNKS + i)];
+      }
+#pragma unroll
+      for (int kk = 0; kk < K_STEPS; ++kk) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const unsigned w = chunk_word(raw[t][kk / 4], kk % 4);
+          Mma::mma(s[t], q_frag[kk], fp8_lo_to_f16x2<C>(w), fp8_hi_to_f16x2<C>(w));
+        }
+      }
+      if constexpr (RESCALE_Q) {  // back to the query's scale: exact (a power of two)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] *= row_pow2[e / 2];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < K_STEPS; ++kk) {
+        unsigned b[4];
+        ldmatrix_x4(b, k_tile + swizzle((lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
+        Mma::mma(s[0], q_frag[kk], b[0], b[1]);
+        Mma::mma(s[1], q_frag[kk], b[2], b[3]);
+      }
     }
     // -- scale, softcap, ALiBi, mask (replace, never add); row max over the quad
     float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
@@ -243,22 +342,64 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     online_softmax_step(s, m_ij, m_i, l_i, alpha);  // P = exp2(s - m), l += row sums of P
     // -- update output accumulator: O = O * alpha + P V
     unsigned a[4];
-    a[0] = Mma::pack(s[0][0], s[0][1]);
-    a[1] = Mma::pack(s[0][2], s[0][3]);
-    a[2] = Mma::pack(s[1][0], s[1][1]);
-    a[3] = Mma::pack(s[1][2], s[1][3]);
+    if constexpr (FP8) {  // P * 2^15 in float16 (exact scaling; undone in the epilogue)
+      a[0] = Mma::pack(s[0][0] * DEC_P_SCALE, s[0][1] * DEC_P_SCALE);
+      a[1] = Mma::pack(s[0][2] * DEC_P_SCALE, s[0][3] * DEC_P_SCALE);
+      a[2] = Mma::pack(s[1][0] * DEC_P_SCALE, s[1][1] * DEC_P_SCALE);
+      a[3] = Mma::pack(s[1][2] * DEC_P_SCALE, s[1][3] * DEC_P_SCALE);
+      // V: keys 2 tig, 2 tig + 1 (b0) and 2 tig + 8, 2 tig + 9 (b1), the lane's O_TILES bytes
+      // O_TILES * g + j of each, byte j serving n-tile j: head dim O_TILES * n + j is column n
+      // of n-tile j (undone at the epilogue's store)
+      constexpr int V_LANE_WORDS = O_TILES / 4;
+      unsigned vw[4][V_LANE_WORDS];
 #pragma unroll
-    for (int dj = 0; dj < O_TILES / 2; ++dj) {
-      unsigned b[4];
-      ldmatrix_x4_trans(b, v_tile + swizzle((lane % 8) + 8 * ((lane / 8) % 2),
-                                            o_part * (O_DIM / 8) + 2 * dj + lane / 16));
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        o[2 * dj][e] *= alpha[e / 2];
-        o[2 * dj + 1][e] *= alpha[e / 2];
+      for (int q = 0; q < 4; ++q) {
+        const int n = 2 * tig + (q & 1) + 8 * (q >> 1);
+        if constexpr (V_LANE_WORDS == 4) {
+          const uint4 raw = v_tile[fp8_swizzle(n, g)];
+          vw[q][0] = raw.x, vw[q][1] = raw.y, vw[q][2] = raw.z, vw[q][3] = raw.w;
+        } else {
+          static_assert(V_LANE_WORDS == 2, "head_dim 64 or 128");
+          const uint2 raw = reinterpret_cast<const uint2*>(v_tile + fp8_swizzle(n, g / 2))[g % 2];
+          vw[q][0] = raw.x, vw[q][1] = raw.y;
+        }
       }
-      Mma::mma(o[2 * dj], a, b[0], b[1]);
-      Mma::mma(o[2 * dj + 1], a, b[2], b[3]);
+      // O *= alpha, skipped where no row of the warp raised its max (alpha == 1 exactly: the
+      // same bits), as after the first sub-tiles of a long range
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < O_TILES; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
+        }
+      }
+#pragma unroll
+      for (int dj = 0; dj < O_TILES / 2; ++dj) {  // n-tiles 2 dj, 2 dj + 1: bytes 2 (dj % 2), + 1 of word dj / 2
+        const unsigned b0 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[0][dj / 2], vw[1][dj / 2])
+                                        : interleave_bytes<0x7362>(vw[0][dj / 2], vw[1][dj / 2]);
+        const unsigned b1 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[2][dj / 2], vw[3][dj / 2])
+                                        : interleave_bytes<0x7362>(vw[2][dj / 2], vw[3][dj / 2]);
+        Mma::mma(o[2 * dj], a, fp8_lo_to_f16x2<C>(b0), fp8_lo_to_f16x2<C>(b1));
+        Mma::mma(o[2 * dj + 1], a, fp8_hi_to_f16x2<C>(b0), fp8_hi_to_f16x2<C>(b1));
+      }
+    } else {
+      a[0] = Mma::pack(s[0][0], s[0][1]);
+      a[1] = Mma::pack(s[0][2], s[0][3]);
+      a[2] = Mma::pack(s[1][0], s[1][1]);
+      a[3] = Mma::pack(s[1][2], s[1][3]);
+#pragma unroll
+      for (int dj = 0; dj < O_TILES / 2; ++dj) {
+        unsigned b[4];
+        ldmatrix_x4_trans(b, v_tile + swizzle((lane % 8) + 8 * ((lane / 8) % 2),
+                                              o_part * (O_DIM / 8) + 2 * dj + lane / 16));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          o[2 * dj][e] *= alpha[e / 2];
+          o[2 * dj + 1][e] *= alpha[e / 2];
+        }
+        Mma::mma(o[2 * dj], a, b[0], b[1]);
+        Mma::mma(o[2 * dj + 1], a, b[2], b[3]);
+      }
     }
   };
 
@@ -276,25 +417,18 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     }
   };
 #pragma unroll
-  for (int i = 0; i < DEC_STAGES - 1; ++i) {
+  for (int i = 0; i < STAGES - 1; ++i) {
     if (i < my_subs) load_sub(i, i);
     cp_async_commit();
   }
   for (int i = 0; i < my_subs; ++i) {
-    const int next = i + DEC_STAGES - 1;  // into the stage computed in iteration i - 1
-    if (next < my_subs) load_sub(next % DEC_STAGES, next);
+    const int next = i + STAGES - 1;  // into the stage computed in iteration i - 1
+    if (next < my_subs) load_sub(next % STAGES, next);
     cp_async_commit();
-    cp_async_wait<DEC_STAGES - 1>();
+    cp_async_wait<STAGES - 1>();
     stream_sync();  // every thread's copies of sub-tile i are visible to the stream
-    if constexpr (FP8) {
-      convert_sub(i % DEC_STAGES);
-      stream_sync();  // the converted sub-tile is visible to the stream
-      attend_tile(k_converted, v_converted, sub_p0(i));
-    } else {
-      attend_tile(k_stages + (i % DEC_STAGES) * STAGE_CHUNKS, v_stages + (i % DEC_STAGES) * STAGE_CHUNKS,
-                  sub_p0(i));
-    }
-    stream_sync();  // the stage (and the converted buffer) are read before they are refilled
+    attend_tile(k_stages + (i % STAGES) * STAGE_CHUNKS, v_stages + (i % STAGES) * STAGE_CHUNKS, sub_p0(i));
+    stream_sync();  // the stage is read before it is refilled
   }
   cp_async_wait<0>();
   __syncthreads();  // all streams are done with their stages: the region becomes o_merge
@@ -312,9 +446,15 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     }
 #pragma unroll
     for (int j = 0; j < O_TILES; ++j) {
-      float* dst = o_merge + (stream * DEC_ROWS + r) * HEAD_DIM + o_part * O_DIM + 8 * j + 2 * tig;
-      dst[0] = o[j][2 * half];
-      dst[1] = o[j][2 * half + 1];
+      float* dst = o_merge + (stream * DEC_ROWS + r) * HEAD_DIM + o_part * O_DIM;
+      if constexpr (FP8) {  // columns 2 tig, 2 tig + 1 of n-tile j are head dims O_TILES * n + j
+        dst[O_TILES * (2 * tig) + j] = o[j][2 * half];
+        dst[O_TILES * (2 * tig + 1) + j] = o[j][2 * half + 1];
+      } else {
+        dst += 8 * j + 2 * tig;
+        dst[0] = o[j][2 * half];
+        dst[1] = o[j][2 * half + 1];
+      }
     }
   }
   __syncthreads();
@@ -333,7 +473,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
       acc = fmaf(weight, o_merge[(w * DEC_ROWS + r) * HEAD_DIM + d], acc);
     }
     float o_final = l != 0.f ? acc / l : 0.f;
-    if constexpr (FP8) o_final *= v_scale;  // the value used is cache * v_scale
+    if constexpr (FP8) o_final = (o_final * DEC_P_UNSCALE) * v_scale;  // P was * 2^15; V is cache * v_scale
     const float lse_final = l != 0.f ? m * LN2 + logf(l) : PA_NEG_INF;
     store_result<DEC_ROWS, HEAD_DIM>(o_final, lse_final, r, d, partial, token_start, num_groups, kv_head, group_size,
                                  group_start, num_q_heads, out, lse, partial_out, partial_lse);
