@@ -115,9 +115,11 @@ class CupyPlanState:
     #: ``attention_block``
     strides_seen: tuple[Any, ...] | None = None
     #: what a direct run of torch tensors reads once: torch.Tensor (None until torch is seen),
-    #: the outputs' shapes, lse's dtype, the pointer passed for an lse the plan does not return
+    #: out's allocator (a contiguous tensor like the query, which has out's shape and dtype:
+    #: ``torch.empty_like`` parses no shape), lse's shape and dtype, the pointer passed for an
+    #: lse the plan does not return
     tensor_type: Any = None
-    out_shape: tuple[int, int, int] = (0, 0, 0)
+    new_output: Callable[[Any], Any] = id
     lse_shape: tuple[int, int] = (0, 0)
     lse_dtype: Any = None
     lse_scratch_pointer: int = 0
@@ -309,11 +311,10 @@ class CupyBackend(Backend):
         if not problem.return_lse:
             state.lse_scratch = cupy.empty((problem.num_tokens, problem.num_q_heads), dtype=cupy.float32)
             state.lse_scratch_pointer = int(state.lse_scratch.data.ptr)
-        state.out_shape = (problem.num_tokens, problem.num_q_heads, problem.head_dim)
         state.lse_shape = (problem.num_tokens, problem.num_q_heads)
         torch = sys.modules.get("torch")
         if torch is not None:
-            state.tensor_type, state.lse_dtype = torch.Tensor, torch.float32
+            self._take_torch(state, torch)
         # pointers and strides are set by every run (slots 0-4 and ATTENTION_STRIDE_SLOTS)
         state.attention_handle = kernel_handle(state.attention_kernel)
         state.attention_block = KernelArguments(
@@ -409,7 +410,7 @@ class CupyBackend(Backend):
                     query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr()
                 )
                 if not (q_pointer | k_pointer | v_pointer) & 15:
-                    out = query.new_empty(state.out_shape)
+                    out = state.new_output(query)
                     lse = (
                         query.new_empty(state.lse_shape, dtype=state.lse_dtype)
                         if plan.problem.return_lse
@@ -436,7 +437,7 @@ class CupyBackend(Backend):
         if torch_caches and state.tensor_type is None:
             import torch
 
-            state.tensor_type, state.lse_dtype = torch.Tensor, torch.float32
+            self._take_torch(state, torch)
         query = arrays.contiguous_query(query)
         q_pointer = arrays.launch_view(query, "query", device)[0]
         out, out_pointer, lse, lse_pointer = arrays.empty_outputs(
@@ -446,6 +447,12 @@ class CupyBackend(Backend):
             lse_pointer = state.lse_scratch_pointer
         self._launch(state, q_pointer, k_view[0], v_view[0], out_pointer, lse_pointer)
         return out, lse
+
+    @staticmethod
+    def _take_torch(state: CupyPlanState, torch: Any) -> None:
+        """Let direct runs of torch tensors happen: what they take of torch, looked up once."""
+        state.new_output = functools.partial(torch.empty_like, memory_format=torch.contiguous_format)
+        state.tensor_type, state.lse_dtype = torch.Tensor, torch.float32
 
     @staticmethod
     def _launch(

@@ -85,11 +85,12 @@ class TritonPlanState:
     #: data pointers of the plan's own arrays as the attention kernel takes them (partials,
     #: then index arrays and slopes), for launches that pass integers
     plan_pointers: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
-    #: what a direct run reads once: torch.Tensor, the outputs' shapes, lse's dtype, the
-    #: pointer passed for an lse the plan does not return, torch's getters of the current
-    #: device and of a device's current stream handle
+    #: what a direct run reads once: torch.Tensor, out's allocator (a contiguous tensor like
+    #: the query, which has out's shape and dtype: ``torch.empty_like`` parses no shape), lse's
+    #: shape and dtype, the pointer passed for an lse the plan does not return, torch's
+    #: getters of the current device and of a device's current stream handle
     tensor_type: Any = None
-    out_shape: tuple[int, int, int] = (0, 0, 0)
+    new_output: Callable[[Any], Any] = id
     lse_shape: tuple[int, int] = (0, 0)
     lse_dtype: Any = None
     unused_pointer: int = 0
@@ -328,7 +329,8 @@ class TritonBackend(Backend):
         import torch
 
         current_device, current_stream = _stream_getters(torch)
-        return replace(state, plan_pointers=pointers, tensor_type=torch.Tensor, out_shape=(T, Hq, D),
+        return replace(state, plan_pointers=pointers, tensor_type=torch.Tensor,
+                       new_output=functools.partial(torch.empty_like, memory_format=torch.contiguous_format),
                        lse_shape=(T, Hq), lse_dtype=torch.float32, unused_pointer=unused.data_ptr(),
                        current_device=current_device, current_stream=current_stream)
 
@@ -351,7 +353,7 @@ class TritonBackend(Backend):
                 device_now = state.current_device()
                 direct = state.direct.get((query.stride(), key_cache.stride(), value_cache.stride(), device_now))
                 if direct is not None and not (q_pointer | k_pointer | v_pointer) & 15 and not launch_hooked():
-                    out = query.new_empty(state.out_shape)
+                    out = state.new_output(query)
                     lse = query.new_empty(state.lse_shape, dtype=state.lse_dtype) if plan.problem.return_lse else None
                     out_pointer = out.data_ptr()
                     lse_pointer = state.unused_pointer if lse is None else lse.data_ptr()

@@ -83,9 +83,9 @@ def _planned(launches: _Launches, seq_lens: list[int], slots: int, return_lse: b
         device=0, attention_handle=ATTENTION, merge_handle=MERGE,
         attention_block=runtime.KernelArguments((0,) * 5 + tables + (np.int64(0),) * 6 + scalars),
         merge_block=runtime.KernelArguments((*tables[:3], 0, 0, *scalars[1:3])) if len(work.merges) else None,
-        lse_scratch_pointer=0xF000, out_shape=(problem.num_tokens, 8, 64), lse_shape=(problem.num_tokens, 8),
-        tensor_type=torch.Tensor, lse_dtype=torch.float32,
+        lse_scratch_pointer=0xF000, lse_shape=(problem.num_tokens, 8),
     )
+    CupyBackend._take_torch(state, torch)
     launches.blocks = {ATTENTION: state.attention_block}
     if state.merge_block is not None:
         launches.blocks[MERGE] = state.merge_block
@@ -120,7 +120,7 @@ def test_a_run_after_the_checked_one_launches_what_it_launched(launches: _Launch
     assert outputs[0][0].data_ptr() != outputs[1][0].data_ptr()  # a fresh output while the first is held
     assert len(launches.calls) == 4
     for (out, lse), attention, merge in zip(outputs, launches.calls[0::2], launches.calls[1::2], strict=True):
-        assert out.dtype == q.dtype and tuple(out.shape) == tuple(q.shape)
+        assert out.dtype == q.dtype and tuple(out.shape) == tuple(q.shape) and out.is_contiguous()
         lse_pointer = 0xF000 if lse is None else lse.data_ptr()
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_pointer)
         assert attention[0] == ATTENTION and attention[2] == STREAM and attention[3][:5] == pointers

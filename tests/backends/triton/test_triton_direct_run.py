@@ -125,7 +125,7 @@ def test_a_second_run_launches_directly_what_the_jit_would(kernels: tuple[_Kerne
     out, lse = second if return_lse else (second, None)
     first_out = first[0] if return_lse else first
     assert out.data_ptr() != first_out.data_ptr()  # a fresh output while the first is held
-    assert out.dtype == q.dtype and tuple(out.shape) == tuple(q.shape)
+    assert out.dtype == q.dtype and tuple(out.shape) == tuple(q.shape) and out.is_contiguous()
     outputs = {0: out} if lse is None else {0: out, 1: lse}
     assert attention.direct_launches == [_expected(attention, attention.jit_launches[0], outputs)]
     if num_splits > 1:
@@ -150,9 +150,14 @@ def test_another_key_goes_through_the_jit_and_is_kept_apart(kernels: tuple[_Kern
     backend.run(plan, misaligned, k, v)  # a misaligned array: the JIT every time, nothing kept
     backend.run(plan, misaligned, k, v)
     assert len(attention.jit_launches) == 4 and len(plan.state.direct) == 2
+    heads_major = q.transpose(0, 1).contiguous().transpose(0, 1)  # dense, not contiguous
+    for _ in range(2):  # through the JIT, then directly: out is contiguous all the same
+        out = backend.run(plan, heads_major, k, v)[0]
+        assert out.is_contiguous() and out.stride() == (q.shape[1] * q.shape[2], q.shape[2], 1)
+    assert len(attention.jit_launches) == 5 and len(attention.direct_launches) == 3
     other_device = dataclasses.replace(plan.state, current_device=lambda: 3)  # the current device is in the key
     backend.run(dataclasses.replace(plan, state=other_device), q, k, v)
-    assert len(attention.jit_launches) == 5 and len(attention.direct_launches) == 2
+    assert len(attention.jit_launches) == 6 and len(attention.direct_launches) == 3
 
 
 def test_a_launch_hook_sends_the_run_through_the_jit(kernels: tuple[_Kernel, _Kernel]) -> None:
