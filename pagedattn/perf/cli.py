@@ -36,7 +36,7 @@ from pagedattn.perf.report import (
     write_json,
 )
 from pagedattn.perf.targets import VERDICT_HEADERS, evaluate
-from pagedattn.spec.dtypes import QUERY_DTYPES
+from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES
 from pagedattn.usage import (
     UsageError,
     make_folder,
@@ -58,9 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"named sets ({', '.join(shapes.SETS)}) or case names (default: quick on a GPU, "
                         "cpu without one)")
     parser.add_argument("--peers", nargs="*", metavar="PEER", choices=sorted(PEERS),
-                        help="peers to time, on a GPU only (default: sdpa flex); --peers alone for none")
+                        help="peers to time, on a GPU only (default: sdpa flex); --peers alone for none; flash "
+                             "is flash SDPA alone, for bars set against the faster of cuDNN and flash")
     parser.add_argument("--dtype", choices=QUERY_DTYPES,
                         help="override the cases' dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    parser.add_argument("--kv-dtype", choices=(*FP8_DTYPES, shapes.KV_AS_QUERY), default=None,
+                        help="override the caches' dtype: an fp8 dtype (the fp8 cases keep their scales, others "
+                             f"use 1.0), or {shapes.KV_AS_QUERY} for K/V in the query's dtype (default: each case's)")
     parser.add_argument("--blocks", choices=shapes.BLOCK_ORDERS, default=None,
                         help="order of each sequence's blocks in the pool (default: shuffled); in-order, beside a "
                              "shuffled run, shows what scattered blocks cost a kernel")
@@ -90,7 +94,8 @@ def list_sets() -> int:
     for name, cases in shapes.SETS.items():
         print(f"{name} ({len(cases)} cases)")
         for case in cases:
-            print(f"  {case.name}  {case.dtype}")
+            cache = "" if case.cache_dtype == case.dtype else f", K/V {case.cache_dtype}"
+            print(f"  {case.name}  {case.dtype}{cache}")
     return 0
 
 
@@ -142,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not on_gpu and any(n in shapes.SETS and n != "cpu" for n in names):
         raise UsageError(f"no GPU here; the sets other than 'cpu' are sized for a GPU (asked: {names})")
     try:
-        cases = shapes.resolve(names, dtype=args.dtype, blocks=args.blocks)
+        cases = shapes.resolve(names, dtype=args.dtype, blocks=args.blocks, kv_dtype=args.kv_dtype)
     except PagedAttentionError as error:
         raise UsageError(str(error)) from None
     backends, notes = choose_backends(args.backend, on_gpu)
@@ -213,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception as error:
                 for case in pool_cases:
                     progress(Result(backend.name, case.name, case.model.name, case.kind, case.batch, case.context,
-                                    case.block_size, case.dtype, "error", f"to_device: {error}"[:300]))
+                                    case.block_size, case.dtype, "error", f"to_device: {error}"[:300],
+                                    cache_dtype=case.cache_dtype))
                 continue
             for case in pool_cases:
                 progress(measure_backend(backend, case, device_pool, works[case], ceilings, policy, on_gpu))

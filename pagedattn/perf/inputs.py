@@ -1,11 +1,12 @@
 """Host arrays of benchmark cases: one K/V pool per batch, cut into rotated regions.
 
-A :class:`Pool` serves every block size of one (model, kind, batch, context, dtype): its
-caches are flat ``[num_slots, Hkv, D]`` NHD slot arrays that a backend receives once and
-views as ``[num_slots / block_size, block_size, Hkv, D]``. The pool holds ``rotations``
+A :class:`Pool` serves every block size of one (model, kind, batch, context, dtype, cache
+dtype): its caches are flat ``[num_slots, Hkv, D]`` NHD slot arrays, in the case's cache
+dtype (fp8 included), that a backend receives once and views as
+``[num_slots / block_size, block_size, Hkv, D]``. The pool holds ``rotations``
 disjoint regions, each with its own shuffled block tables and query, so consecutive timed
 runs read different memory and the L2 cache does not flatter small cases. Values are a
-random (never zero) pattern tiled over the pool. :func:`attention_case` gives one rotation's
+random (never zero, always finite) pattern tiled over the pool. :func:`attention_case` gives one rotation's
 call as the spec's :class:`~pagedattn.spec.case.AttentionCase`.
 """
 
@@ -18,9 +19,10 @@ import numpy as np
 
 from pagedattn.perf.shapes import BLOCK_SIZES, Case
 from pagedattn.spec.case import AttentionCase
-from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
 PATTERN_LENGTH = (1 << 22) + 17  # random values tiled over the pool (prime-ish: no slot alignment)
+FP8_SMALLEST = 2.0**-4  # magnitude an fp8 pattern value is raised to at least, so none rounds to zero
 SLOT_ALIGN = max(BLOCK_SIZES)  # each sequence's region is a multiple of every block size
 
 
@@ -45,13 +47,13 @@ class Pool:
 
 
 def pool_key(case: Case) -> tuple[object, ...]:
-    """Cases with equal keys share a pool (they differ in block size only)."""
-    return (case.model.name, case.kind, case.chunk, case.batch, case.context, case.dtype)
+    """Cases with equal keys share a pool (they differ in block size, block order or fp8 scales only)."""
+    return (case.model.name, case.kind, case.chunk, case.batch, case.context, case.dtype, case.cache_dtype)
 
 
 def kv_bytes_per_rotation(case: Case) -> int:
-    """Bytes of K and V that one rotation's batch holds."""
-    item = numpy_dtype(case.dtype).itemsize
+    """Bytes of K and V that one rotation's batch holds (in the cache's dtype)."""
+    item = numpy_dtype(case.cache_dtype).itemsize
     return 2 * case.batch * case.context * case.model.num_kv_heads * case.model.head_dim * item
 
 
@@ -61,8 +63,10 @@ def rotations_for(case: Case, flush_bytes: int, max_rotations: int = 32) -> int:
 
 
 def _tiled(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    pattern = rng.standard_normal(PATTERN_LENGTH).astype(numpy_dtype(dtype))
-    return np.resize(pattern, shape)
+    pattern = rng.standard_normal(PATTERN_LENGTH)
+    if dtype in FP8_DTYPES:  # standard normals lie far inside both fp8 ranges; only tiny ones need care
+        pattern = np.copysign(np.maximum(np.abs(pattern), FP8_SMALLEST), pattern)
+    return np.resize(pattern.astype(numpy_dtype(dtype)), shape)
 
 
 def make_pool(case: Case, rotations: int, seed: int = 0) -> Pool:
@@ -77,7 +81,7 @@ def make_pool(case: Case, rotations: int, seed: int = 0) -> Pool:
         rng.standard_normal((num_tokens, m.num_q_heads, m.head_dim)).astype(numpy_dtype(case.dtype))
         for _ in range(rotations)
     ]
-    return Pool(pool_key(case), _tiled(rng, shape, case.dtype), _tiled(rng, shape, case.dtype), queries,
+    return Pool(pool_key(case), _tiled(rng, shape, case.cache_dtype), _tiled(rng, shape, case.cache_dtype), queries,
                 slots_per_seq, case.batch)
 
 

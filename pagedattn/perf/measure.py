@@ -53,6 +53,8 @@ class Result:
     rotations: int = 1
     samples_s: list[float] = field(default_factory=list)
     detail: str = ""
+    cache_dtype: str = ""  # the K/V dtype of the case ("" read as ``dtype``)
+    note: str = ""  # what a peer ran differently from the case (fp8 K/V in the query's dtype)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +68,8 @@ def case_work(case: Case, pool: inputs.Pool) -> Work:
 
 def _result(runner: str, case: Case, status: str, **fields: Any) -> Result:
     return Result(runner=runner, case=case.name, model=case.model.name, kind=case.kind, batch=case.batch,
-                  context=case.context, block_size=case.block_size, dtype=case.dtype, status=status, **fields)
+                  context=case.context, block_size=case.block_size, dtype=case.dtype, status=status,
+                  cache_dtype=case.cache_dtype, **fields)
 
 
 def figures(runner: str, case: Case, seconds: timing.Timing, w: Work, ceilings: Ceilings, rotations: int,
@@ -101,11 +104,13 @@ def measure_peer_group(peer: Any, cases: Sequence[Case], rotations: int, works: 
 def restate(measured: Result, case: Case, w: Work, ceilings: Ceilings) -> Result:
     """``measured`` (a peer's row of another block size of the same shape) as ``case``'s row."""
     if measured.status != "ok" or measured.seconds is None:
-        return _result(measured.runner, case, measured.status, reason=measured.reason, detail=measured.detail)
+        return _result(measured.runner, case, measured.status, reason=measured.reason, detail=measured.detail,
+                       note=measured.note)
     detail = f"{measured.detail}; timed once per shape (bs{measured.block_size} row)".lstrip("; ")
     row = figures(measured.runner, case, timing.Timing(measured.seconds, measured.samples_s, 1), w, ceilings,
                   measured.rotations, detail, input_kind=measured.inputs)
     row.one_call_s, row.graph_s, row.graph_note = measured.one_call_s, measured.graph_s, measured.graph_note
+    row.note = measured.note
     return row
 
 
@@ -191,7 +196,9 @@ def measure_peer(peer: Any, case: Case, rotations: int, w: Work, ceilings: Ceili
         return _result(peer.name, case, "error", reason=f"{type(error).__name__}: {error}"[:300])
     finally:
         _release_gpu_cache()
-    return figures(peer.name, case, measured, w, ceilings, rotations, detail, three=three, input_kind="torch")
+    row = figures(peer.name, case, measured, w, ceilings, rotations, detail, three=three, input_kind="torch")
+    row.note = getattr(peer, "note", "")
+    return row
 
 
 def _release_gpu_cache() -> None:

@@ -2,9 +2,14 @@
 
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on contiguous
   ``[batch, Hkv, L, D]`` K/V, restricted to cuDNN, else flash, else memory-efficient
-  attention: the unpaged reference that the ``ratio`` column divides by. Decode and
-  prefill batches only (a mixed batch has no single-call unpaged form); a sliding window
-  in decode reads the last ``W`` keys; softcap is not available in SDPA.
+  attention: the unpaged reference that the ``ratio`` column divides by. Decode, prefill
+  and chunked batches (a chunked batch's lower-right causal mask is an explicit boolean
+  mask, since ``is_causal`` is upper-left); a mixed batch has no single-call unpaged form; a
+  sliding window in decode reads the last ``W`` keys; softcap is not available in SDPA. An
+  fp8 case runs with K/V in the query's dtype (SDPA takes no fp8 cache), and its rows say so
+  in ``note``: there the peer is informational.
+- ``flash``: the same, restricted to flash attention only, so that a bar can name "the
+  faster of cuDNN and flash".
 - ``flex``: FlexAttention on a paged ``[1, Hkv, num_slots, D]`` cache, the way
   ``torch.nn.attention.experimental._paged_attention`` does it (a block mask over
   physical pages of size = block size, a mask_mod mapping a page to its sequence and
@@ -20,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from pagedattn.errors import UnsupportedError
 from pagedattn.perf.shapes import Case
 
@@ -34,37 +41,66 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
+def sdpa_query_len(case: Case) -> int | None:
+    """Queries per sequence of ``case`` in SDPA's ``[batch, H, q_len, D]`` form; None for a mixed
+    batch, which has no single-call unpaged form."""
+    if case.kind == "mixed":
+        return None
+    return max(case.q_lens)  # decode, prefill and chunked batches: every sequence's alike
+
+
+def lower_right_causal(q_len: int, keys: int) -> np.ndarray:
+    """Host bool ``[q_len, keys]``: query ``i`` (position ``keys - q_len + i``) sees keys up to its own."""
+    return np.arange(keys)[None, :] <= (keys - q_len + np.arange(q_len))[:, None]
+
+
+def peer_note(case: Case) -> str:
+    """What an unpaged SDPA peer runs differently from ``case``, for the report (``""``: nothing)."""
+    if case.fp8:
+        return (f"K/V in {case.dtype}, not {case.cache_dtype}: SDPA takes no fp8 cache; informational, "
+                "the fp8 bar is % of the read ceiling")
+    return ""
+
+
 class SdpaPeer:
     """cuDNN/flash SDPA on contiguous K/V (the unpaged reference)."""
 
     name = "sdpa"
     uses_block_size = False  # contiguous K/V: one time per shape serves every block size
     capturable = True  # timed in a CUDA graph too, as the backends are
-    SDPA_ORDER = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+    SDPA_ORDER: tuple[str, ...] = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 
     def __init__(self) -> None:
         self.kernel = ""
+        self.note = ""  # what the last prepared case runs differently (an fp8 cache in the query's dtype)
 
     def synchronize(self) -> None:
         import torch
 
         torch.cuda.synchronize()
 
+    def chunked_mask(self, q_len: int, keys: int) -> Any:
+        """The lower-right causal mask of a chunked batch: an explicit boolean mask on the GPU."""
+        import torch
+
+        return torch.from_numpy(lower_right_causal(q_len, keys)).to("cuda")
+
     def prepare(self, case: Case, rotations: int) -> Callable[[int], Any]:
         import torch
         import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention import sdpa_kernel
 
         if not torch.cuda.is_available():
             raise _unsupported(self.name, "needs a CUDA GPU")
-        if case.kind == "mixed":
+        q_len = sdpa_query_len(case)
+        if q_len is None:
             raise _unsupported(self.name, "a mixed batch has no single-call unpaged form")
         if case.model.softcap is not None:
             raise _unsupported(self.name, "SDPA has no softcap")
-        if case.kind == "prefill" and case.model.sliding_window is not None:
+        if case.kind != "decode" and case.model.sliding_window is not None:
             raise _unsupported(self.name, "a sliding window in prefill needs a mask")
-        m, dtype = case.model, _torch_dtype(case.dtype)
-        q_len = 1 if case.kind == "decode" else case.context
+        m, dtype = case.model, _torch_dtype(case.dtype)  # an fp8 case's K/V in the query's dtype
+        self.note = peer_note(case)
         keys = case.context
         if case.kind == "decode" and m.sliding_window is not None:
             keys = min(keys, m.sliding_window)  # the window's last W keys, contiguous
@@ -72,31 +108,61 @@ class SdpaPeer:
         k = torch.randn(shape, dtype=dtype, device="cuda")
         v = torch.randn(shape, dtype=dtype, device="cuda")
         q = torch.randn((rotations, case.batch, m.num_q_heads, q_len, m.head_dim), dtype=dtype, device="cuda")
-        causal = case.kind == "prefill"
+        causal = case.kind == "prefill"  # upper-left, which equals lower-right when q_len == keys
+        mask = self.chunked_mask(q_len, keys) if case.kind == "chunked" else None
         gqa = m.num_q_heads != m.num_kv_heads
 
         def attend(i: int) -> Any:
             r = i % rotations
-            return F.scaled_dot_product_attention(q[r], k[r], v[r], is_causal=causal, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q[r], k[r], v[r], attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=gqa)
+
+        kernel, error = self._first_kernel(attend)
+        if kernel is None and gqa and mask is not None:  # no kernel takes GQA with a mask: whole heads
+            repeats = m.num_q_heads // m.num_kv_heads
+            k, v, gqa = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2), False
+            kernel, error = self._first_kernel(attend)
+            self.note = f"K/V heads repeated to {m.num_q_heads}: no SDPA kernel here took GQA with a mask"
+        if kernel is None:
+            raise _unsupported(self.name, f"no fused SDPA kernel takes it: {error}")
+        self.kernel = kernel.name.split("_")[0].lower()
+
+        def run(i: int, kernel: Any = kernel) -> Any:
+            with sdpa_kernel([kernel]):
+                return attend(i)
+
+        return run
+
+    def _first_kernel(self, attend: Callable[[int], Any]) -> tuple[Any, Exception | None]:
+        """The first SDPA kernel of ``SDPA_ORDER`` that runs ``attend(0)``, else None and the last error."""
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
         last_error: Exception | None = None
-        for kernel in self.SDPA_ORDER:
-            backend = getattr(SDPBackend, kernel)
+        for name in self.SDPA_ORDER:
+            kernel = getattr(SDPBackend, name)
             try:
-                with sdpa_kernel([backend]):
+                with sdpa_kernel([kernel]):
                     attend(0)
                 torch.cuda.synchronize()
             except Exception as error:  # this kernel does not take the case: try the next
                 last_error = error
                 continue
-            self.kernel = kernel.split("_")[0].lower()
+            return kernel, None
+        return None, last_error
 
-            def run(i: int, backend: Any = backend) -> Any:
-                with sdpa_kernel([backend]):
-                    return attend(i)
 
-            return run
-        raise _unsupported(self.name, f"no fused SDPA kernel takes it: {last_error}")
+class FlashPeer(SdpaPeer):
+    """Flash SDPA alone on contiguous K/V: the other half of "the faster of cuDNN and flash"."""
+
+    name = "flash"
+    SDPA_ORDER = ("FLASH_ATTENTION",)
+
+    def chunked_mask(self, q_len: int, keys: int) -> Any:
+        """Flash takes no explicit mask; torch's lower-right causal bias runs flash's own causal."""
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(q_len, keys)
 
 
 class FlexPeer:
@@ -205,4 +271,4 @@ class FlexPeer:
         return run
 
 
-PEERS: dict[str, Callable[[], Any]] = {"sdpa": SdpaPeer, "flex": FlexPeer}
+PEERS: dict[str, Callable[[], Any]] = {"sdpa": SdpaPeer, "flash": FlashPeer, "flex": FlexPeer}

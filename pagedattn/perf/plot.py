@@ -1,4 +1,4 @@
-"""The bench plot: achieved bandwidth per (model, kind, batch) panel, every block size drawn.
+"""The bench plot: achieved bandwidth per (model, kind, batch, cache) panel, every block size drawn.
 
 A panel measured at several context lengths draws GB/s against context, one line per
 runner and block size (colour: runner, line style and marker: block size). A panel
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedattn.perf.ceilings import Ceilings
 from pagedattn.perf.measure import Result
-from pagedattn.perf.report import format_rate
+from pagedattn.perf.report import BLOCK_PART, format_rate
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -32,6 +32,13 @@ LEGEND_INCHES = 0.45  # below the panels: the legend shared by all of them
 Series = dict[tuple[str, int], list[tuple[int, float]]]
 
 
+def _variant(case: str) -> str:
+    """What a case name says after its block size (`` kv-e4m3 scaled``, `` in-order``): its own panel."""
+    parts = case.split("/")
+    after = next((i + 1 for i, part in enumerate(parts) if BLOCK_PART.fullmatch(part)), len(parts))
+    return "".join(f" {part}" for part in parts[after:])
+
+
 def panels(results: Sequence[Result]) -> dict[str, Series]:
     """``{panel: {(runner, block size): [(context, GB/s), ...]}}`` of the ok rows, sorted by context."""
     if any(r.kind == "decode" for r in results):
@@ -39,7 +46,8 @@ def panels(results: Sequence[Result]) -> dict[str, Series]:
     out: dict[str, Series] = defaultdict(lambda: defaultdict(list))
     for r in results:
         if r.status == "ok" and r.gbps is not None:
-            out[f"{r.model} {r.kind} b{r.batch}"][(r.runner, r.block_size)].append((r.context, r.gbps))
+            out[f"{r.model} {r.kind} b{r.batch}{_variant(r.case)}"][(r.runner, r.block_size)].append(
+                (r.context, r.gbps))
     return {k: {key: sorted(points) for key, points in v.items()} for k, v in out.items()}
 
 

@@ -44,18 +44,29 @@ def add_reference_ratios(results: Sequence[Result]) -> None:
             r.ratio_to_reference = r.seconds / ref
 
 
+def _note_key(r: Result) -> tuple[str, str, str] | None:
+    """The note a row refers to: why it was not timed, or what a timed peer ran differently."""
+    if r.status != "ok" or r.seconds is None:
+        return (r.runner, r.status, r.reason)
+    return (r.runner, "note", r.note) if r.note else None
+
+
 def _reasons(results: Sequence[Result]) -> dict[tuple[str, str, str], int]:
-    """``{(runner, status, reason): note number}`` of the rows that were not timed, numbered from 1."""
+    """``{(runner, status, reason): note number}`` of the rows that were not timed, and ``(runner,
+    "note", note)`` of timed rows with a note, numbered from 1."""
     numbers: dict[tuple[str, str, str], int] = {}
     for r in results:
-        if r.status != "ok" or r.seconds is None:
-            numbers.setdefault((r.runner, r.status, r.reason), len(numbers) + 1)
+        key = _note_key(r)
+        if key is not None:
+            numbers.setdefault(key, len(numbers) + 1)
     return numbers
 
 
 def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
     """One row per result; a row not timed shows its status and a note number, the reason is in
-    :func:`reason_notes` (a reason in the cell would widen the time column for every row)."""
+    :func:`reason_notes` (a reason in the cell would widen the time column for every row); a
+    timed row with a note (a peer that ran fp8 K/V in the query's dtype) has its number beside
+    the runner."""
     numbers = _reasons(results)
     rows: list[tuple[str, ...]] = []
     for r in results:
@@ -64,10 +75,11 @@ def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
             note = numbers[(r.runner, r.status, r.reason)]
             rows.append((r.runner, shape, str(r.block_size), f"{r.status} [{note}]", "", "", "", "", "", ""))
             continue
+        runner = f"{r.runner} [{numbers[(r.runner, 'note', r.note)]}]" if r.note else r.runner
         ratio = "" if r.ratio_to_reference is None else f"{r.ratio_to_reference:.2f}"
         one = "" if r.one_call_s is None else format_seconds(r.one_call_s)
         graph = format_seconds(r.graph_s) if r.graph_s is not None else (r.graph_note[:40] or "not timed")
-        rows.append((r.runner, shape, str(r.block_size), one, format_seconds(r.seconds), graph,
+        rows.append((runner, shape, str(r.block_size), one, format_seconds(r.seconds), graph,
                      format_rate(r.gbps or 0.0), format_rate(r.tflops or 0.0), f"{r.pct_of_ceiling:.1f}", ratio))
     return rows
 
@@ -93,6 +105,8 @@ def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, mac
             "gbps": "bytes the spec says the case must move / back-to-back time (pagedattn.perf.roofline)",
             "pct_of_ceiling": "max(bytes / read bandwidth, flops / matrix rate) / back-to-back time, in %",
             "ratio_to_reference": f"median time / median time of the '{REFERENCE_PEER}' peer (unpaged K/V)",
+            "cache_dtype": "the dtype of K and V in the case (fp8 caches: the backends read fp8)",
+            "note": "what a peer ran differently from the case (an fp8 case's K/V in the query's dtype)",
         },
         "results": [r.as_dict() for r in results],
     }

@@ -21,13 +21,19 @@ def test_catalog_holds_the_named_models() -> None:
     assert any(m.softcap for m in shapes.MODELS.values())
 
 
-@pytest.mark.parametrize("name", ["quick", "full"])
-def test_gpu_sets_cover_kinds_block_sizes_batches_contexts(name: str) -> None:
+QUICK_MODELS = {"llama3-8b", "llama3-70b-tp8", "llama2-7b", "mistral-7b", "gemma2-9b"}
+
+
+@pytest.mark.parametrize("name, kinds, models", [
+    ("quick", {"decode", "prefill", "mixed"}, QUICK_MODELS),
+    ("full", set(shapes.KINDS), set(shapes.MODELS)),
+])
+def test_gpu_sets_cover_kinds_block_sizes_batches_contexts(name: str, kinds: set[str], models: set[str]) -> None:
     cases = shapes.SETS[name]
-    assert {c.kind for c in cases} == set(shapes.KINDS)
+    assert {c.kind for c in cases} == kinds
     assert {c.block_size for c in cases} == {16, 32, 64}
     assert len({c.batch for c in cases}) >= 2 and len({c.context for c in cases}) >= 2
-    assert {c.model.name for c in cases} == set(shapes.MODELS)
+    assert {c.model.name for c in cases} == models
     assert len({c.name for c in cases}) == len(cases), "case names are unique"
 
 
@@ -46,7 +52,7 @@ def test_resolve_unknown_name_lists_the_sets() -> None:
 @pytest.mark.parametrize("kind", shapes.KINDS)
 def test_q_lens_of_each_kind(kind: str) -> None:
     case = shapes.Case(shapes.MODELS["llama3-8b"], kind, batch=3, context=600, block_size=16)
-    expected = {"decode": [1, 1, 1], "prefill": [600] * 3, "mixed": [512, 1, 1]}[kind]
+    expected = {"decode": [1, 1, 1], "prefill": [600] * 3, "mixed": [512, 1, 1], "chunked": [512] * 3}[kind]
     assert case.q_lens == expected
 
 

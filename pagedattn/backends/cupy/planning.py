@@ -17,6 +17,7 @@ import numpy as np
 
 from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.backends.cupy.specializations import (
+    DECODE_HEAD_DIMS,
     DECODE_ROWS,
     FP8_TYPES,
     ITEM_FIELDS,
@@ -111,8 +112,8 @@ def choose_kernel(
     """The attention kernel of ``problem``, which also fixes the rows per CTA.
 
     ``DECODE_ROWS`` (tensor-core decode, keys split among warps) for float16/bfloat16 decode
-    at head_dim 64 or 128 with up to 16 query heads per KV head, unless ``options.decode`` is
-    "simt"; the tensor-core prefill kernels for float16/bfloat16 batches of at least 8 queries
+    at head_dim 64, 128 or 256 with up to 16 query heads per KV head, unless ``options.decode``
+    is "simt"; the tensor-core prefill kernels for float16/bfloat16 batches of at least 8 queries
     per sequence on average at head_dim 64 or 128: the Hopper kernel (``WGMMA_ROWS``) where
     :func:`uses_wgmma`, else the mma.sync kernel (``MMA_ROWS``); else the CUDA-core kernel
     with 4 rows (decode with up to 4 query heads per KV head) or 8. fp8 caches go to the
@@ -121,9 +122,10 @@ def choose_kernel(
     """
     tensor_cores = problem.dtype in MMA_DTYPES and problem.head_dim in MMA_HEAD_DIMS
     decode_mma = problem.is_decode and problem.group_size <= DECODE_ROWS
+    decode_tensor_cores = problem.dtype in MMA_DTYPES and problem.head_dim in DECODE_HEAD_DIMS
     if problem.cache_dtype in FP8_TYPES:
         prefill = not decode_mma
-    elif decode_mma and tensor_cores and options.decode == "mma":
+    elif decode_mma and decode_tensor_cores and options.decode == "mma":
         prefill = False
     else:
         prefill = (

@@ -49,13 +49,15 @@ WGMMA_ARCH = "sm_90a"
 WGMMA_MODULE = "paged_attention_wgmma"
 MMA_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
-#: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 4 warps
-#: splitting the keys in 16-key sub-tiles, 3 stages each, 2 CTAs per SM; same dtypes and head
-#: dims as the tensor-core prefill kernel.
+#: The tensor-core decode kernel (kernels/paged_attention_decode.cu): 16 rows, 4 warps in
+#: streams splitting the keys in 16-key sub-tiles, 3 stages per stream, 2 CTAs per SM; the
+#: prefill kernel's dtypes, and head_dim 256 too (16-bit caches only there: fp8 caches are
+#: refused at 256, where the prefill kernel has no instantiation).
 DECODE_ROWS = 16
 DECODE_WARPS = 4
 DECODE_STAGES = 3
 DECODE_SUB_N = 16
+DECODE_HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 DECODE_THREADS = 32 * DECODE_WARPS
 NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)
 ITEM_FIELDS = 9  # ints per work item
@@ -192,17 +194,26 @@ def mma_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
     )
 
 
+def decode_split(head_dim: int) -> int:
+    """Warps of one stream of ``paged_attention_decode`` (``dec_split`` in the .cu): 2 at
+    head_dim 256, each accumulating half of O's columns of the sub-tiles both load; else 1."""
+    return 2 if head_dim > 128 else 1
+
+
 def decode_smem_bytes(head_dim: int, cache_dtype: str = "bfloat16") -> int:
-    """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu)."""
+    """Dynamic shared memory of ``paged_attention_decode`` (as ``decode_smem_bytes`` in the .cu):
+    Q, each stream's K/V stages (fp8: and its converted sub-tile), the row state, the streams'
+    m and l."""
     fp8 = cache_dtype in FP8_TYPES
-    warp_bytes = DECODE_STAGES * 2 * DECODE_SUB_N * head_dim * cache_bytes(cache_dtype) + (
+    streams = DECODE_WARPS // decode_split(head_dim)
+    stream_bytes = DECODE_STAGES * 2 * DECODE_SUB_N * head_dim * cache_bytes(cache_dtype) + (
         2 * DECODE_SUB_N * head_dim * 2 if fp8 else 0
     )
     return (
         DECODE_ROWS * head_dim * 2
-        + DECODE_WARPS * warp_bytes
+        + streams * stream_bytes
         + 3 * DECODE_ROWS * 4
-        + 2 * DECODE_WARPS * DECODE_ROWS * 4
+        + 2 * streams * DECODE_ROWS * 4
     )
 
 
@@ -298,6 +309,9 @@ def all_specializations() -> list[Specialization]:
                             attention(dtype, head_dim, bs, rows, cache) for bs in BLOCK_SIZES
                         )
                     specs.append(merge_partials(dtype, head_dim, rows))
+            elif dtype in MMA_DTYPES and head_dim in DECODE_HEAD_DIMS:  # decode only, 16-bit caches
+                specs.extend(attention(dtype, head_dim, bs, DECODE_ROWS) for bs in BLOCK_SIZES)
+                specs.append(merge_partials(dtype, head_dim, DECODE_ROWS))
             if wgmma_supports(dtype, head_dim):
                 for ctas in WGMMA_CTAS_CHOICES:
                     for overlap in {False, wgmma_overlap_possible(head_dim, ctas)}:

@@ -14,11 +14,11 @@ in what a row sees propagates as IEEE arithmetic says.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend
 
 from pagedattn.spec.arrays import AttentionProblem
 
@@ -73,16 +73,24 @@ def sdpa_mask(problem: AttentionProblem, group: GroupTensors) -> tuple[torch.Ten
     return visible[:, None], False  # [S, 1, q_len, L_max - offset], broadcast over heads
 
 
+#: SDPA kernels that propagate NaN and inf as the contract says, by device type (any other
+#: device: the math kernel). On the CPU,
+#: the flash kernel returns 0 for a row whose every score is NaN (a NaN query); on CUDA, cuDNN
+#: returns finite values for a row whose only visible key holds inf, and 0 for a float16 row
+#: whose visible value holds inf (found by the conformance suite's non-finite cells).
+IEEE_SDPA_KERNELS: dict[str, list[SDPBackend]] = {
+    "cuda": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+}
+
+
 def sdpa_attention(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    group: GroupTensors) -> torch.Tensor:
     """q ``[S, q_len, Hq, D]``, k/v ``[S, Hkv, L_max, D]`` in q's dtype -> ``[S, q_len, Hq, D]``."""
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
     mask, is_causal = sdpa_mask(problem, group)
-    # On the CPU, SDPA's flash kernel returns 0 for a row whose every score is NaN (a NaN query),
-    # hiding it; the math kernel propagates NaN as the contract says.
-    with sdpa_kernel([SDPBackend.MATH]) if q.device.type == "cpu" else contextlib.nullcontext():
+    with sdpa_kernel(IEEE_SDPA_KERNELS.get(q.device.type, [SDPBackend.MATH])):
         out = F.scaled_dot_product_attention(
             q.permute(0, 2, 1, 3), k, v, attn_mask=mask, is_causal=is_causal, scale=problem.scale,
             enable_gqa=problem.group_size > 1,

@@ -81,6 +81,24 @@ def _operand(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _float16_rows(q):
+    """bfloat16 rows ``q`` ``[BLOCK_M, D]`` as float16 times a power of two per row, and that
+    power's inverse ``[BLOCK_M]`` (float32), which multiplies ``q . k`` back exactly.
+
+    fp8 caches convert exactly and cheaply to float16 (one instruction per pair), not to
+    bfloat16, so their products run in float16; a bfloat16 row (8 significant bits) fits
+    float16's 11 once scaled so its largest magnitude lies in [2**14, 2**15): only elements
+    below 2**-38 of the row's largest lose bits (the error model's u_op). NaN and inf stay.
+    """
+    amax = tl.max(tl.abs(q.to(tl.float32)), 1)
+    exponent = ((amax.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127  # floor(log2), -127 for 0
+    shift = tl.minimum(tl.maximum(exponent - 14, -126), 113)
+    scale = ((127 - shift) << 23).to(tl.float32, bitcast=True)  # 2**-shift
+    unscale = ((127 + shift) << 23).to(tl.float32, bitcast=True)  # 2**shift
+    return (q.to(tl.float32) * scale[:, None]).to(tl.float16), unscale
+
+
+@triton.jit
 def _round_to_bfloat16(x):
     """float32 -> bfloat16 rounded to nearest even by integer arithmetic.
 
@@ -188,12 +206,12 @@ def _attend_tiles(
     acc, l_i, m_i, q,  #
     k_base, v_base, bt_row,  #
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-    L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
+    L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window, q_unscale,  #
     t_begin, t_end,  #
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_MODE: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
     MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
-    KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+    Q_SCALED: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Fold key tiles ``t_begin <= t < t_end`` (positions ``t * BLOCK_N + n``) into (m, l, O).
 
@@ -204,6 +222,8 @@ def _attend_tiles(
     ``s^T = K q^T`` and ``O^T += V^T p^T``, so the key tile is the matrix unit's M side (at
     least 64 rows: warpgroup MMA on sm_90, K and V read from shared memory) and the few query
     rows of a decode tile its N side; ``acc`` and ``q`` come transposed, ``[HEAD_DIM_PAD, BLOCK_M]``.
+    With ``Q_SCALED``, row r of ``q`` holds the query times ``1 / q_unscale[r]`` (a power of two),
+    and ``q . k`` is multiplied back by ``q_unscale`` before anything else.
     """
     KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the scores' axis reduced per row
     d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
@@ -218,6 +238,8 @@ def _attend_tiles(
             qk = _dot(_operand(k, q_dtype, INTERPRET), q, IEEE, INTERPRET)
         else:
             qk = _dot(q, tl.trans(_operand(k, q_dtype, INTERPRET)), IEEE, INTERPRET)
+        if Q_SCALED:  # exact: a power of two per row
+            qk = qk * _along_rows(q_unscale, KEYS_MAJOR)
         p_k = _along_keys(p, KEYS_MAJOR)
         p_r = _along_rows(p_q, KEYS_MAJOR)
         # -- scores in base 2: scale, softcap, ALiBi, in the contract's order
@@ -272,7 +294,7 @@ def paged_attention_kernel(
     GROUP_TILE: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_MODE: tl.constexpr,  #
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, Q_SCALED: tl.constexpr,  #
     HEADS_FASTEST: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
 ):
     """Paged attention of one (work item, KV head and head tile, split): see the module doc.
@@ -316,6 +338,10 @@ def paged_attention_kernel(
     d_ok = offs_d < HEAD_DIM
     q_ptrs = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if Q_SCALED:
+        q, q_unscale = _float16_rows(q)
+    else:
+        q_unscale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     if HAS_ALIBI:  # noqa: SIM108
         slopes = tl.load(alibi_ptr + head, mask=row_ok, other=0.0)
     else:
@@ -353,11 +379,11 @@ def paged_attention_kernel(
             acc, l_i, m_i, q,  #
             k_base, v_base, bt_row,  #
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
-            L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window,  #
+            L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window, q_unscale,  #
             begin, end,  #
             BLOCK_SIZE, BLOCK_N, TABLE_MODE, HEAD_DIM, HEAD_DIM_PAD,  #
             stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
-            KEYS_MAJOR, IEEE, INTERPRET,  #
+            Q_SCALED, KEYS_MAJOR, IEEE, INTERPRET,  #
         )
     if KEYS_MAJOR:
         acc = tl.trans(acc)

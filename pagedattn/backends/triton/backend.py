@@ -31,7 +31,7 @@ from pagedattn.backends.triton.launch_config import (
 from pagedattn.backends.triton.relaunch import ReadyLaunch, Relauncher, launch_hooked
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
-from pagedattn.spec.dtypes import FP8_DTYPES
+from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
 LOG2E = 1.4426950408889634
 INTERPRETER_SMS = 4  # multiprocessors assumed by the split heuristic in interpreter mode
@@ -252,7 +252,8 @@ class TritonBackend(Backend):
         device = self._device()
         max_q_len = int(problem.q_lens.max(initial=0))
         tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype,
-                                                   problem.block_size, self._decode_table)
+                                                   problem.block_size, self._decode_table,
+                                                   numpy_dtype(problem.cache_dtype).itemsize)
         work_seq, work_q, key_tiles = _work_list(problem, tiles)
         num_programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
         if self._forced_splits is not None:
@@ -314,6 +315,7 @@ class TritonBackend(Backend):
                 HEAD_DIM=D, HEAD_DIM_PAD=tiles.head_dim_pad, BLOCK_SIZE=problem.block_size,
                 BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, TABLE_MODE=tiles.table_mode(problem.block_size),
                 HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
+                Q_SCALED=fp8 and problem.dtype == "bfloat16",
                 HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
                 IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
             ),

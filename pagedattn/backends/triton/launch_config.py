@@ -45,6 +45,12 @@ class DecodeTiles(NamedTuple):
 # registers, 29 KB of shared memory. ``resident`` 4 (the registers allow 6) is what the split
 # heuristic was measured with: 33 splits at 2 x 65,536, 134 us.
 DECODE_TILES = DecodeTiles(16, 2, 7, 4, False)
+# A decode tile streams the same bytes whatever head_dim and cache dtype: a tile's keys x
+# row bytes is the table's keys x 256 (head_dim 128, 16 bits). Each tile costs about the same
+# issue time (scores, softmax, table lookup), so half the bytes per tile would halve the
+# bandwidth: at head_dim 64 (32 / 8 heads, 64 x 4,096, bf16) 16-key tiles ran at 3.0 TB/s and
+# 32-key tiles of the same warps and stages at 4.1 TB/s.
+DECODE_TILE_ROW_BYTES = 256
 DECODE_TABLE: dict[int | None, DecodeTiles] = {None: DECODE_TILES, 16: DECODE_TILES, 32: DECODE_TILES,
                                                64: DECODE_TILES}
 
@@ -98,13 +104,16 @@ class Tiles:
 
 
 def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, block_size: int | None = None,
-                 decode_table: dict[int | None, DecodeTiles] | None = None) -> Tiles:
+                 decode_table: dict[int | None, DecodeTiles] | None = None, cache_bytes: int = 2) -> Tiles:
     """Pick tiles from the fixed tables (``decode_table``: this one in place of ``DECODE_TABLE``).
 
     Decode-like batches (``max_q_len <= 1``): one query, its group's heads padded to 16 rows (the
     tl.dot minimum, whatever the group size) or to the group's power of two above 16; for
     16-bit queries with head_dim <= 128 and 16 rows, keys per tile, warps, stages and the
-    scores' orientation come from ``DECODE_TABLE`` by ``block_size``; otherwise 128 keys, 4
+    scores' orientation come from ``DECODE_TABLE`` by ``block_size``, its keys per tile
+    scaled so that a tile holds the bytes of a head_dim-128 16-bit tile
+    (:data:`DECODE_TILE_ROW_BYTES`: twice the keys at head_dim 64 or for fp8 caches of
+    ``cache_bytes`` 1, four times for both; head dims below 64 keep the table's); otherwise 128 keys, 4
     warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
     128), 64 keys per tile, 8 warps at 128 rows, and the ``PREFILL_*`` entries (register cap)
     at the full height. float32 or head_dim > 128: 32 keys per tile.
@@ -127,6 +136,8 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
         table = DECODE_TABLE if decode_table is None else decode_table
         entry = table.get(block_size, table[None])
         block_n, num_warps, num_stages, resident, keys_major, table_by_block = entry
+        if head_dim_pad >= 64:  # smaller head dims are unmeasured: the table's tiles as they are
+            block_n *= max(1, DECODE_TILE_ROW_BYTES // (head_dim_pad * cache_bytes))
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
                                                          PREFILL_MAX_REGISTERS)

@@ -45,6 +45,51 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
     not HAVE_NVRTC and not os.environ.get("CI"),
     reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
 )
+def test_tensor_core_decode_kernel_never_spills() -> None:
+    """Every decode specialization, head_dim 256 (O split between warp pairs) included, keeps
+    its state in registers: no spills, no stack, at most 255 registers (two 128-thread CTAs
+    per SM)."""
+    from pagedattn.backends.cupy.compile_check import compile_all
+
+    results = compile_all("sm_90", only="paged_attention_decode<")
+    at_256 = {r.name_expression for r in results if ", 256, " in r.name_expression}
+    assert at_256 == {
+        f"paged_attention_decode<{t}, 256, {bs}, {t}>" for t in ("half_t", "bfloat16_t") for bs in (16, 32, 64)
+    }
+    # 2 dtypes x 3 block sizes x (head_dim 64, 128: 3 caches; 256: the 16-bit cache)
+    assert len(results) == 2 * 3 * (2 * 3 + 1), [r.name_expression for r in results]
+    for r in results:
+        assert (r.spill_store_bytes, r.spill_load_bytes, r.stack_bytes) == (0, 0, 0), r
+        assert r.registers <= 255, r
+
+
+@pytest.mark.skipif(
+    not HAVE_NVRTC and not os.environ.get("CI"),
+    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
+)
+def test_host_and_kernel_agree_on_the_decode_kernels_shared_memory() -> None:
+    """The bytes the host asks for (specializations.decode_smem_bytes) are those the kernel
+    checks for (decode_smem_bytes in the .cu, which traps on fewer), at every head_dim and
+    cache width: static_asserts compiled with the kernel's source."""
+    from pagedattn.backends.cupy import compile_check
+    from pagedattn.backends.cupy import specializations as sp
+
+    asserts = "".join(
+        f"static_assert(decode_smem_bytes<{d}, {sp.cache_bytes(cache)}>() == {sp.decode_smem_bytes(d, cache)});\n"
+        for d in sp.DECODE_HEAD_DIMS
+        for cache in ("bfloat16", "float8_e4m3fn")
+    )
+    text = sp.source("paged_attention_decode") + asserts + "__global__ void smem_probe() {}\n"
+    compile_check.compile_module("paged_attention_decode", ["smem_probe"], text=text)
+    wrong = text.replace(f"== {sp.decode_smem_bytes(256)})", f"== {sp.decode_smem_bytes(256) + 16})")
+    with pytest.raises(compile_check.CompileError):
+        compile_check.compile_module("paged_attention_decode", ["smem_probe"], text=wrong)
+
+
+@pytest.mark.skipif(
+    not HAVE_NVRTC and not os.environ.get("CI"),
+    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
+)
 def test_compile_check_fails_on_a_compile_error() -> None:
     from pagedattn.backends.cupy import compile_check
 

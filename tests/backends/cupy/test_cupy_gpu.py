@@ -38,6 +38,7 @@ def grid(kind: str, seq_lens: list[int], q_lens: list[int] | None, dtypes: tuple
 #: Small cases, one per kernel path: the ones compute-sanitizer runs.
 SMALL = [
     gpu_case("small decode split-KV bs16", [0, 1500, 17]),
+    gpu_case("small decode d256 split-KV HND bs32", [0, 700, 17], head_dim=256, block_size=32, kv_layout="HND"),
     gpu_case("small fp8 e4m3 decode bs32", [700, 0, 33], block_size=32, cache_dtype=FP8[0], **FP8_SCALES),
     gpu_case("small fp8 e5m2 varlen fp16 HND", [90, 33], [70, 1], dtype="float16", kv_layout="HND",
                   cache_dtype=FP8[1], **FP8_SCALES),
@@ -99,6 +100,23 @@ FP8_CASES = [
     gpu_case("fp8 pool view", [300, 45], [3, 45], kv_layout="HND", pool=True, cache_dtype=FP8[1]),
 ]
 
+#: Decode at head_dim 256: the tensor-core decode kernel with warp pairs (each half of O's
+#: columns), at every block size and layout, GQA 2 (gemma2-9b's heads) and 16, softcap,
+#: windows, ALiBi, split-KV; float32 and G=24 stay on the CUDA-core kernel.
+D256 = [
+    *(gpu_case(f"decode d256 {d} bs{bs} {layout}", [0, 1, 15, 16, 17, 300, 2100], head_dim=256, dtype=d,
+               block_size=bs, kv_layout=layout, num_q_heads=16, num_kv_heads=8)
+      for d in ("bfloat16", "float16") for bs in (16, 32, 64) for layout in ("NHD", "HND")),
+    gpu_case("decode d256 G=16 softcap 50 split-KV", [9000, 33], head_dim=256, num_q_heads=16, num_kv_heads=1,
+             softcap=50.0),
+    gpu_case("decode d256 window alibi scale HND bs32", [3000, 40, 16], head_dim=256, block_size=32,
+             kv_layout="HND", sliding_window=200, scale=0.2, alibi_slopes=SLOPES),
+    gpu_case("decode d256 pool view fp16 bs64", [1000, 3], head_dim=256, dtype="float16", block_size=64,
+             kv_layout="HND", pool=True),
+    gpu_case("decode d256 fp32 (CUDA cores)", [700, 5], head_dim=256, dtype="float32"),
+    gpu_case("decode d256 G=24 (CUDA cores)", [700, 5], head_dim=256, num_q_heads=48),
+]
+
 CASES = [
     *grid("decode", [0, 1, 15, 16, 17, 300, 2100], None, ("bfloat16", "float16", "float32")),
     *grid("mixed", [1, 40, 129, 300, 77], [1, 40, 7, 1, 0], ("bfloat16", "float16", "float32")),
@@ -121,6 +139,7 @@ CASES = [
     gpu_case("pool view HND", [300, 45], [3, 45], kv_layout="HND", pool=True),
     gpu_case("pool view decode fp32", [1000, 3], dtype="float32", kv_layout="HND", pool=True, block_size=32),
     *SHORT_PREFILL,
+    *D256,
     *FP8_CASES,
     *WIDE,
 ]
@@ -133,6 +152,8 @@ UNSPLIT = [
                   dtype="float16", kv_layout="HND"),
     gpu_case("decode unsplit window softcap HND bs64", [2500, 7, 0], block_size=64, dtype="float16",
                   kv_layout="HND", sliding_window=2300, softcap=30.0),
+    gpu_case("decode unsplit d256 bs32 (6 table batches per stream)", [6000, 2500, 0, 70], head_dim=256,
+                  block_size=32, num_q_heads=16, num_kv_heads=8),
 ]
 
 
@@ -159,6 +180,16 @@ def test_kernels_match_the_spec(backend: CupyBackend, make: Callable[[], Attenti
     checks.matches_spec(backend, make())
 
 
+@pytest.mark.parametrize("make", [p for p in D256 if "CUDA cores" not in str(p.id)])
+def test_head_dim_256_decode_runs_on_the_tensor_core_decode_kernel(
+    backend: CupyBackend, make: Callable[[], AttentionCase]
+) -> None:
+    case = make()
+    device = [None if a is None else backend.to_device(a) for a in case.args()]
+    options = {k: backend.to_device(v) if isinstance(v, np.ndarray) else v for k, v in case.options.items()}
+    assert backend.plan(*device, **options).state.attention.module == "paged_attention_decode"
+
+
 @pytest.mark.parametrize("make", UNSPLIT)
 def test_long_ranges_walked_by_one_cta_match_the_spec(backend: CupyBackend, make: Callable[[], AttentionCase]) -> None:
     unsplit = CupyBackend(split_kv=False)  # (the fixture has set the allocator)
@@ -171,6 +202,13 @@ def test_long_ranges_walked_by_one_cta_match_the_spec(backend: CupyBackend, make
 @pytest.mark.parametrize("check", ["deterministic", "relocation_invariant", "garbage_ignored"])
 def test_bits_depend_only_on_what_a_row_sees(backend: CupyBackend, check: str) -> None:
     checks.CHECKS[check](backend, poisoned_case("bits", [3000, 70], [5, 70]))
+
+
+@pytest.mark.parametrize("check", ["deterministic", "relocation_invariant", "garbage_ignored"])
+def test_head_dim_256_decode_bits_depend_only_on_what_a_row_sees(backend: CupyBackend, check: str) -> None:
+    """The warp pairs' merge order and their copies beyond L (zero-filled) change no bit."""
+    case = poisoned_case("bits d256", [3000, 70, 1], head_dim=256, num_q_heads=16, num_kv_heads=8, block_size=32)
+    checks.CHECKS[check](backend, case)
 
 
 #: (schedule, CTAs per SM) of the Hopper kernel's variants

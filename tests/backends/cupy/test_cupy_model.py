@@ -82,6 +82,10 @@ WORK_CASES = {
     "tensor-core decode": dict(
         seq_lens=[0, 1, 17, 900, 3000], num_q_heads=8, num_kv_heads=2, dtype="float16"
     ),
+    "tensor-core decode d256": dict(
+        seq_lens=[0, 1, 17, 900], num_q_heads=16, num_kv_heads=8, head_dim=256, softcap=50.0,
+        dtype="bfloat16", block_size=32,
+    ),
     "tensor-core rows": dict(seq_lens=[300, 129, 7], q_lens=[300, 50, 7], dtype="float16"),
     "wgmma rows": dict(
         seq_lens=[600, 300, 9], q_lens=[600, 200, 9], dtype="float16", num_q_heads=8,
@@ -107,8 +111,9 @@ WORK_CASES = {
 @pytest.mark.parametrize("name", list(WORK_CASES))
 def test_work_items_cover_every_row_once_and_give_the_exact_answer(name: str) -> None:
     sm90 = name == "wgmma rows"  # the Hopper kernel's 128-row items, planned as on an sm_90 device
-    case = poisoned_case(name, head_dim=64, **{"dtype": "float32", **WORK_CASES[name]}
-    )
+    case = poisoned_case(name, **{"dtype": "float32", "head_dim": 64, **WORK_CASES[name]})
+    if name == "tensor-core decode d256":
+        assert rows_of(problem_of(case)) == 16
     if name == "tensor-core rows":
         assert rows_of(problem_of(case), sm90=sm90) == 64
     if name == "wgmma rows":

@@ -86,13 +86,49 @@ def test_mma_sync_prefill_always_takes_64_rows(
         sp.attention("bfloat16", 64, 16, sp.WGMMA_ROWS)  # 128 rows: the Hopper kernel's only
 
 
-def test_two_decode_ctas_fit_on_an_sm() -> None:
+@pytest.mark.parametrize(
+    "head_dim, cache",
+    [(64, "bfloat16"), (128, "bfloat16"), (128, "float8_e4m3fn"), (256, "bfloat16"), (256, "float16")],
+)
+def test_two_decode_ctas_fit_on_an_sm(head_dim: int, cache: str) -> None:
     from pagedattn.backends.cupy import specializations
 
     per_sm = 228 * 1024  # H100/H200 shared memory per SM; 1 KB per CTA reserved
-    for cache in ("bfloat16", "float8_e4m3fn"):
-        smem = specializations.smem_bytes("bfloat16", 128, specializations.DECODE_ROWS, cache)
-        assert 2 * (smem + 1024) <= per_sm, f"decode kernel with {cache} caches: {smem} bytes"
+    smem = specializations.smem_bytes(cache, head_dim, specializations.DECODE_ROWS, cache)
+    assert 2 * (smem + 1024) <= per_sm, f"decode kernel at {head_dim} with {cache} caches: {smem} bytes"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_head_dim_256_decode_takes_the_tensor_core_decode_kernel(dtype: str, block_size: int) -> None:
+    """Decode at head_dim 256 with up to 16 query heads per KV head goes to the tensor-core
+    decode kernel, whose streams there are warp pairs (half of O's columns each)."""
+    from pagedattn.backends.cupy import specializations as sp
+
+    case = poisoned_case("d256 decode", seq_lens=[300, 17], num_q_heads=16, num_kv_heads=8, head_dim=256,
+                         dtype=dtype, block_size=block_size)
+    choice = kernel_of(problem_of(case))
+    assert choice.rows == sp.DECODE_ROWS
+    assert choice.spec == sp.attention(dtype, 256, block_size, sp.DECODE_ROWS)
+    assert choice.spec in sp.all_specializations(), "compiled by the compile check"
+    assert sp.decode_split(256) == 2 and sp.decode_split(128) == 1
+    assert sp.smem_bytes(dtype, 256, choice.rows, dtype, choice.spec) == sp.decode_smem_bytes(256)
+
+
+@pytest.mark.parametrize(
+    "why, options, num_q_heads, dtype, module",
+    [
+        ("the decode switch", {"decode": "simt"}, 16, "bfloat16", "paged_attention"),
+        ("G = 24", {}, 48, "bfloat16", "paged_attention"),
+        ("float32", {}, 16, "float32", "paged_attention"),
+    ],
+)
+def test_head_dim_256_decode_elsewhere_stays_on_cuda_cores(
+    why: str, options: dict, num_q_heads: int, dtype: str, module: str
+) -> None:
+    case = poisoned_case("d256 decode", seq_lens=[300, 17], num_q_heads=num_q_heads, num_kv_heads=2,
+                         head_dim=256, dtype=dtype)
+    assert kernel_of(problem_of(case), **options).spec.module == module, why
 
 
 # -- the Hopper prefill kernel (wgmma): switch, sizing, predicates ----------------------------

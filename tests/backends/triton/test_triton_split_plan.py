@@ -62,3 +62,16 @@ def test_splits_fit_one_wave_and_hold_four_tiles(num_programs: int, max_key_tile
     if splits < MAX_SPLITS:
         # the largest count under both bounds
         assert num_programs * (splits + 1) > slots or max_key_tiles // (splits + 1) < MIN_TILES_PER_SPLIT
+
+
+@pytest.mark.parametrize("head_dim, cache_bytes, keys_per_tile", [
+    (128, 2, 16),  # the table's tiles
+    (64, 2, 32),  # half the row bytes: twice the keys
+    (128, 1, 32),  # fp8 caches
+    (64, 1, 64),
+    (256, 2, 32),  # head_dim 256 takes the wide tiles, not the table's
+    (32, 2, 16),  # below 64: the table's tiles as they are
+])
+def test_decode_tiles_stream_the_same_bytes_per_tile(head_dim: int, cache_bytes: int, keys_per_tile: int) -> None:
+    tiles = choose_tiles(1, 4, head_dim, "bfloat16", 16, cache_bytes=cache_bytes)
+    assert tiles.block_n == keys_per_tile

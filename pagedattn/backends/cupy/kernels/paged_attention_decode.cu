@@ -1,24 +1,29 @@
 // Decode on tensor cores: up to DEC_ROWS = 16 query rows (the query heads of one KV head, for
-// one or a few tokens) per CTA, the KV range split among DEC_WARPS warps; DEC_CTAS_PER_SM CTAs
-// share an SM, so one CTA's setup and epilogue overlap the other's streaming.
+// one or a few tokens) per CTA, the KV range split among the CTA's streams (groups of
+// dec_split(HEAD_DIM) warps); DEC_CTAS_PER_SM CTAs share an SM, so one CTA's setup and
+// epilogue overlap the other's streaming.
 //
 // Must match pagedattn.spec.exact.exact_attention within the error model. Same work items,
 // skeleton and names as the other kernels and the NumPy reference, with one difference: each
-// warp runs its own online softmax over the 16-key sub-tiles warp, warp + DEC_WARPS, ... of
-// the range, with its own K/V stages (DEC_STAGES deep, cp.async, zero-filled beyond L), so no
-// CTA-wide barrier sits in the inner loop; the epilogue merges the warps' (m, l, O) exactly,
-// in a fixed order, then writes O / l and lse = m + log l (0 and -inf for an empty row).
+// stream runs its own online softmax over the 16-key sub-tiles stream, stream + streams, ...
+// of the range, with its own K/V stages (DEC_STAGES deep, cp.async, zero-filled beyond L), so
+// no CTA-wide barrier sits in the inner loop; the epilogue merges the streams' (m, l, O)
+// exactly, in a fixed order, then writes O / l and lse = m + log l (0 and -inf for an empty row).
+// At head_dim 64 and 128 a stream is one warp. At 256 it is a pair of warps that load each
+// sub-tile together and both compute the whole S = Q K^T (the same bits, so the same m and l),
+// each then accumulating half of O's columns: O stays at 64 registers a thread and Q at 64 in
+// A fragments, and two pairs' stages fit two CTAs per SM, as at 128.
 //   setup:      rows' p_q, ALiBi slopes; Q (16 rows, zeros past num_rows) to shared memory,
 //               then to mma A fragments in registers
-//   inner loop: per warp, for each sub-tile: look up its physical block (a sub-tile never
+//   inner loop: per stream, for each sub-tile: look up its physical block (a sub-tile never
 //               crosses a block; each lane holds the entry of one of the next 32 sub-tiles,
 //               loaded 32 sub-tiles early, and the warp reads it by shuffle), issue its
 //               16-byte copies (only p < L), then attend_tile: S = Q K^T (mma.sync), mask
 //               (replace, never add; skipped on sub-tiles every row sees whole), update m, l,
 //               O (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
-//   epilogue:   merge the warps' states, O / l, lse, to out or a split-KV partial.
+//   epilogue:   merge the streams' states, O / l, lse, to out or a split-KV partial.
 // fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): the stages hold the raw bytes;
-// before attend_tile the warp converts its sub-tile to T in one more buffer (exact), the
+// before attend_tile the stream converts its sub-tile to T in one more buffer (exact), the
 // score scale passed in already holds k_scale, and O is multiplied by v_scale at the end.
 #include "common.cuh"
 #include "fp8.cuh"
@@ -27,22 +32,29 @@
 
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_THREADS = DEC_WARPS * 32;
-constexpr int DEC_CTAS_PER_SM = 2;  // 2 x 103 KB of shared memory at d = 128
+constexpr int DEC_CTAS_PER_SM = 2;  // 2 x 103 KB of shared memory at d = 128, 2 x 104 KB at 256
 constexpr int DEC_ROWS = 16;
-constexpr int DEC_SUB_N = 16;   // keys per warp sub-tile (two n-tiles of 8); never crosses a block
-constexpr int DEC_STAGES = 3;   // sub-tiles per warp in shared memory: two load while one computes
+constexpr int DEC_SUB_N = 16;   // keys per sub-tile (two n-tiles of 8); never crosses a block
+constexpr int DEC_STAGES = 3;   // sub-tiles per stream in shared memory: two load while one computes
 constexpr int DEC_TABLE_BATCH = 32;  // sub-tiles whose block-table entries a warp holds (one per lane)
 
-// 16-byte chunks one warp owns in shared memory: DEC_STAGES K and V sub-tiles of the cache's
+// Warps of one stream (sharing its sub-tiles, each with 1 / split of O's columns): 2 at head_dim
+// 256, where a warp's whole O (128 registers) and Q fragments (64) would not fit beside the rest.
+__host__ __device__ constexpr int dec_split(int head_dim) { return head_dim > 128 ? 2 : 1; }
+template <int HEAD_DIM> __host__ __device__ constexpr int decode_streams() {
+  return DEC_WARPS / dec_split(HEAD_DIM);
+}
+// 16-byte chunks one stream owns in shared memory: DEC_STAGES K and V sub-tiles of the cache's
 // bytes, plus (fp8) the converted K and V sub-tile.
-template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decode_warp_chunks() {
+template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decode_stream_chunks() {
   return DEC_STAGES * 2 * DEC_SUB_N * HEAD_DIM * CACHE_BYTES / 16 +
          (CACHE_BYTES == 1 ? 2 * DEC_SUB_N * HEAD_DIM * 2 / 16 : 0);
 }
 // Shared-memory bytes of paged_attention_decode (the host computes the same).
 template <int HEAD_DIM, int CACHE_BYTES> __host__ __device__ constexpr int decode_smem_bytes() {
-  return (DEC_ROWS * HEAD_DIM * 2 / 16 + DEC_WARPS * decode_warp_chunks<HEAD_DIM, CACHE_BYTES>()) * 16 +
-         3 * DEC_ROWS * 4 + 2 * DEC_WARPS * DEC_ROWS * 4;
+  return (DEC_ROWS * HEAD_DIM * 2 / 16 + decode_streams<HEAD_DIM>() * decode_stream_chunks<HEAD_DIM, CACHE_BYTES>()) *
+             16 +
+         3 * DEC_ROWS * 4 + 2 * decode_streams<HEAD_DIM>() * DEC_ROWS * 4;
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, typename C>
@@ -55,29 +67,33 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   constexpr int CACHE_ELEMS = 16 / (int)sizeof(C);            // cache elements per 16-byte chunk
   constexpr int CACHE_CHUNKS_PER_ROW = HEAD_DIM / CACHE_ELEMS;  // chunks of one key row in the cache
   constexpr int STAGE_CHUNKS = DEC_SUB_N * CACHE_CHUNKS_PER_ROW;  // one K (or V) sub-tile as stored
-  constexpr int LOADS_PER_LANE = STAGE_CHUNKS / 32;
-  constexpr int WARP_CHUNKS = decode_warp_chunks<HEAD_DIM, (int)sizeof(C)>();
+  constexpr int SPLIT = dec_split(HEAD_DIM);       // warps of a stream
+  constexpr int STREAMS = decode_streams<HEAD_DIM>();
+  constexpr int STREAM_THREADS = 32 * SPLIT;
+  constexpr int LOADS_PER_LANE = STAGE_CHUNKS / STREAM_THREADS;
+  constexpr int STREAM_CHUNKS = decode_stream_chunks<HEAD_DIM, (int)sizeof(C)>();
   constexpr int K_STEPS = HEAD_DIM / 16;
-  constexpr int O_TILES = HEAD_DIM / 8;
+  constexpr int O_DIM = HEAD_DIM / SPLIT;  // O's columns one warp accumulates
+  constexpr int O_TILES = O_DIM / 8;
   static_assert(CHUNKS_PER_ROW >= 8 && CHUNKS_PER_ROW % 8 == 0, "the swizzle needs 8 chunks per row");
-  static_assert(STAGE_CHUNKS % 32 == 0, "sub-tile loads must divide among a warp");
+  static_assert(STAGE_CHUNKS % STREAM_THREADS == 0, "sub-tile loads must divide among a stream");
   static_assert(BLOCK_SIZE % DEC_SUB_N == 0, "a sub-tile must lie in one block");
   static_assert(DEC_TABLE_BATCH == 32, "one block-table entry per lane");
   using Mma = MmaType<T>;
 
-  // ---- shared memory: Q | per warp: K stages, V stages | row state | the warps' m, l
+  // ---- shared memory: Q | per stream: K stages, V stages | row state | the streams' m, l
   // chunk c of row n sits at n * CHUNKS_PER_ROW + (c ^ (n % 8)) (no ldmatrix bank conflicts)
   extern __shared__ uint4 smem[];
   if (dynamic_smem_size() < (unsigned)decode_smem_bytes<HEAD_DIM, (int)sizeof(C)>()) __trap();
   uint4* q_tile = smem;
   uint4* kv_region = q_tile + DEC_ROWS * CHUNKS_PER_ROW;
-  float* o_merge = reinterpret_cast<float*>(kv_region);  // epilogue: [DEC_WARPS][DEC_ROWS][HEAD_DIM]
-  int* p_q = reinterpret_cast<int*>(kv_region + DEC_WARPS * WARP_CHUNKS);
+  float* o_merge = reinterpret_cast<float*>(kv_region);  // epilogue: [STREAMS][DEC_ROWS][HEAD_DIM]
+  int* p_q = reinterpret_cast<int*>(kv_region + STREAMS * STREAM_CHUNKS);
   float* slope = reinterpret_cast<float*>(p_q + DEC_ROWS);
   int* row_valid = reinterpret_cast<int*>(slope + DEC_ROWS);
-  float* m_merge = reinterpret_cast<float*>(row_valid + DEC_ROWS);  // [DEC_WARPS][DEC_ROWS]
-  float* l_merge = m_merge + DEC_WARPS * DEC_ROWS;
-  static_assert(DEC_WARPS * DEC_ROWS * HEAD_DIM * 4 <= DEC_WARPS * WARP_CHUNKS * 16,
+  float* m_merge = reinterpret_cast<float*>(row_valid + DEC_ROWS);  // [STREAMS][DEC_ROWS]
+  float* l_merge = m_merge + STREAMS * DEC_ROWS;
+  static_assert(STREAMS * DEC_ROWS * HEAD_DIM * 4 <= STREAMS * STREAM_CHUNKS * 16,
                 "the epilogue's O must fit in the K/V stages");
   auto swizzle = [](int n, int c) { return n * CHUNKS_PER_ROW + (c ^ (n % 8)); };
 
@@ -87,6 +103,8 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   PAGED_ATTENTION_SEQUENCE();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;
+  // this warp's stream, its place in it (its O columns: O_DIM from o_part * O_DIM), its thread there
+  const int stream = warp / SPLIT, o_part = warp % SPLIT, stream_lane = threadIdx.x % STREAM_THREADS;
   // p_q of this CTA's first and last token: a sub-tile in [pq_max - W + 1, pq_min] (and < L)
   // is seen whole by every row
   const int pq_min = L - q_len + (token_start - query_start_loc[seq]);
@@ -115,19 +133,19 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   const float slope_row[2] = {slope[row_lo], slope[row_hi]};
   const bool valid_row[2] = {row_valid[row_lo] != 0, row_valid[row_hi] != 0};
 
-  // ---- this warp's sub-tiles: warp, warp + DEC_WARPS, ... of [kv_begin, min(kv_end, L))
+  // ---- this stream's sub-tiles: stream, stream + STREAMS, ... of [kv_begin, min(kv_end, L))
   const int kv_stop = kv_end < L ? kv_end : L;
   const int num_sub = kv_stop > kv_begin ? (kv_stop - kv_begin + DEC_SUB_N - 1) / DEC_SUB_N : 0;
-  const int my_subs = num_sub > warp ? (num_sub - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
-  uint4* k_stages = kv_region + warp * WARP_CHUNKS;  // as stored in the cache
+  const int my_subs = num_sub > stream ? (num_sub - stream + STREAMS - 1) / STREAMS : 0;
+  uint4* k_stages = kv_region + stream * STREAM_CHUNKS;  // as stored in the cache
   uint4* v_stages = k_stages + DEC_STAGES * STAGE_CHUNKS;
   uint4* k_converted = v_stages + DEC_STAGES * STAGE_CHUNKS;  // fp8 only: the sub-tile as T
   uint4* v_converted = k_converted + SUB_CHUNKS;
 
-  // -- block-table entries: lane j holds the entry of sub-tile 32 * batch + j of this warp
+  // -- block-table entries: lane j holds the entry of sub-tile 32 * batch + j of this stream
   // (only sub-tiles below my_subs, whose first position is < L), the next batch loaded a
-  // whole batch ahead of its use
-  auto sub_p0 = [&](int k) { return kv_begin + (warp + DEC_WARPS * k) * DEC_SUB_N; };
+  // whole batch ahead of its use (by each warp of the stream)
+  auto sub_p0 = [&](int k) { return kv_begin + (stream + STREAMS * k) * DEC_SUB_N; };
   auto table_batch = [&](int batch) {
     const int k = batch * DEC_TABLE_BATCH + lane;
     return k < my_subs ? table_row[sub_p0(k) / BLOCK_SIZE] : 0;
@@ -135,7 +153,8 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
   int table_cur = table_batch(0);
   int table_next = table_batch(1);
 
-  // -- issue the copies of sub-tile k (called for k = 0, 1, 2, ... in order, warp-uniform)
+  // -- issue this thread's share of the copies of sub-tile k (called for k = 0, 1, 2, ... in
+  // order, stream-uniform)
   auto load_sub = [&](int stage, int k) {
     if (k % DEC_TABLE_BATCH == 0 && k > 0) {
       table_cur = table_next;
@@ -148,7 +167,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     const C* v_base = value_cache + block * v_stride_block + slot0 * v_stride_slot + kv_head * v_stride_head;
 #pragma unroll
     for (int i = 0; i < LOADS_PER_LANE; ++i) {
-      const int idx = lane + 32 * i;
+      const int idx = stream_lane + STREAM_THREADS * i;
       const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
       const bool valid = p0 + n < L;  // nothing at p >= L is read
       const C* k_src = valid ? k_base + n * k_stride_slot + c * CACHE_ELEMS : key_cache;
@@ -159,12 +178,13 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     }
   };
 
-  // -- fp8: the landed sub-tile in `stage` to T in k_converted / v_converted (exact)
+  // -- fp8: this thread's share of the landed sub-tile in `stage` to T in k_converted /
+  // v_converted (exact)
   auto convert_sub = [&](int stage) {
     if constexpr (FP8) {  // (a 16-bit cache is read in place)
 #pragma unroll
       for (int i = 0; i < LOADS_PER_LANE; ++i) {
-        const int idx = lane + 32 * i;
+        const int idx = stream_lane + STREAM_THREADS * i;
         const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
         uint4 first, second;
         fp8_chunk_to<C, T>(k_stages[stage * STAGE_CHUNKS + idx], first, second);
@@ -230,7 +250,8 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
 #pragma unroll
     for (int dj = 0; dj < O_TILES / 2; ++dj) {
       unsigned b[4];
-      ldmatrix_x4_trans(b, v_tile + swizzle((lane % 8) + 8 * ((lane / 8) % 2), 2 * dj + lane / 16));
+      ldmatrix_x4_trans(b, v_tile + swizzle((lane % 8) + 8 * ((lane / 8) % 2),
+                                            o_part * (O_DIM / 8) + 2 * dj + lane / 16));
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         o[2 * dj][e] *= alpha[e / 2];
@@ -241,7 +262,19 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     }
   };
 
-  // ---- inner loop over this warp's sub-tiles, DEC_STAGES - 1 ahead; warp-local barriers only
+  // ---- inner loop over this stream's sub-tiles, DEC_STAGES - 1 ahead; the stream's barriers only
+  // (a pair: named barrier 1 + stream over its two warps, 0 being __syncthreads'; immediate ids,
+  // since a barrier id in a register makes ptxas reserve all 16)
+  static_assert(SPLIT == 1 || STREAMS == 2, "named barriers 1 and 2");
+  auto stream_sync = [&]() {
+    if constexpr (SPLIT == 1) {
+      __syncwarp();
+    } else if (stream == 0) {
+      asm volatile("bar.sync 1, %0;\n" ::"n"(STREAM_THREADS) : "memory");
+    } else {
+      asm volatile("bar.sync 2, %0;\n" ::"n"(STREAM_THREADS) : "memory");
+    }
+  };
 #pragma unroll
   for (int i = 0; i < DEC_STAGES - 1; ++i) {
     if (i < my_subs) load_sub(i, i);
@@ -252,33 +285,34 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     if (next < my_subs) load_sub(next % DEC_STAGES, next);
     cp_async_commit();
     cp_async_wait<DEC_STAGES - 1>();
-    __syncwarp();  // every lane's copies of sub-tile i are visible to the warp
+    stream_sync();  // every thread's copies of sub-tile i are visible to the stream
     if constexpr (FP8) {
       convert_sub(i % DEC_STAGES);
-      __syncwarp();  // the converted sub-tile is visible to the warp
+      stream_sync();  // the converted sub-tile is visible to the stream
       attend_tile(k_converted, v_converted, sub_p0(i));
     } else {
       attend_tile(k_stages + (i % DEC_STAGES) * STAGE_CHUNKS, v_stages + (i % DEC_STAGES) * STAGE_CHUNKS,
                   sub_p0(i));
     }
-    __syncwarp();  // the stage (and the converted buffer) are read before they are refilled
+    stream_sync();  // the stage (and the converted buffer) are read before they are refilled
   }
   cp_async_wait<0>();
-  __syncthreads();  // all warps are done with their stages: the region becomes o_merge
+  __syncthreads();  // all streams are done with their stages: the region becomes o_merge
 
-  // ---- epilogue: each warp's (m, l, O); merged in warp order
+  // ---- epilogue: each stream's (m, l, O) (a stream's warps hold the same m and l); merged in
+  // stream order
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 1);
     l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 2);
     const int r = half == 0 ? row_lo : row_hi;
-    if (tig == 0) {
-      m_merge[warp * DEC_ROWS + r] = m_i[half];
-      l_merge[warp * DEC_ROWS + r] = l_i[half];
+    if (tig == 0 && o_part == 0) {
+      m_merge[stream * DEC_ROWS + r] = m_i[half];
+      l_merge[stream * DEC_ROWS + r] = l_i[half];
     }
 #pragma unroll
     for (int j = 0; j < O_TILES; ++j) {
-      float* dst = o_merge + (warp * DEC_ROWS + r) * HEAD_DIM + 8 * j + 2 * tig;
+      float* dst = o_merge + (stream * DEC_ROWS + r) * HEAD_DIM + o_part * O_DIM + 8 * j + 2 * tig;
       dst[0] = o[j][2 * half];
       dst[1] = o[j][2 * half + 1];
     }
@@ -288,12 +322,12 @@ __global__ void __launch_bounds__(DEC_THREADS, DEC_CTAS_PER_SM) paged_attention_
     const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
     float m = PA_NEG_INF;
 #pragma unroll
-    for (int w = 0; w < DEC_WARPS; ++w) m = fmaxf(m, m_merge[w * DEC_ROWS + r]);
+    for (int w = 0; w < STREAMS; ++w) m = fmaxf(m, m_merge[w * DEC_ROWS + r]);
     float l = 0.f, acc = 0.f;
 #pragma unroll
-    for (int w = 0; w < DEC_WARPS; ++w) {
+    for (int w = 0; w < STREAMS; ++w) {
       const float l_w = l_merge[w * DEC_ROWS + r];
-      if (l_w == 0.f) continue;  // a warp that saw no visible key; a NaN l_w (fmaxf skipped its NaN scores) is kept
+      if (l_w == 0.f) continue;  // a stream that saw no visible key; a NaN l_w (fmaxf skipped its NaN scores) is kept
       const float weight = exp2f(m_merge[w * DEC_ROWS + r] - m);
       l = fmaf(weight, l_w, l);
       acc = fmaf(weight, o_merge[(w * DEC_ROWS + r) * HEAD_DIM + d], acc);
