@@ -30,6 +30,7 @@ from pagedattn.backends.cupy.runtime import (
     kernel,
     kernel_handle,
     launch,
+    launch_config,
     launch_direct,
     prepared,
     stream_handle,
@@ -111,6 +112,9 @@ class CupyPlanState:
     merge_handle: int = 0
     attention_block: Any = None
     merge_block: Any = None
+    #: their launch configurations (runtime.launch_config; None: nothing to launch)
+    attention_launch: tuple[int, ...] | None = None
+    merge_launch: tuple[int, ...] | None = None
     #: (strides and 16-byte alignment of the two caches) last checked, whose strides are in
     #: ``attention_block``
     strides_seen: tuple[Any, ...] | None = None
@@ -315,16 +319,31 @@ class CupyBackend(Backend):
         torch = sys.modules.get("torch")
         if torch is not None:
             self._take_torch(state, torch)
-        # pointers and strides are set by every run (slots 0-4 and ATTENTION_STRIDE_SLOTS)
         state.attention_handle = kernel_handle(state.attention_kernel)
+        if state.merge_kernel is not None:
+            state.merge_handle = kernel_handle(state.merge_kernel)
+        self._prepare_launches(state)
+        return state
+
+    @staticmethod
+    def _prepare_launches(state: CupyPlanState) -> None:
+        """The kernels' parameter blocks, from the plan's arrays and scalars (pointers and
+        strides are set by every run: slots 0-4 and ATTENTION_STRIDE_SLOTS), and their launch
+        configurations, from the handles, the work and the threads."""
+        work = state.work
         state.attention_block = KernelArguments(
             (0, 0, 0, 0, 0, *state.table_args, *(np.int64(0),) * 6, *state.scalars)
         )
-        if state.merge_kernel is not None:
+        state.attention_launch = launch_config(
+            state.attention_handle, (len(work.items),), (state.threads,), state.smem
+        )
+        if len(work.merges):
             before, after = state.merge_args
-            state.merge_handle = kernel_handle(state.merge_kernel)
             state.merge_block = KernelArguments((*before, 0, 0, *after))
-        return state
+            # one CTA per (merge, row)
+            state.merge_launch = launch_config(
+                state.merge_handle, (len(work.merges), work.rows), (NUM_THREADS,), 0
+            )
 
     def _resident_ctas(self, problem: AttentionProblem, choice: planning.KernelChoice) -> int:
         """CTAs of the attention kernel ``choice`` resident on the whole device (registers,
@@ -461,31 +480,20 @@ class CupyBackend(Backend):
     ) -> None:
         """Write the run's pointers into the plan's parameter blocks and launch the attention
         kernel, then ``merge_partials`` when the plan splits, on the current stream."""
-        work = state.work
         stream = stream_handle(state.device)
-        block = state.attention_block
-        block.slots[0:5] = (q_pointer, k_pointer, v_pointer, out_pointer, lse_pointer)
-        launch_direct(
-            state.attention_handle,
-            state.attention.name_expression,
-            (len(work.items),),
-            (state.threads,),
-            block,
-            state.smem,
-            stream,
-            state.sync,
-        )
-        if state.merge_block is not None:
-            state.merge_block.slots[MERGE_OUT_SLOT:MERGE_OUT_SLOT + 2] = (out_pointer, lse_pointer)
+        state.attention_block.slots[0:5] = (q_pointer, k_pointer, v_pointer, out_pointer, lse_pointer)
+        if state.attention_launch is not None:
             launch_direct(
-                state.merge_handle,
-                state.merge.name_expression,
-                (len(work.merges), work.rows),  # one CTA per (merge, row)
-                (NUM_THREADS,),
-                state.merge_block,
-                0,
+                state.attention_launch,
+                state.attention_block,
                 stream,
                 state.sync,
+                state.attention.name_expression,
+            )
+        if state.merge_launch is not None:
+            state.merge_block.slots[MERGE_OUT_SLOT:MERGE_OUT_SLOT + 2] = (out_pointer, lse_pointer)
+            launch_direct(
+                state.merge_launch, state.merge_block, stream, state.sync, state.merge.name_expression
             )
 
     # -- other operations (uploads, copies and launches all on the current stream) --

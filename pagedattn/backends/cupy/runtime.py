@@ -226,29 +226,36 @@ def kernel_handle(function: Any) -> int:
     return int(function.kernel.ptr)
 
 
+def launch_config(
+    handle: int, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int
+) -> tuple[int, ...] | None:
+    """What ``cuLaunchKernel`` takes before the stream, made once per plan:
+    ``(handle, grid x, y, z, block x, y, z, shared_mem)``; None for an empty grid (nothing to
+    launch)."""
+    if grid[0] == 0:
+        return None
+    return (handle, *(*grid, 1, 1)[:3], *(*block, 1, 1)[:3], shared_mem)
+
+
 def launch_direct(
-    handle: int,
-    name: str,
-    grid: tuple[int, ...],
-    block: tuple[int, ...],
+    config: tuple[int, ...],
     arguments: KernelArguments,
-    shared_mem: int,
     stream: int,
     sync: bool = False,
+    name: str = "kernel",
 ) -> None:
-    """Launch a kernel by its handle with a prepared parameter block on ``stream`` (a handle),
-    in one driver call; raise KernelLaunchError naming it. What every ``run`` launches with."""
-    if grid[0] == 0:
-        return
+    """Launch a kernel by its :func:`launch_config` with a prepared parameter block on
+    ``stream`` (a handle), in one driver call; raise KernelLaunchError naming it. What every
+    ``run`` launches with."""
     launch_kernel, synchronize = _driver_calls()
-    gx, gy, gz = (*grid, 1, 1)[:3]
-    bx, by, bz = (*block, 1, 1)[:3]
     try:
-        launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, arguments.address, 0)
+        launch_kernel(*config, stream, arguments.address, 0)
         if sync:
             synchronize(stream)
     except Exception as error:
-        raise KernelLaunchError(f"launching {name} grid={grid} block={block}: {error}") from error
+        raise KernelLaunchError(
+            f"launching {name} grid={config[1:4]} block={config[4:7]}: {error}"
+        ) from error
 
 
 @functools.cache

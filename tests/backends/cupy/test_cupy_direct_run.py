@@ -80,11 +80,10 @@ def _planned(launches: _Launches, seq_lens: list[int], slots: int, return_lse: b
         alibi_slopes=None, attention=choice.spec,
         merge=specializations.merge_partials(problem.dtype, problem.head_dim, work.rows),
         threads=128, smem=0, scalars=scalars, attention_kernel=None, merge_kernel=None, partials=(None, None),
-        device=0, attention_handle=ATTENTION, merge_handle=MERGE,
-        attention_block=runtime.KernelArguments((0,) * 5 + tables + (np.int64(0),) * 6 + scalars),
-        merge_block=runtime.KernelArguments((*tables[:3], 0, 0, *scalars[1:3])) if len(work.merges) else None,
-        lse_scratch_pointer=0xF000, lse_shape=(problem.num_tokens, 8),
+        device=0, attention_handle=ATTENTION, merge_handle=MERGE, table_args=tables,
+        merge_args=(tables[:3], scalars[1:3]), lse_scratch_pointer=0xF000, lse_shape=(problem.num_tokens, 8),
     )
+    CupyBackend._prepare_launches(state)
     CupyBackend._take_torch(state, torch)
     launches.blocks = {ATTENTION: state.attention_block}
     if state.merge_block is not None:
