@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -29,6 +30,7 @@ from pagedattn.backends.cupy.runtime import (
     kernel,
     kernel_handle,
     launch,
+    launch_config,
     launch_direct,
     prepared,
     stream_handle,
@@ -110,9 +112,24 @@ class CupyPlanState:
     merge_handle: int = 0
     attention_block: Any = None
     merge_block: Any = None
+    #: their launch configurations (runtime.launch_config; None: nothing to launch)
+    attention_launch: tuple[int, ...] | None = None
+    merge_launch: tuple[int, ...] | None = None
     #: (strides and 16-byte alignment of the two caches) last checked, whose strides are in
     #: ``attention_block``
     strides_seen: tuple[Any, ...] | None = None
+    #: what a direct run of torch tensors reads once: torch.Tensor (None until torch is seen),
+    #: out's allocator (a contiguous tensor like the query, which has out's shape and dtype:
+    #: ``torch.empty_like`` parses no shape), lse's shape and dtype, the pointer passed for an
+    #: lse the plan does not return
+    tensor_type: Any = None
+    new_output: Callable[[Any], Any] = id
+    lse_shape: tuple[int, int] = (0, 0)
+    lse_dtype: Any = None
+    lse_scratch_pointer: int = 0
+    #: the strides of the torch caches (key_cache, value_cache) whose checked strides
+    #: ``attention_block`` holds; None when its strides are of other arrays
+    torch_strides: tuple[Any, ...] | None = None
 
     @property
     def capturable(self) -> bool:
@@ -297,16 +314,36 @@ class CupyBackend(Backend):
         state.device = cupy.cuda.Device().id
         if not problem.return_lse:
             state.lse_scratch = cupy.empty((problem.num_tokens, problem.num_q_heads), dtype=cupy.float32)
-        # pointers and strides are set by every run (slots 0-4 and ATTENTION_STRIDE_SLOTS)
+            state.lse_scratch_pointer = int(state.lse_scratch.data.ptr)
+        state.lse_shape = (problem.num_tokens, problem.num_q_heads)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self._take_torch(state, torch)
         state.attention_handle = kernel_handle(state.attention_kernel)
+        if state.merge_kernel is not None:
+            state.merge_handle = kernel_handle(state.merge_kernel)
+        self._prepare_launches(state)
+        return state
+
+    @staticmethod
+    def _prepare_launches(state: CupyPlanState) -> None:
+        """The kernels' parameter blocks, from the plan's arrays and scalars (pointers and
+        strides are set by every run: slots 0-4 and ATTENTION_STRIDE_SLOTS), and their launch
+        configurations, from the handles, the work and the threads."""
+        work = state.work
         state.attention_block = KernelArguments(
             (0, 0, 0, 0, 0, *state.table_args, *(np.int64(0),) * 6, *state.scalars)
         )
-        if state.merge_kernel is not None:
+        state.attention_launch = launch_config(
+            state.attention_handle, (len(work.items),), (state.threads,), state.smem
+        )
+        if len(work.merges):
             before, after = state.merge_args
-            state.merge_handle = kernel_handle(state.merge_kernel)
             state.merge_block = KernelArguments((*before, 0, 0, *after))
-        return state
+            # one CTA per (merge, row)
+            state.merge_launch = launch_config(
+                state.merge_handle, (len(work.merges), work.rows), (NUM_THREADS,), 0
+            )
 
     def _resident_ctas(self, problem: AttentionProblem, choice: planning.KernelChoice) -> int:
         """CTAs of the attention kernel ``choice`` resident on the whole device (registers,
@@ -371,50 +408,93 @@ class CupyBackend(Backend):
         """Allocate out (and lse when planned) in the query's kind and launch on the current
         stream (torch's when torch uses CUDA). Arrays are passed by pointer through the plan's
         parameter blocks: no conversion, copy or synchronisation, so the launches can be
-        graph-captured."""
+        graph-captured.
+
+        Torch tensors on the plan's device, a C-contiguous query, all three 16-byte aligned,
+        caches with the strides an earlier run checked (``torch_strides``): the pointers go
+        into the parameter blocks and the kernels launch, nothing else. Any other run takes
+        :meth:`_run_arrays`, which checks and converts."""
+        state: CupyPlanState = plan.state
+        tensor = state.tensor_type
+        if type(query) is tensor and type(key_cache) is tensor and type(value_cache) is tensor:
+            device = state.device
+            if (
+                query.get_device() == device
+                and key_cache.get_device() == device
+                and value_cache.get_device() == device
+                and (key_cache.stride(), value_cache.stride()) == state.torch_strides
+                and query.is_contiguous()
+            ):
+                q_pointer, k_pointer, v_pointer = (
+                    query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr()
+                )
+                if not (q_pointer | k_pointer | v_pointer) & 15:
+                    out = state.new_output(query)
+                    lse = (
+                        query.new_empty(state.lse_shape, dtype=state.lse_dtype)
+                        if plan.problem.return_lse
+                        else None
+                    )
+                    out_pointer = out.data_ptr()
+                    lse_pointer = state.lse_scratch_pointer if lse is None else lse.data_ptr()
+                    self._launch(state, q_pointer, k_pointer, v_pointer, out_pointer, lse_pointer)
+                    return out, lse
+        return self._run_arrays(plan, query, key_cache, value_cache)
+
+    def _run_arrays(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        """A run of any device arrays (torch, cupy, RawArray): launch views read and checked
+        (device, cache strides), a strided or misaligned query copied, outputs in the query's
+        kind. Torch caches whose strides pass are remembered for direct runs."""
         p: AttentionProblem = plan.problem
         state: CupyPlanState = plan.state
-        work = state.work
         device = state.device
         k_view = arrays.launch_view(key_cache, "key_cache", device)
         v_view = arrays.launch_view(value_cache, "value_cache", device)
         self._set_strides(state, k_view, v_view, p.kv_layout)
+        torch_caches = arrays.is_torch(key_cache) and arrays.is_torch(value_cache)
+        state.torch_strides = (k_view[2], v_view[2]) if torch_caches else None
+        if torch_caches and state.tensor_type is None:
+            import torch
+
+            self._take_torch(state, torch)
         query = arrays.contiguous_query(query)
         q_pointer = arrays.launch_view(query, "query", device)[0]
         out, out_pointer, lse, lse_pointer = arrays.empty_outputs(
             query, (p.num_tokens, p.num_q_heads, p.head_dim), p.return_lse
         )
         if lse is None:
-            lse_pointer = int(state.lse_scratch.data.ptr)
-        stream = stream_handle(device)
-        block = state.attention_block
-        block[0], block[1], block[2], block[3], block[4] = (
-            q_pointer, k_view[0], v_view[0], out_pointer, lse_pointer
-        )
-        launch_direct(
-            state.attention_handle,
-            state.attention.name_expression,
-            (len(work.items),),
-            (state.threads,),
-            block,
-            state.smem,
-            stream,
-            state.sync,
-        )
-        if state.merge_block is not None:
-            merge_block = state.merge_block
-            merge_block[MERGE_OUT_SLOT], merge_block[MERGE_OUT_SLOT + 1] = out_pointer, lse_pointer
+            lse_pointer = state.lse_scratch_pointer
+        self._launch(state, q_pointer, k_view[0], v_view[0], out_pointer, lse_pointer)
+        return out, lse
+
+    @staticmethod
+    def _take_torch(state: CupyPlanState, torch: Any) -> None:
+        """Let direct runs of torch tensors happen: what they take of torch, looked up once."""
+        state.new_output = functools.partial(torch.empty_like, memory_format=torch.contiguous_format)
+        state.tensor_type, state.lse_dtype = torch.Tensor, torch.float32
+
+    @staticmethod
+    def _launch(
+        state: CupyPlanState, q_pointer: int, k_pointer: int, v_pointer: int, out_pointer: int,
+        lse_pointer: int,
+    ) -> None:
+        """Write the run's pointers into the plan's parameter blocks and launch the attention
+        kernel, then ``merge_partials`` when the plan splits, on the current stream."""
+        stream = stream_handle(state.device)
+        state.attention_block.slots[0:5] = (q_pointer, k_pointer, v_pointer, out_pointer, lse_pointer)
+        if state.attention_launch is not None:
             launch_direct(
-                state.merge_handle,
-                state.merge.name_expression,
-                (len(work.merges), work.rows),  # one CTA per (merge, row)
-                (NUM_THREADS,),
-                merge_block,
-                0,
+                state.attention_launch,
+                state.attention_block,
                 stream,
                 state.sync,
+                state.attention.name_expression,
             )
-        return out, lse
+        if state.merge_launch is not None:
+            state.merge_block.slots[MERGE_OUT_SLOT:MERGE_OUT_SLOT + 2] = (out_pointer, lse_pointer)
+            launch_direct(
+                state.merge_launch, state.merge_block, stream, state.sync, state.merge.name_expression
+            )
 
     # -- other operations (uploads, copies and launches all on the current stream) --
     @_on_current_stream

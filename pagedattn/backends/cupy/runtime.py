@@ -14,6 +14,7 @@ import hashlib
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -148,15 +149,26 @@ def prepared(spec: Specialization, shared_mem: int = 0) -> Any:
     return function
 
 
+#: torch's getter of a device's current stream handle, once torch has initialised CUDA (it
+#: never goes back): from then on every ``run`` launches on torch's stream and asks only this
+_torch_raw_stream: Callable[[int], int] | None = None
+
+
 def stream_handle(device: int) -> int:
     """The handle of the stream :func:`current_stream` names, on ``device`` for torch's: what
     every ``run`` launches on, read without making a cupy stream object."""
+    global _torch_raw_stream
+    if _torch_raw_stream is not None:
+        return _torch_raw_stream(device)
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if get_raw is not None:
-            return int(get_raw(device))
-        return int(torch.cuda.current_stream(device).cuda_stream)
+
+        def current_stream_handle(device: int) -> int:
+            return int(torch.cuda.current_stream(device).cuda_stream)
+
+        _torch_raw_stream = get_raw or current_stream_handle
+        return int(_torch_raw_stream(device))
     import cupy
 
     return int(cupy.cuda.get_current_stream().ptr)
@@ -190,20 +202,22 @@ class KernelArguments:
         if sys.byteorder != "little":
             raise KernelLaunchError("kernel parameter slots assume a little-endian host")
         count = len(values)
-        self._slots = (ctypes.c_uint64 * count)(*(argument_bits(v) for v in values))
-        base = ctypes.addressof(self._slots)
+        #: the slots (ctypes ``c_uint64`` array): a run assigns its pointers, integers in
+        #: ``[0, 2**64)``, to a slice of them in one statement
+        self.slots = (ctypes.c_uint64 * count)(*(argument_bits(v) for v in values))
+        base = ctypes.addressof(self.slots)
         self._addresses = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
         self.address = ctypes.addressof(self._addresses)
 
     def __len__(self) -> int:
-        return len(self._slots)
+        return len(self.slots)
 
     def __getitem__(self, index: int) -> int:
-        return int(self._slots[index])
+        return int(self.slots[index])
 
     def __setitem__(self, index: int, value: int) -> None:
         """Set slot ``index`` to an integer (a pointer or a 64-bit stride)."""
-        self._slots[index] = value & _SLOT_MASK
+        self.slots[index] = value & _SLOT_MASK
 
 
 def kernel_handle(function: Any) -> int:
@@ -212,30 +226,45 @@ def kernel_handle(function: Any) -> int:
     return int(function.kernel.ptr)
 
 
+def launch_config(
+    handle: int, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int
+) -> tuple[int, ...] | None:
+    """What ``cuLaunchKernel`` takes before the stream, made once per plan:
+    ``(handle, grid x, y, z, block x, y, z, shared_mem)``; None for an empty grid (nothing to
+    launch)."""
+    if grid[0] == 0:
+        return None
+    return (handle, *(*grid, 1, 1)[:3], *(*block, 1, 1)[:3], shared_mem)
+
+
 def launch_direct(
-    handle: int,
-    name: str,
-    grid: tuple[int, ...],
-    block: tuple[int, ...],
+    config: tuple[int, ...],
     arguments: KernelArguments,
-    shared_mem: int,
     stream: int,
     sync: bool = False,
+    name: str = "kernel",
 ) -> None:
-    """Launch a kernel by its handle with a prepared parameter block on ``stream`` (a handle),
-    in one driver call; raise KernelLaunchError naming it. What every ``run`` launches with."""
-    if grid[0] == 0:
-        return
+    """Launch a kernel by its :func:`launch_config` with a prepared parameter block on
+    ``stream`` (a handle), in one driver call; raise KernelLaunchError naming it. What every
+    ``run`` launches with."""
+    launch_kernel, synchronize = _driver_calls()
+    try:
+        launch_kernel(*config, stream, arguments.address, 0)
+        if sync:
+            synchronize(stream)
+    except Exception as error:
+        raise KernelLaunchError(
+            f"launching {name} grid={config[1:4]} block={config[4:7]}: {error}"
+        ) from error
+
+
+@functools.cache
+def _driver_calls() -> tuple[Callable[..., None], Callable[[int], None]]:
+    """cupy's ``cuLaunchKernel`` and ``cudaStreamSynchronize`` wrappers, looked up once (an
+    import statement in every launch costs a microsecond)."""
     from cupy_backends.cuda.api import driver, runtime
 
-    gx, gy, gz = (*grid, 1, 1)[:3]
-    bx, by, bz = (*block, 1, 1)[:3]
-    try:
-        driver.launchKernel(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, arguments.address, 0)
-        if sync:
-            runtime.streamSynchronize(stream)
-    except Exception as error:
-        raise KernelLaunchError(f"launching {name} grid={grid} block={block}: {error}") from error
+    return driver.launchKernel, runtime.streamSynchronize
 
 
 def launch(

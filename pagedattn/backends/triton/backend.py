@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ from pagedattn.backends.triton.launch_config import (
     choose_tiles,
     next_power_of_2,
 )
-from pagedattn.backends.triton.relaunch import Relauncher
+from pagedattn.backends.triton.relaunch import ReadyLaunch, Relauncher, launch_hooked
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
@@ -84,6 +85,20 @@ class TritonPlanState:
     #: data pointers of the plan's own arrays as the attention kernel takes them (partials,
     #: then index arrays and slopes), for launches that pass integers
     plan_pointers: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    #: what a direct run reads once: torch.Tensor, out's allocator (a contiguous tensor like
+    #: the query, which has out's shape and dtype: ``torch.empty_like`` parses no shape), lse's
+    #: shape and dtype, the pointer passed for an lse the plan does not return, torch's
+    #: getters of the current device and of a device's current stream handle
+    tensor_type: Any = None
+    new_output: Callable[[Any], Any] = id
+    lse_shape: tuple[int, int] = (0, 0)
+    lse_dtype: Any = None
+    unused_pointer: int = 0
+    current_device: Callable[[], int] = int
+    current_stream: Callable[[int], int] = int
+    #: the plan's kernels ready to launch directly, by launch key (:class:`DirectRun`): made by
+    #: the first run through the JIT under that key, taken by every later run under it
+    direct: dict[tuple[Any, ...], DirectRun] = field(default_factory=dict)
 
     #: a CUDA graph that captured ``run`` of a triton plan holds these fixed
     fixed_in_graph: ClassVar[tuple[str, ...]] = (
@@ -95,6 +110,18 @@ class TritonPlanState:
     capturable: ClassVar[bool] = True
 
 
+@dataclass(frozen=True)
+class DirectRun:
+    """A plan's kernels compiled under one launch key, with every argument that the plan and
+    the key fix bound in (:meth:`.ReadyLaunch.bind`): a run passes the stream, then the
+    attention kernel's leading pointers ``(out, lse, *parts, query, key_cache, value_cache)``,
+    and the merge kernel's ``(out, lse)`` (``merge`` None: the plan does not split)."""
+
+    attention: ReadyLaunch
+    parts: tuple[int, ...]
+    merge: ReadyLaunch | None
+
+
 @functools.cache
 def _attention_kernels() -> tuple[Any, Any]:
     """The attention and merge kernels (imported once: every run launches them)."""
@@ -103,19 +130,20 @@ def _attention_kernels() -> tuple[Any, Any]:
     return paged_attention_kernel, merge_splits_kernel
 
 
-def _current_device(torch: Any) -> int:
-    """The current CUDA device's index; torch's internal getter where present (every run asks)."""
+def _stream_getters(torch: Any) -> tuple[Callable[[], int], Callable[[int], int]]:
+    """torch's getters of the current CUDA device's index and of a device's current stream
+    handle (where CUDA graphs capture): its internal ones where present, which cost a fraction
+    of ``torch.cuda.current_stream`` (every run asks)."""
     get_device = getattr(torch._C, "_cuda_getDevice", None)
-    return int(get_device()) if get_device is not None else int(torch.cuda.current_device())
-
-
-def _current_stream(torch: Any, device_index: int) -> int:
-    """The handle of torch's current stream on a device (where CUDA graphs capture); torch's
-    internal getter where present (every run asks)."""
     get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get_raw is not None:
-        return int(get_raw(device_index))
-    return int(torch.cuda.current_stream(device_index).cuda_stream)
+
+    def current_device() -> int:
+        return int(torch.cuda.current_device())
+
+    def current_stream(device_index: int) -> int:
+        return int(torch.cuda.current_stream(device_index).cuda_stream)
+
+    return get_device or current_device, get_raw or current_stream
 
 
 def _work_list(problem: AttentionProblem, tiles: Tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -300,13 +328,53 @@ class TritonBackend(Backend):
         tables = (state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
                   state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens)
         pointers = (tuple(x.data_ptr() for x in (part_out, part_lse)), tuple(x.data_ptr() for x in tables))
-        return replace(state, plan_pointers=pointers)
+        import torch
+
+        current_device, current_stream = _stream_getters(torch)
+        return replace(state, plan_pointers=pointers, tensor_type=torch.Tensor,
+                       new_output=functools.partial(torch.empty_like, memory_format=torch.contiguous_format),
+                       lse_shape=(T, Hq), lse_dtype=torch.float32, unused_pointer=unused.data_ptr(),
+                       current_device=current_device, current_stream=current_stream)
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
         """Allocate out (and lse) and launch on torch's current stream; everything else was
-        made by plan, so a run copies nothing to the device and never synchronises. After a
-        plan's first launch under a key of strides, alignment and device, its compiled kernel
-        is launched directly, pointers as integers (:mod:`.relaunch`)."""
+        made by plan, so a run copies nothing to the device and never synchronises.
+
+        A run of torch tensors on the plan's device, 16-byte aligned, under a launch key
+        (strides, current device) that an earlier run of this plan compiled, launches the
+        kernels' C launchers directly with integer pointers (:class:`DirectRun`) and does
+        nothing else: no launch hook installed, outputs aligned. Any other run goes through
+        the JIT (:meth:`_run_through_jit`), which checks the arrays' device and keeps the
+        compiled kernels for the next run under the same key."""
+        state = plan.state
+        tensor = state.tensor_type
+        if state.direct and type(query) is tensor and type(key_cache) is tensor and type(value_cache) is tensor:
+            index = state.device_index
+            if query.get_device() == index and key_cache.get_device() == index and value_cache.get_device() == index:
+                q_pointer, k_pointer, v_pointer = query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr()
+                device_now = state.current_device()
+                direct = state.direct.get((query.stride(), key_cache.stride(), value_cache.stride(), device_now))
+                if direct is not None and not (q_pointer | k_pointer | v_pointer) & 15 and not launch_hooked():
+                    out = state.new_output(query)
+                    lse = query.new_empty(state.lse_shape, dtype=state.lse_dtype) if plan.problem.return_lse else None
+                    out_pointer = out.data_ptr()
+                    lse_pointer = state.unused_pointer if lse is None else lse.data_ptr()
+                    if not (out_pointer | lse_pointer) & 15:
+                        stream = state.current_stream(device_now)
+                        attention, merge = direct.attention, direct.merge
+                        attention.launch(*attention.grid, stream, *attention.middle, out_pointer, lse_pointer,
+                                         *direct.parts, q_pointer, k_pointer, v_pointer, *attention.constexpr_values)
+                        if merge is not None:
+                            merge.launch(*merge.grid, stream, *merge.middle, out_pointer, lse_pointer,
+                                         *direct.parts, *merge.constexpr_values)
+                        return out, lse
+        return self._run_through_jit(plan, query, key_cache, value_cache)
+
+    def _run_through_jit(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        """A run through triton's JIT (``kernel[grid](...)``): arrays of any kind converted to
+        torch tensors, refused on another device than the plan's (naming them). Outside the
+        interpreter, with every pointer 16-byte aligned, the compiled kernels are kept under
+        the launch key for direct runs (:mod:`.relaunch`, :class:`DirectRun`)."""
         import torch
 
         problem, state = plan.problem, plan.state
@@ -326,32 +394,18 @@ class TritonBackend(Backend):
             return out, lse
         lse_arg = lse if lse is not None else state.unused_output
         q_strides, k_strides, v_strides = q.stride(), k_cache.stride(), v_cache.stride()
-        interpret = state.interpret
-        attention = merge = None
         key: tuple[Any, ...] | None = None  # None: the JIT's binary is not kept (interpreter, unaligned)
-        if not interpret:
+        if not state.interpret:
             pointers = (out.data_ptr(), lse_arg.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
-            out_lse, qkv = pointers[:2], pointers[2:]
             if not (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]) & 15:
                 # what may differ between runs of this plan with 16-byte aligned arrays: the
                 # arrays' strides, the current device
-                device_now = _current_device(torch)
-                key = (q_strides, k_strides, v_strides, device_now)
-                attention = state.relauncher.ready(paged_attention_kernel, key)
-                if state.num_splits > 1:
-                    merge = state.relauncher.ready(merge_splits_kernel, key)
+                key = (q_strides, k_strides, v_strides, state.current_device())
         kb, k1, k2, kd = k_strides
         vb, v1, v2, vd = v_strides
         # NHD [blocks, slot, head, d]; HND [blocks, head, slot, d]
         (ks, kh), (vs, vh) = ((k1, k2), (v1, v2)) if problem.kv_layout == "NHD" else ((k2, k1), (v2, v1))
         strides = (*q_strides, Hq * D, D, kb, ks, kh, kd, vb, vs, vh, vd)
-        if attention is not None and (merge is not None or state.num_splits == 1):
-            stream = _current_stream(torch, device_now)
-            parts, tables = state.plan_pointers
-            attention(stream, (*out_lse, *parts, *qkv, *tables, *strides, *state.tail_args))
-            if merge is not None:
-                merge(stream, (*out_lse, *parts, T, Hq, state.num_splits, Hq * D, D))
-            return out, lse
         part_out, part_lse = state.part_out, state.part_lse
         args = [
             out, lse_arg, part_out, part_lse,
@@ -362,12 +416,19 @@ class TritonBackend(Backend):
             *state.tail_args,
         ]
         state.relauncher.launch(paged_attention_kernel, state.grid, key, args, state.constexprs,
-                                state.launch_options, interpret)
+                                state.launch_options, state.interpret)
+        merge_args = (T, Hq, state.num_splits, Hq * D, D)
         if state.num_splits > 1:
-            state.relauncher.launch(
-                merge_splits_kernel, (T, Hq, 1), key,
-                [out, lse_arg, part_out, part_lse, T, Hq, state.num_splits, Hq * D, D],
-                state.merge_constexprs, {"num_warps": 4}, interpret)
+            state.relauncher.launch(merge_splits_kernel, (T, Hq, 1), key,
+                                    [out, lse_arg, part_out, part_lse, *merge_args],
+                                    state.merge_constexprs, {"num_warps": 4}, state.interpret)
+        if key is not None:
+            attention = state.relauncher.ready(paged_attention_kernel, key)
+            merge = state.relauncher.ready(merge_splits_kernel, key) if state.num_splits > 1 else None
+            if attention is not None and (merge is not None or state.num_splits == 1):
+                parts, tables = state.plan_pointers
+                state.direct[key] = DirectRun(attention.bind((*tables, *strides, *state.tail_args)), parts,
+                                              None if merge is None else merge.bind(merge_args))
         return out, lse
 
     # -- other operations ------------------------------------------------------

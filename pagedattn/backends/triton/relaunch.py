@@ -38,6 +38,12 @@ class ReadyLaunch:
         arguments ``args``, pointers as integers."""
         self.launch(*self.grid, stream, *self.middle, *args, *self.constexpr_values)
 
+    def bind(self, fixed: tuple[Any, ...]) -> ReadyLaunch:
+        """This launch with ``fixed``, the last run-time arguments, bound in before the
+        constexpr values: ``launch(*grid, stream, *middle, *args, *constexpr_values)`` then
+        takes only the arguments before them as ``args``."""
+        return ReadyLaunch(self.launch, self.grid, self.middle, (*fixed, *self.constexpr_values))
+
     @classmethod
     def of(cls, compiled: Any, grid: tuple[int, int, int], constexpr_values: tuple[Any, ...]) -> ReadyLaunch | None:
         """The ready launch of a kernel the JIT compiled and launched, or None when this
@@ -64,7 +70,7 @@ class Relauncher:
         """The ready launch of ``kernel`` found for ``key``; None if there is none yet or a
         launch hook is installed (then the caller goes through :meth:`launch`)."""
         found = self._ready.get((id(kernel), key))
-        if found is None or _launch_hooked():
+        if found is None or launch_hooked():
             return None
         return found
 
@@ -74,7 +80,7 @@ class Relauncher:
         binary it found for ``key`` (not when ``key`` is None, in the interpreter or under a
         launch hook)."""
         compiled = kernel[grid](*args, **constexprs, **options)
-        if interpret or key is None or _launch_hooked():
+        if interpret or key is None or launch_hooked():
             return
         names = kernel.arg_names[len(args):]
         ready = ReadyLaunch.of(compiled, grid, tuple(constexprs[name] for name in names))
@@ -89,15 +95,14 @@ def _runtime_knobs() -> Any:
     return knobs.runtime
 
 
-def _launch_hooked() -> bool:
-    """Whether a launch enter or exit hook is installed (a profiler must see every launch)."""
+def launch_hooked() -> bool:
+    """Whether a launch enter or exit hook is installed (a profiler must see every launch): a
+    callable, or a hook chain (triton 3.6) with members. Asked before every direct launch, so
+    written out in one frame."""
     runtime = _runtime_knobs()
-    return _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
-
-
-def _hooked(hook: Any) -> bool:
-    """Whether a launch hook is installed: a callable, or a hook chain (triton 3.6) with members."""
-    if hook is None:
-        return False
-    calls = getattr(hook, "calls", None)
-    return calls is None or len(calls) > 0
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None:
+            calls = getattr(hook, "calls", None)
+            if calls is None or len(calls) > 0:
+                return True
+    return False

@@ -349,3 +349,33 @@ def test_torch_tensors_in_and_out_on_torchs_current_stream(backend: CupyBackend)
 @pytest.mark.parametrize("case", [pytest.param(p.values[0], id=p.id, marks=sanitize) for p in operation_cases()])
 def test_cache_operations_match_the_spec(backend: CupyBackend, case: object) -> None:
     check_operation(backend, case)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("shape", ["decode split-KV", "varlen prefill"])
+def test_direct_runs_of_torch_tensors_give_the_checked_run_s_bits(backend: CupyBackend, shape: str) -> None:
+    """One plan of torch tensors run three times (the second and third go direct), then with a
+    strided query and caches of other strides (the checking path), then directly again: the same
+    bits every time, and the spec's answer."""
+    import torch
+
+    from pagedattn.conformance.assertions import assert_bit_identical
+
+    case = poisoned_case(shape, [700, 33, 1500], None if shape.startswith("decode") else [70, 33, 9])
+    to_torch = lambda x: torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).cuda().view(torch.bfloat16)  # noqa: E731
+    q, k, v = (to_torch(x) for x in (case.query, case.key_cache, case.value_cache))
+    index = [None if x is None else torch.from_numpy(np.asarray(x)).cuda() for x in case.args()[3:]]
+    plan = backend.plan(q, k, v, *index, return_lse=True)
+    runs = [backend.run(plan, q, k, v) for _ in range(3)]
+    def padded(x: Any) -> Any:  # the same values, shape and dtype; rows 8 elements apart
+        copy = torch.empty((*x.shape[:-1], x.shape[-1] + 8), dtype=x.dtype, device="cuda")[..., : x.shape[-1]]
+        return copy.copy_(x)
+
+    runs.append(backend.run(plan, padded(q), padded(k), padded(v)))
+    runs.append(backend.run(plan, q, k, v))
+    assert plan.state.torch_strides == (k.stride(), v.stride())
+    first = [backend.to_numpy(x) for x in runs[0]]
+    for index_, (out, lse) in enumerate(runs[1:], start=1):
+        call = f"[call: backend=cupy direct run {index_}]"
+        assert_bit_identical("out", backend.to_numpy(out), first[0], "a direct run changed the output", call)
+        assert_bit_identical("lse", backend.to_numpy(lse), first[1], "a direct run changed lse", call)
+    checks.matches_spec(backend, case)
