@@ -51,11 +51,10 @@ DECODE_TILES = DecodeTiles(16, 2, 7, 4, False)
 # bandwidth: at head_dim 64 (32 / 8 heads, 64 x 4,096, bf16) 16-key tiles ran at 3.0 TB/s and
 # 32-key tiles of the same warps and stages at 4.1 TB/s.
 DECODE_TILE_ROW_BYTES = 256
-# fp8 caches: four times the keys of a 16-bit tile (64 at head_dim 128; at most 64). On llama3-8b
-# heads, bf16 queries, e4m3 and e5m2 alike: 64 x 4,096 took 170 / 170 / 175 us at block sizes
-# 16 / 32 / 64 with 64-key tiles, against 174 / 183 / 190 us with 32-key tiles (the same bytes as
-# a 16-bit tile) and about 250 us with 16-key tiles; 2 x 65,536 took 100-102 us and 98-105 us.
-MAX_FP8_DECODE_BLOCK_N = 64
+# fp8 caches: twice the keys of a 16-bit tile, the same bytes. 64-key tiles measured a little
+# faster with plain features (llama3-8b heads, bf16 queries, 64 x 4,096: 170 / 170 / 175 us at
+# block sizes 16 / 32 / 64 against 174 / 183 / 190 us), but with softcap, ALiBi and a window
+# they need 255 registers and spill.
 DECODE_TABLE: dict[int | None, DecodeTiles] = {None: DECODE_TILES, 16: DECODE_TILES, 32: DECODE_TILES,
                                                64: DECODE_TILES}
 
@@ -118,8 +117,7 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     scores' orientation come from ``DECODE_TABLE`` by ``block_size``, its keys per tile
     scaled so that a tile holds the bytes of a head_dim-128 16-bit tile
     (:data:`DECODE_TILE_ROW_BYTES`: twice the keys at head_dim 64; head dims below 64 keep the
-    table's), and four times that for fp8 caches (``cache_bytes`` 1), at most
-    :data:`MAX_FP8_DECODE_BLOCK_N`; otherwise 128 keys, 4
+    table's), and twice that for fp8 caches (``cache_bytes`` 1); otherwise 128 keys, 4
     warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
     128), 64 keys per tile, 8 warps at 128 rows, and the ``PREFILL_*`` entries (register cap)
     at the full height. float32 or head_dim > 128: 32 keys per tile.
@@ -143,9 +141,7 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
         entry = table.get(block_size, table[None])
         block_n, num_warps, num_stages, resident, keys_major, table_by_block = entry
         if head_dim_pad >= 64:  # smaller head dims are unmeasured: the table's tiles as they are
-            block_n *= max(1, DECODE_TILE_ROW_BYTES // (head_dim_pad * 2))
-            if cache_bytes == 1:
-                block_n = min(4 * block_n, MAX_FP8_DECODE_BLOCK_N)
+            block_n *= max(1, DECODE_TILE_ROW_BYTES // (head_dim_pad * cache_bytes))
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
                                                          PREFILL_MAX_REGISTERS)
