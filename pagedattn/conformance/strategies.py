@@ -97,7 +97,8 @@ ARRANGEMENTS: tuple[str, ...] = ("contiguous", "shuffled", "reversed", "interlea
 #: What unused block-table entries (column >= ceil(L / block_size)) hold.
 FILLERS: tuple[str, ...] = ("minus_one", "int32_max", "other_valid", "random")
 #: Value patterns of query, keys and values.
-VALUE_KINDS: tuple[str, ...] = ("normal", "large", "dominant", "max_in_last_block", "equal", "very_negative")
+VALUE_KINDS: tuple[str, ...] = ("normal", "large", "dominant", "max_in_last_block", "equal", "very_negative",
+                                "beyond_float16")
 #: What unused slots and unused blocks hold.
 GARBAGE_KINDS: tuple[str, ...] = ("random", "nan", "inf", "zero")
 
@@ -112,6 +113,11 @@ LARGE_MAGNITUDE = 60.0
 #: q . k is far outside float16's range then, as a float32 accumulator allows.
 VERY_NEGATIVE_SCORE = 2e5
 VERY_NEGATIVE_QUERY_MAGNITUDE = 64.0
+#: "beyond_float16" values: each sequence's last query is multiplied by this power of two, so
+#: its largest elements (about 1e5) lie beyond float16's 65,504, which bfloat16 and float32
+#: queries hold exactly. A kernel that rounds such a query to float16 (to multiply fp8 caches
+#: converted to float16, say) turns them into inf; the spec's scores stay finite.
+BEYOND_FLOAT16_FACTOR = 2.0**15
 _SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -297,7 +303,7 @@ def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens
                     q_starts: np.ndarray, block_size: int, num_kv_heads: int, head_dim: int,
                     scale: float) -> list[tuple[np.ndarray, np.ndarray]]:
     """K, V float64 ``[L, Hkv, D]`` of each sequence for a value pattern (query already drawn;
-    "very_negative" scales each sequence's last query up in place)."""
+    "very_negative" and "beyond_float16" scale each sequence's last query up in place)."""
     group = query.shape[1] // num_kv_heads
     magnitude = LARGE_MAGNITUDE if kind == "large" else 1.0
     result = []
@@ -314,6 +320,9 @@ def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens
             c = VERY_NEGATIVE_SCORE / (max(abs(scale), 1e-6) * norm2)
             c = np.minimum(c, 8192.0 / np.maximum(np.abs(q0).max(axis=1), 1e-6))
             k[:] = (-np.sign(scale or 1.0) * c)[:, None] * q0  # every position: [Hkv, D]
+        if length and kind == "beyond_float16" and q_starts[s + 1] > q_starts[s]:
+            last = int(q_starts[s + 1]) - 1
+            query[last] = (query[last].astype(np.float64) * BEYOND_FLOAT16_FACTOR).astype(query.dtype)
         if length and kind in ("dominant", "max_in_last_block"):
             lo = ((length - 1) // block_size) * block_size if kind == "max_in_last_block" else 0
             p = int(rng.integers(lo, length))
@@ -450,8 +459,10 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
         options["v_scale"] = draw(st.sampled_from((1.0, 0.25, 4.0)), label="v_scale")
     strided = wanted("strided_caches")
 
-    # fp8 caches cannot hold very_negative keys (|k| up to 8192): they get the other kinds
-    kinds = tuple(k for k in VALUE_KINDS if not (k == "very_negative" and cache_dtype in FP8_DTYPES))
+    # fp8 caches cannot hold very_negative keys (|k| up to 8192), nor float16 queries elements
+    # beyond float16's range: they get the other kinds
+    kinds = tuple(k for k in VALUE_KINDS if not (k == "very_negative" and cache_dtype in FP8_DTYPES)
+                  and not (k == "beyond_float16" and dtype == "float16"))
     value_kind = draw(st.sampled_from(kinds), label="values")
     if feature == "softcap" and value_kind == "normal":
         value_kind = draw(st.sampled_from(("normal", "large")), label="softcap_values")

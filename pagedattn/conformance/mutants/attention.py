@@ -247,6 +247,22 @@ class FP8ScaleIgnored(SteppedKernelBackend):
         return super()._run(replace(plan, problem=unscaled), query, key_cache, value_cache)
 
 
+class Fp8QueryRoundedToFloat16(SteppedKernelBackend):
+    bug = ("fp8 caches are multiplied in float16 and a bfloat16 query is rounded to float16 as it is: "
+           "elements beyond 65,504 become inf")
+    models = "fp8 KV-cache products in float16 without scaling the query into float16's range"
+
+    def scores(self, q, k, problem):
+        from pagedattn.spec.dtypes import FP8_DTYPES
+
+        if problem.cache_dtype not in FP8_DTYPES or problem.dtype != "bfloat16":
+            return super().scores(q, k, problem)
+        scale = F32(self.scale(problem))
+        with np.errstate(over="ignore", invalid="ignore"):
+            q16 = (q / scale).astype(np.float16).astype(F32) * scale
+            return super().scores(q16, k, problem)
+
+
 class StridedAssumedContiguous(SteppedKernelBackend):
     bug = "addresses blocks with contiguous strides even when the cache is a strided view of a pool"
     models = "non-contiguous (strided) KV cache read as contiguous"
