@@ -38,10 +38,12 @@ from pagedattn.conformance.strategies import (
     fill_caches,
     head_dims,
 )
-from pagedattn.spec.dtypes import QUERY_DTYPES, numpy_dtype
+from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
 
 __all__ = [
+    "LONG_FP8_K_SCALES",
+    "LONG_FP8_V_SCALES",
     "LONG_VALUE_KINDS",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
@@ -91,6 +93,10 @@ ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
 #: with the number of keys (a half-precision O loses the small terms); "normal": standard
 #: normal K and V.
 LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
+#: fp8 scales of the long cells with fp8 caches: v_scale is never 1, so that applying it once per
+#: split part and again after the merge (or never) shows.
+LONG_FP8_K_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0)
+LONG_FP8_V_SCALES: tuple[float, ...] = (4.0, 0.25)
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -155,13 +161,15 @@ def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.n
 
 @st.composite
 def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                        limits: ScaleLimits | None = None) -> AttentionCase:
+                        limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
     with ``varlen`` a few queries at the end of each sequence. Lengths are odd multiples of
     the block size plus a remainder, so split plans get a partial last part; heads and
-    head_dim as the backend allows, the product bounded by :data:`SPEC_ELEMENTS`.
+    head_dim as the backend allows, the product bounded by :data:`SPEC_ELEMENTS`. With
+    ``fp8``, the caches are one of the backend's fp8 dtypes, with a ``v_scale`` other than 1
+    (:data:`LONG_FP8_V_SCALES`: a split plan must apply it once, not per part and again).
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -192,13 +200,20 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
+    cache_dtype, k_scale, v_scale = dtype, 1.0, 1.0
+    if fp8:
+        cache_dtype = draw(st.sampled_from([d for d in FP8_DTYPES if d in caps.cache_dtypes]), label="cache_dtype")
+        k_scale = draw(st.sampled_from(LONG_FP8_K_SCALES), label="k_scale")
+        v_scale = draw(st.sampled_from(LONG_FP8_V_SCALES), label="v_scale")
+        options.update(k_scale=k_scale, v_scale=v_scale)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     query = rng.standard_normal((len(lens) * q_len, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
     logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
-                         np.array(lens), logical, garbage, dtype, 1.0, 1.0)
+                         np.array(lens), logical, garbage, cache_dtype, k_scale, v_scale)
     labels = {"feature": "long_sequences", "values": value_kind, "garbage": garbage,
-              "arrangement": pool.arrangement, "queries": "decode" if decode else f"last {q_len}"}
+              "arrangement": pool.arrangement, "queries": "decode" if decode else f"last {q_len}",
+              "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens, None if decode else [q_len] * len(lens), kv_layout,
                  options, draw(_SEEDS, label="variant_seed"), labels)
 

@@ -9,6 +9,7 @@ elements declares ``max_pool_elements`` and its far-pool cells are UNSUPPORTED.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.pagedattn_conformance
 #: and skip hypothesis' explain phase (it re-runs the failure under a line tracer).
 FIRST_FAILURE: dict[str, Any] = {"report_multiple_bugs": False,
                                  "phases": tuple(phase for phase in Phase if phase is not Phase.explain)}
-#: 16-bit dtypes of the far-pool cells: a pool past 2**31 elements is 4 GiB of address space each.
+#: 16-bit dtypes of the far-pool cells (a pool past 2**31 elements is 4 GiB of address space each)
+#: and of the long cells with fp8 caches (fp8 caches hold keys of 16-bit queries).
 FAR_DTYPES = ("float16", "bfloat16")
 
 
@@ -59,6 +61,16 @@ def test_long_sequences_match_spec(request, backend, dtype):
     limits = scale_limits()
     _run_scale_cell(request, backend, long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
                     feature="long_sequences", max_examples=limits.long_examples, cell={"max_keys": limits.max_long})
+
+
+@pytest.mark.parametrize("dtype", FAR_DTYPES)
+def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
+    """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
+    of the fp8 paths, their partials and merge, within the error model; inputs untouched."""
+    limits = scale_limits()
+    _run_scale_cell(request, backend, partial(long_sequence_cases, fp8=True), checks.matches_spec, limits,
+                    dtype=dtype, feature="long_sequences_fp8", max_examples=limits.long_examples,
+                    cell={"max_keys": limits.max_long}, requires={"features": ("fp8",)})
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)

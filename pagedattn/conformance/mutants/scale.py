@@ -126,6 +126,21 @@ class SplitMergeIgnoresMax(AddressedKernelBackend):
         return m.astype(F32), l.astype(F32), O.astype(F32)
 
 
+class SplitVScaleTwice(AddressedKernelBackend):
+    bug = "fp8 v_scale is applied to each split part's O and again after the merge: split rows are off by v_scale"
+    models = "fp8 cache scales applied in both the split-KV partials and the merge"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        self.v_scale = F32(plan.problem.v_scale)
+        return super()._run(plan, query, key_cache, value_cache)
+
+    def merge(self, states):
+        m, l, O = super().merge(states)
+        if len(states) == 1:
+            return m, l, O
+        return m, l, (O * self.v_scale).astype(F32)
+
+
 class SplitDropsLastPart(AddressedKernelBackend):
     bug = "split-KV cuts L // part_len parts: the keys after the last whole part are not read"
     models = "split-KV partition rounding down (partial last split dropped)"
