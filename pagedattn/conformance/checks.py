@@ -481,16 +481,20 @@ def far_write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
     blocks = np.unique(slots[slots >= 0] // block_size)
     small = np.where(slots >= 0, _remapped(np.maximum(slots, 0) // block_size, blocks) * block_size
                      + slots % block_size, -1)
-    call = (f"[call: backend={backend.name} write_kv dtype={dtype_name(case.key.dtype)} kv_layout={case.kv_layout}"
+    call = (f"[call: backend={backend.name} write_kv dtype={dtype_name(case.key.dtype)}"
+            f" cache_dtype={dtype_name(case.key_cache.dtype)} kv_layout={case.kv_layout}"
+            f" k_scale={case.k_scale} v_scale={case.v_scale}"
             f" block_size={block_size} caches of {case.key_cache.size:,} elements,"
             f" slot_mapping={case.slot_mapping.tolist()}]")
     return _far_blocks_match_spec(
         backend, case, blocks,
         lambda key_cache, value_cache: kv_ops.write_kv(case.key, case.value, key_cache, value_cache, small,
-                                                       kv_layout=case.kv_layout),
+                                                       kv_layout=case.kv_layout, k_scale=case.k_scale,
+                                                       v_scale=case.v_scale),
         lambda key_cache, value_cache: backend.write_kv(
             backend.to_device(case.key), backend.to_device(case.value), key_cache, value_cache,
-            backend.to_device(case.slot_mapping), kv_layout=case.kv_layout),
+            backend.to_device(case.slot_mapping), kv_layout=case.kv_layout, k_scale=case.k_scale,
+            v_scale=case.v_scale),
         "write_kv past element 2**31 differs from the spec in the blocks written", call)
 
 

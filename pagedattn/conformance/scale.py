@@ -200,12 +200,9 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
-    cache_dtype, k_scale, v_scale = dtype, 1.0, 1.0
-    if fp8:
-        cache_dtype = draw(st.sampled_from([d for d in FP8_DTYPES if d in caps.cache_dtypes]), label="cache_dtype")
-        k_scale = draw(st.sampled_from(LONG_FP8_K_SCALES), label="k_scale")
-        v_scale = draw(st.sampled_from(LONG_FP8_V_SCALES), label="v_scale")
-        options.update(k_scale=k_scale, v_scale=v_scale)
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    options.update(scales)
+    k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     query = rng.standard_normal((len(lens) * q_len, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
     logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
@@ -245,13 +242,14 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits) -> t
 
 @st.composite
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                   limits: ScaleLimits | None = None) -> AttentionCase:
+                   limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
     """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
     every block in use at or past element 2**31 (also the pool's last block).
 
     The caches are zero outside the blocks in use (lazy: they cost only those blocks), and
     the unused slots of those blocks hold garbage. One or two short sequences, decode or a
-    few queries each.
+    few queries each. With ``fp8``, the caches are one of the backend's fp8 dtypes, with
+    scales: the fp8 paths address their caches in code of their own.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -271,9 +269,10 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
         tables[s, :n] = ids[used:used + n]
         used += n
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), tables, np.array(lens), logical,
-                         garbage, dtype, 1.0, 1.0)
+                         garbage, cache_dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
     if kv_layout == "HND":  # a transposed copy of a lazy pool would fill it: fill an HND pool instead
         caches = tuple(_lazy_transposed(c, tables, lens, block_size) for c in caches)  # type: ignore[assignment]
         kv_layout_labels = "HND"
@@ -285,8 +284,19 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
               "elements": str(num_blocks * block_size * num_kv_heads * head_dim), "layout": kv_layout_labels}
     qsl = None if q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     return AttentionCase(query=query, key_cache=caches[0], value_cache=caches[1], block_tables=tables,
-                         seq_lens=np.array(lens, np.int32), query_start_loc=qsl, options={"kv_layout": kv_layout},
-                         seed=draw(_SEEDS, label="variant_seed"), labels=labels)
+                         seq_lens=np.array(lens, np.int32), query_start_loc=qsl,
+                         options={"kv_layout": kv_layout, **scales},
+                         seed=draw(_SEEDS, label="variant_seed"), labels={**labels, "cache_dtype": cache_dtype})
+
+
+def _cache_dtype_and_scales(draw: st.DrawFn, caps: Capabilities, dtype: str,
+                            fp8: bool) -> tuple[str, dict[str, float]]:
+    """``(dtype, {})``, or with ``fp8`` one of the backend's fp8 dtypes and drawn ``k_scale`` / ``v_scale``."""
+    if not fp8:
+        return dtype, {}
+    cache_dtype = draw(st.sampled_from([d for d in FP8_DTYPES if d in caps.cache_dtypes]), label="cache_dtype")
+    return cache_dtype, {"k_scale": draw(st.sampled_from(LONG_FP8_K_SCALES), label="k_scale"),
+                         "v_scale": draw(st.sampled_from(LONG_FP8_V_SCALES), label="v_scale")}
 
 
 def _lazy_transposed(nhd: np.ndarray, tables: np.ndarray, lens: list[int], block_size: int) -> np.ndarray:
@@ -318,10 +328,11 @@ def _far_kv_caches(rng: np.random.Generator, shape_nhd: tuple[int, int, int, int
 
 @st.composite
 def far_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                       limits: ScaleLimits | None = None) -> WriteKVCase:
+                       limits: ScaleLimits | None = None, fp8: bool = False) -> WriteKVCase:
     """Return a strategy for ``write_kv`` into caches past ``limits.pool_elements`` elements, at slots
     whose first element lies past element 2**31 (slot ids above 2**31 / (num_kv_heads x head_dim));
-    some tokens skipped (-1). The other slots of those blocks hold random values that must survive."""
+    some tokens skipped (-1). The other slots of those blocks hold random values that must survive.
+    With ``fp8``, the caches are one of the backend's fp8 dtypes and the call has scales."""
     limits = limits or scale_limits()
     block_size, heads, head_dim, num_blocks = _far_geometry(draw, capabilities, limits)
     kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
@@ -333,11 +344,12 @@ def far_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
     slots = rng.choice(candidates, size=min(T, candidates.size), replace=False)
     skips = draw(st.integers(0, len(slots) - 1), label="skipped_tokens")
     slots[rng.choice(len(slots), size=skips, replace=False)] = -1
-    caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), blocks, dtype, kv_layout)
+    cache_dtype, scales = _cache_dtype_and_scales(draw, capabilities, dtype, fp8)
+    caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), blocks, cache_dtype, kv_layout)
     key = rng.standard_normal((len(slots), heads, head_dim)).astype(numpy_dtype(dtype))
     value = rng.standard_normal((len(slots), heads, head_dim)).astype(numpy_dtype(dtype))
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
-                       slot_mapping=slots.astype(np.int64), kv_layout=kv_layout)
+                       slot_mapping=slots.astype(np.int64), kv_layout=kv_layout, **scales)
 
 
 @st.composite

@@ -92,10 +92,26 @@ def test_far_pool_attention_matches_spec(request, backend, dtype):
                     cell={"pool_elements": limits.pool_elements}, requires={"pool_elements": limits.pool_elements})
 
 
+@pytest.mark.parametrize("dtype", FAR_DTYPES)
+def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype):
+    """The far-pool attention cases with fp8 caches and scales: the fp8 paths' offsets past element
+    2**31, within the error model; the blocks in use unchanged."""
+    limits = scale_limits()
+    _run_scale_cell(request, backend, partial(far_pool_cases, fp8=True), checks.far_pool_matches_spec, limits,
+                    dtype=dtype, feature="far_pool_fp8", max_examples=limits.far_examples,
+                    cell={"pool_elements": limits.pool_elements},
+                    requires={"features": ("fp8",), "pool_elements": limits.pool_elements})
+
+
 #: The far-pool cells of the cache operations: each operation's cases and check.
 FAR_OPERATIONS: dict[str, tuple[Callable[..., Any], Callable[[Backend, Any], float]]] = {
     "write_kv": (far_write_kv_cases, checks.far_write_kv_matches_spec),
+    "write_kv_fp8": (partial(far_write_kv_cases, fp8=True), checks.far_write_kv_matches_spec),
     "copy_blocks": (far_copy_blocks_cases, checks.far_copy_blocks_matches_spec),
+}
+#: What each far-pool operation cell needs beyond the pool: its operation, and fp8 caches.
+FAR_OPERATION_FEATURES: dict[str, tuple[str, ...]] = {
+    "write_kv": ("write_kv",), "write_kv_fp8": ("write_kv", "fp8"), "copy_blocks": ("copy_blocks",),
 }
 
 
@@ -107,4 +123,4 @@ def test_far_pool_operation(request, backend, operation):
     cases, check = FAR_OPERATIONS[operation]
     _run_scale_cell(request, backend, cases, check, limits, dtype="float16", feature=f"far_{operation}",
                     max_examples=limits.far_examples,
-                    requires={"features": (operation,), "pool_elements": limits.pool_elements})
+                    requires={"features": FAR_OPERATION_FEATURES[operation], "pool_elements": limits.pool_elements})

@@ -177,7 +177,7 @@ def test_odd_cases_have_no_power_of_two_sizes():
 # -- the scale mutants -------------------------------------------------------------------------
 
 SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
-                 "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice")
+                 "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets")
 
 
 @pytest.mark.parametrize("name", SCALE_MUTANTS)

@@ -87,6 +87,18 @@ class Int32CacheOffsets(AddressedKernelBackend):
         return _wrap_int32(super().block_offsets(blocks, slots, problem))
 
 
+class Fp8Int32CacheOffsets(AddressedKernelBackend):
+    bug = ("the fp8-cache attention path computes a block's element offset in int32 (the 16-bit path in 64-bit): "
+           "wraps past 2**31 elements")
+    models = "int32 offsets in a separate fp8 KV-cache kernel on caches past 2**31 elements"
+
+    def block_offsets(self, blocks, slots, problem):
+        from pagedattn.spec.dtypes import FP8_DTYPES
+
+        offsets = super().block_offsets(blocks, slots, problem)
+        return _wrap_int32(offsets) if problem.cache_dtype in FP8_DTYPES else offsets
+
+
 class WriteKVInt32Offsets(AddressedKernelBackend):
     bug = "write_kv computes slot * (num_kv_heads * head_dim) in int32: slots past element 2**31 land elsewhere"
     models = "int32 slot offsets in reshape_and_cache-style cache writes on large caches"
