@@ -34,6 +34,7 @@ from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, WriteKVCa
 from pagedattn.conformance.strategies import (
     CONTRACT_BLOCK_SIZES,
     GARBAGE_KINDS,
+    alibi_slopes,
     block_tables,
     fill_caches,
     head_dims,
@@ -45,6 +46,7 @@ __all__ = [
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
     "LONG_VALUE_KINDS",
+    "LONG_WINDOW_MIN",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
     "ScaleLimits",
@@ -97,6 +99,8 @@ LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
 #: split part and again after the merge (or never) shows.
 LONG_FP8_K_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0)
 LONG_FP8_V_SCALES: tuple[float, ...] = (4.0, 0.25)
+#: Shortest sliding window of the long cells with a window (a few blocks and tiles).
+LONG_WINDOW_MIN = 100
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -161,7 +165,8 @@ def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.n
 
 @st.composite
 def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                        limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
+                        limits: ScaleLimits | None = None, fp8: bool = False,
+                        window: bool = False) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
@@ -170,6 +175,10 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     head_dim as the backend allows, the product bounded by :data:`SPEC_ELEMENTS`. With
     ``fp8``, the caches are one of the backend's fp8 dtypes, with a ``v_scale`` other than 1
     (:data:`LONG_FP8_V_SCALES`: a split plan must apply it once, not per part and again).
+    With ``window``, a sliding window of at most a quarter of the shortest sequence
+    (:data:`LONG_WINDOW_MIN` keys and up), with softcap and ALiBi where the backend has them:
+    most of each range is outside every row's window, so a plan that splits the whole range
+    has parts that see no key, which its merge must weigh as nothing.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -200,6 +209,13 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
+    if window:
+        options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, max(LONG_WINDOW_MIN, min(lens) // 4)),
+                                         label="sliding_window")
+        if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
+            options["softcap"] = 30.0
+        if caps.supports("alibi") and draw(st.booleans(), label="alibi"):
+            options["alibi_slopes"] = alibi_slopes(num_q_heads)
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     options.update(scales)
     k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)

@@ -46,6 +46,7 @@ __all__ = [
     "Limits",
     "PoolLayout",
     "QueryLayout",
+    "alibi_slopes",
     "attention_cases",
     "block_sizes",
     "block_tables",
@@ -396,7 +397,7 @@ ATTENTION_FEATURES: tuple[str, ...] = (
 _ORDINARY = tuple(a for a in ARRANGEMENTS if a != "huge_pool")
 
 
-def _alibi_slopes(num_q_heads: int) -> np.ndarray:
+def alibi_slopes(num_q_heads: int) -> np.ndarray:
     """The usual ALiBi slopes 2**(-8 (h + 1) / H)."""
     return (2.0 ** (-8.0 * (np.arange(num_q_heads) + 1) / num_q_heads)).astype(np.float32)
 
@@ -480,7 +481,7 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
     k_nhd, v_nhd = fill_caches(rng, shape_nhd, pool.block_tables, layout.seq_lens, logical, garbage,
                                cache_dtype, options.get("k_scale", 1.0), options.get("v_scale", 1.0))
     if alibi:
-        options["alibi_slopes"] = _alibi_slopes(heads.num_q_heads)
+        options["alibi_slopes"] = alibi_slopes(heads.num_q_heads)
 
     pool_array, layer = None, 0
     if strided:

@@ -63,6 +63,17 @@ def test_long_sequences_match_spec(request, backend, dtype):
                     feature="long_sequences", max_examples=limits.long_examples, cell={"max_keys": limits.max_long})
 
 
+@pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
+def test_long_sequences_with_a_window_match_spec(request, backend, dtype):
+    """The long-sequence batches under a sliding window of at most a quarter of a sequence (with
+    softcap and ALiBi where declared): split plans whose parts may see no key, within the error
+    model; inputs untouched."""
+    limits = scale_limits()
+    _run_scale_cell(request, backend, partial(long_sequence_cases, window=True), checks.matches_spec, limits,
+                    dtype=dtype, feature="long_sequences_window", max_examples=limits.long_examples,
+                    cell={"max_keys": limits.max_long}, requires={"features": ("sliding_window",)})
+
+
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans

@@ -177,7 +177,8 @@ def test_odd_cases_have_no_power_of_two_sizes():
 # -- the scale mutants -------------------------------------------------------------------------
 
 SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
-                 "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets")
+                 "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets",
+                 "SplitEmptyPartNaN")
 
 
 @pytest.mark.parametrize("name", SCALE_MUTANTS)
@@ -186,5 +187,5 @@ def test_quick_profile_kills_scale_mutant_in_a_scale_cell(name):
     result = run_mutant(name, profile="quick", isolated=True)
     assert result.killed, f"{name} survived quick ({MUTANTS[name].bug})"
     cells = ("test_long_sequences_match_spec", "test_long_sequences_with_fp8_caches_match_spec",
-             "test_odd_sizes_match_spec", "test_far_pool_")
+             "test_long_sequences_with_a_window_match_spec", "test_odd_sizes_match_spec", "test_far_pool_")
     assert any(cell in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}, not a scale cell"

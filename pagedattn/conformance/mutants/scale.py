@@ -153,6 +153,26 @@ class SplitVScaleTwice(AddressedKernelBackend):
         return m, l, (O * self.v_scale).astype(F32)
 
 
+class SplitEmptyPartNaN(AddressedKernelBackend):
+    bug = ("split-KV: a part that sees no key (all outside the window) leaves its partial O / l = 0 / 0, "
+           "and the merge weighs it by 0: 0 * NaN = NaN")
+    models = "split-KV partials of empty splits (sliding window, causal) poisoning the merge"
+
+    def merge(self, states):
+        if len(states) == 1:
+            return states[0]
+        m = np.max([s[0] for s in states], axis=0)
+        shift = np.where(np.isneginf(m), F32(0), m)
+        l, O = np.zeros_like(states[0][1]), np.zeros_like(states[0][2])
+        for m_i, l_i, O_i in states:
+            weight = np.exp(m_i - shift) * l_i
+            with np.errstate(invalid="ignore", divide="ignore"):
+                partial = O_i / l_i[..., None]  # the part's normalised output, as a kernel writes it
+            l = l + weight
+            O = O + weight[..., None] * partial
+        return m.astype(F32), l.astype(F32), O.astype(F32)
+
+
 class SplitDropsLastPart(AddressedKernelBackend):
     bug = "split-KV cuts L // part_len parts: the keys after the last whole part are not read"
     models = "split-KV partition rounding down (partial last split dropped)"
