@@ -101,6 +101,8 @@ LONG_FP8_K_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0)
 LONG_FP8_V_SCALES: tuple[float, ...] = (4.0, 0.25)
 #: Shortest sliding window of the long cells with a window (a few blocks and tiles).
 LONG_WINDOW_MIN = 100
+#: The long cells' ALiBi slopes are those of a model with at least this many heads (its first).
+LONG_ALIBI_HEADS = 8
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -176,9 +178,10 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     ``fp8``, the caches are one of the backend's fp8 dtypes, with a ``v_scale`` other than 1
     (:data:`LONG_FP8_V_SCALES`: a split plan must apply it once, not per part and again).
     With ``window``, a sliding window of at most a quarter of the shortest sequence
-    (:data:`LONG_WINDOW_MIN` keys and up), with softcap and ALiBi where the backend has them:
-    most of each range is outside every row's window, so a plan that splits the whole range
-    has parts that see no key, which its merge must weigh as nothing.
+    (:data:`LONG_WINDOW_MIN` keys and up), with ALiBi where the backend has it and sometimes
+    softcap: most of each range is outside every row's window, so a plan that splits the whole
+    range has parts that see no key, which its merge must weigh as nothing; and ALiBi takes
+    positions in the thousands, which bfloat16 (256) and float16 (2,048) do not hold exactly.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -214,8 +217,10 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
                                          label="sliding_window")
         if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
             options["softcap"] = 30.0
-        if caps.supports("alibi") and draw(st.booleans(), label="alibi"):
-            options["alibi_slopes"] = alibi_slopes(num_q_heads)
+        if caps.supports("alibi"):  # positions in the thousands: beyond 16-bit integers
+            # the steepest slopes (an 8-head model's first heads, from 1/2): a few keys' error in a
+            # distance moves a score by whole units
+            options["alibi_slopes"] = alibi_slopes(max(num_q_heads, LONG_ALIBI_HEADS))[:num_q_heads]
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     options.update(scales)
     k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)

@@ -173,6 +173,24 @@ class SplitEmptyPartNaN(AddressedKernelBackend):
         return m.astype(F32), l.astype(F32), O.astype(F32)
 
 
+class AlibiDistanceInQueryDtype(AddressedKernelBackend):
+    bug = ("ALiBi's distance p - p_q is computed in the query's dtype: bfloat16 holds integers exactly "
+           "only to 256, float16 to 2,048, so far keys get the wrong bias")
+    models = "ALiBi bias from positions held in half precision at long context"
+
+    def transform(self, s_ij, p, p_q, visible, problem):
+        if problem.alibi_slopes is None or problem.dtype == "float32":
+            return super().transform(s_ij, p, p_q, visible, problem)
+        from pagedattn.spec.dtypes import numpy_dtype
+
+        if problem.softcap is not None:
+            cap = F32(problem.softcap)
+            s_ij = cap * np.tanh(s_ij / cap)
+        half = numpy_dtype(problem.dtype)
+        distance = (p[None, :].astype(half) - p_q[:, None].astype(half)).astype(F32)
+        return (s_ij + problem.alibi_slopes[None, :, None] * distance[:, None, :]).astype(F32)
+
+
 class SplitDropsLastPart(AddressedKernelBackend):
     bug = "split-KV cuts L // part_len parts: the keys after the last whole part are not read"
     models = "split-KV partition rounding down (partial last split dropped)"
