@@ -174,7 +174,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
     with ``varlen`` a few queries at the end of each sequence. Lengths are odd multiples of
     the block size plus a remainder, so split plans get a partial last part; heads and
-    head_dim as the backend allows, the product bounded by :data:`SPEC_ELEMENTS`. With
+    head_dim as the backend allows, the product bounded by :data:`SPEC_ELEMENTS`; lse is
+    returned wherever the backend declares it (a split plan merges it as well as out). With
     ``fp8``, the caches are one of the backend's fp8 dtypes, with a ``v_scale`` other than 1
     (:data:`LONG_FP8_V_SCALES`: a split plan must apply it once, not per part and again).
     With ``window``, a sliding window of at most a quarter of the shortest sequence
@@ -210,7 +211,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     value_kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     options: dict[str, Any] = {}
-    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+    if caps.supports("lse"):  # a split plan merges lse too: every long case asks for it
         options["return_lse"] = True
     if window:
         options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, max(LONG_WINDOW_MIN, min(lens) // 4)),

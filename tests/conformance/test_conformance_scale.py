@@ -178,7 +178,7 @@ def test_odd_cases_have_no_power_of_two_sizes():
 
 SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
                  "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets",
-                 "SplitEmptyPartNaN", "AlibiDistanceInQueryDtype")
+                 "SplitEmptyPartNaN", "AlibiDistanceInQueryDtype", "SplitLseOfLargestPart")
 
 
 @pytest.mark.parametrize("name", SCALE_MUTANTS)

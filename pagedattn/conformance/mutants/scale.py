@@ -191,6 +191,27 @@ class AlibiDistanceInQueryDtype(AddressedKernelBackend):
         return (s_ij + problem.alibi_slopes[None, :, None] * distance[:, None, :]).astype(F32)
 
 
+class SplitLseOfLargestPart(AddressedKernelBackend):
+    bug = ("split-KV merge returns out right but lse as the largest part's own (m_max + log l_max), "
+           "not the log-sum-exp over the parts")
+    models = "split-KV / cascade merges that combine out but pass one part's lse through"
+
+    def merge(self, states):
+        self.lse_l = None
+        merged = super().merge(states)
+        if len(states) > 1:
+            largest = int(np.argmax([float(np.max(s[0])) for s in states]))
+            self.lse_l = states[largest][1]
+        return merged
+
+    def finalize(self, m, l, O):
+        out, lse = super().finalize(m, l, O)
+        if getattr(self, "lse_l", None) is None:
+            return out, lse
+        with np.errstate(divide="ignore"):
+            return out, (m + np.log(self.lse_l)).astype(F32)
+
+
 class SplitDropsLastPart(AddressedKernelBackend):
     bug = "split-KV cuts L // part_len parts: the keys after the last whole part are not read"
     models = "split-KV partition rounding down (partial last split dropped)"
