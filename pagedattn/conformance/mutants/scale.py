@@ -196,6 +196,8 @@ class SplitLseOfLargestPart(AddressedKernelBackend):
            "not the log-sum-exp over the parts")
     models = "split-KV / cascade merges that combine out but pass one part's lse through"
 
+    lse_l: np.ndarray | None = None  # the largest part's l, for the lse of a split row
+
     def merge(self, states):
         self.lse_l = None
         merged = super().merge(states)
@@ -206,10 +208,11 @@ class SplitLseOfLargestPart(AddressedKernelBackend):
 
     def finalize(self, m, l, O):
         out, lse = super().finalize(m, l, O)
-        if getattr(self, "lse_l", None) is None:
+        part_l = self.lse_l
+        if part_l is None:
             return out, lse
         with np.errstate(divide="ignore"):
-            return out, (m + np.log(self.lse_l)).astype(F32)
+            return out, (m + np.log(part_l)).astype(F32)
 
 
 class SplitDropsLastPart(AddressedKernelBackend):
