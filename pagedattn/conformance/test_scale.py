@@ -54,34 +54,37 @@ def _run_scale_cell(request: Any, backend: Backend, cases: Callable[..., Any],
     )
 
 
+def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
+                   requires: dict[str, Any] | None = None, fp8: bool = False, window: bool = False) -> None:
+    """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
+    window), checked against the spec."""
+    limits = scale_limits()
+    cases = partial(long_sequence_cases, fp8=fp8, window=window)
+    _run_scale_cell(request, backend, cases, checks.matches_spec, limits, dtype=dtype, feature=feature,
+                    max_examples=limits.long_examples, cell={"max_keys": limits.max_long}, requires=requires)
+
+
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)  # the profile is loaded before collection
 def test_long_sequences_match_spec(request, backend, dtype):
     """A small batch of long sequences (thousands of keys: split-KV plans, long 16-bit rows) within
     the error model of exact attention; inputs untouched."""
-    limits = scale_limits()
-    _run_scale_cell(request, backend, long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
-                    feature="long_sequences", max_examples=limits.long_examples, cell={"max_keys": limits.max_long})
+    _run_long_cell(request, backend, dtype, "long_sequences")
 
 
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
 def test_long_sequences_with_a_window_match_spec(request, backend, dtype):
     """The long-sequence batches under a sliding window of at most a quarter of a sequence (with
-    softcap and ALiBi where declared): split plans whose parts may see no key, within the error
-    model; inputs untouched."""
-    limits = scale_limits()
-    _run_scale_cell(request, backend, partial(long_sequence_cases, window=True), checks.matches_spec, limits,
-                    dtype=dtype, feature="long_sequences_window", max_examples=limits.long_examples,
-                    cell={"max_keys": limits.max_long}, requires={"features": ("sliding_window",)})
+    ALiBi where declared, sometimes softcap): split plans whose parts may see no key, within the
+    error model; inputs untouched."""
+    _run_long_cell(request, backend, dtype, "long_sequences_window", requires={"features": ("sliding_window",)},
+                   window=True)
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
     of the fp8 paths, their partials and merge, within the error model; inputs untouched."""
-    limits = scale_limits()
-    _run_scale_cell(request, backend, partial(long_sequence_cases, fp8=True), checks.matches_spec, limits,
-                    dtype=dtype, feature="long_sequences_fp8", max_examples=limits.long_examples,
-                    cell={"max_keys": limits.max_long}, requires={"features": ("fp8",)})
+    _run_long_cell(request, backend, dtype, "long_sequences_fp8", requires={"features": ("fp8",)}, fp8=True)
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
