@@ -237,7 +237,7 @@ SETS: dict[str, list[Case]] = {
     "prefill": cases(["llama3-8b", "llama3-70b-tp8", "mistral-7b", "gemma2-9b"], ["prefill"], [1, 4],
                      [1024, 4096]),
     "mixed": cases(["llama3-8b", "llama3-70b-tp8", "mistral-7b"], ["mixed"], [16, 64], [2048, 8192]),
-    # The GPU backends' speed targets (issues #4 and #5): GQA 32/8, d = 128, bf16.
+    # The GPU backends' first speed targets: GQA 32/8, d = 128, bf16.
     "targets": [
         *cases(["llama3-8b"], ["decode"], [64], [4096]),
         *cases(["llama3-8b"], ["decode"], [2], [65536]),
