@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pagedattn.backends.cupy.specializations import COMPILE_OPTIONS, Specialization, source
+from pagedattn.backends.torch_streams import current_device_getter, current_stream_getter
 
 
 class KernelLaunchError(RuntimeError):
@@ -113,15 +114,9 @@ _SMEM_ALLOWED: dict[Specialization, int] = {}
 
 
 def _torch_stream(torch: Any) -> tuple[int, int]:
-    """(device index, stream handle) of torch's current stream; torch's internal getters when
-    present (this runs on every launch and ``torch.cuda.current_stream`` costs microseconds)."""
-    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    get_device = getattr(torch._C, "_cuda_getDevice", None)
-    if get_raw is not None and get_device is not None:
-        device = get_device()
-        return device, get_raw(device)
-    stream = torch.cuda.current_stream()
-    return stream.device_index, stream.cuda_stream
+    """(device index, stream handle) of torch's current stream (:mod:`..torch_streams`)."""
+    device = current_device_getter(torch)()
+    return device, current_stream_getter(torch)(device)
 
 
 def current_stream() -> Any:
@@ -162,12 +157,7 @@ def stream_handle(device: int) -> int:
         return _torch_raw_stream(device)
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-        def current_stream_handle(device: int) -> int:
-            return int(torch.cuda.current_stream(device).cuda_stream)
-
-        _torch_raw_stream = get_raw or current_stream_handle
+        _torch_raw_stream = current_stream_getter(torch)
         return int(_torch_raw_stream(device))
     import cupy
 

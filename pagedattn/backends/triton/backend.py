@@ -20,6 +20,7 @@ import numpy as np
 from pagedattn.backends.bitviews import as_tensor, numpy_to_torch, torch_to_numpy
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.interface import Backend, Plan
+from pagedattn.backends.torch_streams import current_device_getter, current_stream_getter
 from pagedattn.backends.triton.launch_config import (
     MAX_HEAD_DIM,
     DecodeTiles,
@@ -128,22 +129,6 @@ def _attention_kernels() -> tuple[Any, Any]:
     from pagedattn.backends.triton.attention_kernels import merge_splits_kernel, paged_attention_kernel
 
     return paged_attention_kernel, merge_splits_kernel
-
-
-def _stream_getters(torch: Any) -> tuple[Callable[[], int], Callable[[int], int]]:
-    """torch's getters of the current CUDA device's index and of a device's current stream
-    handle (where CUDA graphs capture): its internal ones where present, which cost a fraction
-    of ``torch.cuda.current_stream`` (every run asks)."""
-    get_device = getattr(torch._C, "_cuda_getDevice", None)
-    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-    def current_device() -> int:
-        return int(torch.cuda.current_device())
-
-    def current_stream(device_index: int) -> int:
-        return int(torch.cuda.current_stream(device_index).cuda_stream)
-
-    return get_device or current_device, get_raw or current_stream
 
 
 def _work_list(problem: AttentionProblem, tiles: Tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -330,11 +315,10 @@ class TritonBackend(Backend):
         pointers = (tuple(x.data_ptr() for x in (part_out, part_lse)), tuple(x.data_ptr() for x in tables))
         import torch
 
-        current_device, current_stream = _stream_getters(torch)
         return replace(state, plan_pointers=pointers, tensor_type=torch.Tensor,
                        new_output=functools.partial(torch.empty_like, memory_format=torch.contiguous_format),
                        lse_shape=(T, Hq), lse_dtype=torch.float32, unused_pointer=unused.data_ptr(),
-                       current_device=current_device, current_stream=current_stream)
+                       current_device=current_device_getter(torch), current_stream=current_stream_getter(torch))
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
         """Allocate out (and lse) and launch on torch's current stream; everything else was
