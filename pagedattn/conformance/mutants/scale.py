@@ -10,6 +10,7 @@ small batch into parts of :data:`PART_KEYS` keys whose states it merges (:meth:`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -183,12 +184,10 @@ class AlibiDistanceInQueryDtype(AddressedKernelBackend):
             return super().transform(s_ij, p, p_q, visible, problem)
         from pagedattn.spec.dtypes import numpy_dtype
 
-        if problem.softcap is not None:
-            cap = F32(problem.softcap)
-            s_ij = cap * np.tanh(s_ij / cap)
+        capped = super().transform(s_ij, p, p_q, visible, replace(problem, alibi_slopes=None))  # softcap alone
         half = numpy_dtype(problem.dtype)
         distance = (p[None, :].astype(half) - p_q[:, None].astype(half)).astype(F32)
-        return (s_ij + problem.alibi_slopes[None, :, None] * distance[:, None, :]).astype(F32)
+        return (capped + problem.alibi_slopes[None, :, None] * distance[:, None, :]).astype(F32)
 
 
 class SplitLseOfLargestPart(AddressedKernelBackend):
