@@ -12,6 +12,10 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   of more than 2**31 elements whose blocks in use lie past the 2**31st element, where 32-bit
   offset arithmetic overflows. The caches are lazy (:func:`~pagedattn.spec.pools.lazy_cache`):
   only the blocks a case fills cost memory, and every other block is zero;
+- :func:`wide_group_cases`: GQA ratios from 12 to 128 (:data:`WIDE_GROUPS`), past one row
+  tile of a KV head's query heads, where kernels cut a group into tiles;
+- :func:`large_batch_cases`: more than :data:`LARGE_BATCH_PAIRS` (sequence, KV head) pairs of
+  short sequences, more work than one wave of CTAs on the GPU;
 - :func:`odd_size_cases`: head counts, GQA ratios, head_dim, block_size, num_blocks,
   lengths and batch sizes that are not powers of two, wherever the backend allows them.
 
@@ -43,20 +47,24 @@ from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
 
 __all__ = [
+    "LARGE_BATCH_PAIRS",
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
     "LONG_VALUE_KINDS",
     "LONG_WINDOW_MIN",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
+    "WIDE_GROUPS",
     "ScaleLimits",
     "far_copy_blocks_cases",
     "far_pool_cases",
     "far_write_kv_cases",
+    "large_batch_cases",
     "long_sequence_cases",
     "odd_size_cases",
     "scale_block_sizes",
     "scale_limits",
+    "wide_group_cases",
 ]
 
 
@@ -73,15 +81,17 @@ class ScaleLimits(NamedTuple):
     odd_max_len: int  # longest sequence of the odd-size cells
     long_dtypes: tuple[str, ...] = QUERY_DTYPES  # dtypes of the long-sequence cells
     max_batch_keys: int = 2**18  # keys x KV heads of a long batch, summed over its sequences
+    wide_examples: int = 2  # examples per wide-group cell
+    batch_examples: int = 1  # examples per large-batch cell
 
 
 #: One row per hypothesis profile; ``large`` is applied over it with ``PAGEDATTN_SIZE=large``.
 SCALE_LIMITS: dict[str, ScaleLimits] = {
     # quick: long cells in the 16-bit dtypes only (where accumulation error shows; float32 from ci on)
-    "quick": ScaleLimits(4096, 8192, 2, INT32_OFFSET_LIMIT, 1, 1, 2, 400, ("float16", "bfloat16"), 16_384),
-    "ci": ScaleLimits(4096, 16_384, 4, INT32_OFFSET_LIMIT, 2, 2, 3, 800, QUERY_DTYPES, 24_576),
-    "thorough": ScaleLimits(4096, 65_536, 4, INT32_OFFSET_LIMIT, 10, 4, 20, 4000, QUERY_DTYPES, 2**18),
-    "large": ScaleLimits(4096, 65_536, 4, 2**32, 3, 2, 4, 4000, QUERY_DTYPES, 2**18),
+    "quick": ScaleLimits(4096, 8192, 2, INT32_OFFSET_LIMIT, 1, 1, 2, 400, ("float16", "bfloat16"), 16_384, 2, 1),
+    "ci": ScaleLimits(4096, 16_384, 4, INT32_OFFSET_LIMIT, 2, 2, 3, 800, QUERY_DTYPES, 24_576, 3, 1),
+    "thorough": ScaleLimits(4096, 65_536, 4, INT32_OFFSET_LIMIT, 10, 4, 20, 4000, QUERY_DTYPES, 2**18, 20, 4),
+    "large": ScaleLimits(4096, 65_536, 4, 2**32, 3, 2, 4, 4000, QUERY_DTYPES, 2**18, 4, 2),
 }
 #: Bound on ``queries x q_heads x keys x head_dim`` of a long sequence: the spec's float64
 #: gather for one sequence holds that many values (2**23: 64 MiB).
@@ -103,6 +113,15 @@ LONG_FP8_V_SCALES: tuple[float, ...] = (4.0, 0.25)
 LONG_WINDOW_MIN = 100
 #: The long cells' ALiBi slopes are those of a model with at least this many heads (its first).
 LONG_ALIBI_HEADS = 8
+#: GQA ratios of the wide-group cells, all past the other cells' 8: across the row tiles that
+#: kernels fill with one KV head's query heads (16 rows: one MMA tile; 64 and 128: prefill
+#: tiles), powers of two and not; the shrink target is 71 (an MQA model's 71 heads), past both.
+WIDE_GROUPS: tuple[int, ...] = (71, 16, 12, 17, 24, 32, 48, 64, 65, 96, 128)
+#: (sequence, KV head) pairs of a large batch, at least: more than 132 SMs hold at 8 CTAs each,
+#: so a kernel's work runs in more than one wave (a persistent kernel loops over its list).
+LARGE_BATCH_PAIRS = 1100
+#: Keys of a sequence in a large batch, at most (many short sequences: the engine's decode batch).
+LARGE_BATCH_MAX_LEN = 80
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -445,4 +464,101 @@ def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     labels = {"feature": "odd_sizes", "garbage": garbage, "arrangement": pool.arrangement,
               "heads": f"{num_kv_heads * group}/{num_kv_heads}"}
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, {},
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- wide groups: more query heads per KV head than one row tile ------------------------------
+
+@st.composite
+def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                     limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for attention with 12 to 128 query heads per KV head (:data:`WIDE_GROUPS`).
+
+    1 or 2 KV heads; decode, or a few queries per sequence; 1 to 3 sequences of up to
+    ``limits.odd_max_len`` keys (their product with the heads bounded by :data:`SPEC_ELEMENTS`);
+    the smallest declared head_dim or another; lse, ALiBi (one slope per query head) and
+    softcap where declared, each sometimes. A kernel that holds a group in one tile of rows
+    must cut wider groups into tiles and give each query head its own row.
+    """
+    limits = limits or scale_limits()
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
+    group = draw(st.sampled_from(WIDE_GROUPS), label="gqa_ratio")
+    num_q_heads = num_kv_heads * group
+    smallest = min(caps.head_dims or (16,))
+    dims = head_dims(caps).filter(lambda d: num_q_heads * d * 64 <= SPEC_ELEMENTS)
+    head_dim = draw(st.one_of(st.just(smallest), dims), label="head_dim")
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    q_len = 1 if decode else draw(st.integers(1, 5), label="q_len")
+    top = max(block_size + 1, min(limits.odd_max_len, SPEC_ELEMENTS // (num_q_heads * head_dim * q_len)))
+    num_seqs = draw(st.integers(1, 3), label="num_seqs")
+    edges = st.sampled_from((block_size + 1, 1, block_size, top))
+    lens = [max(q_len, draw(st.one_of(edges, st.integers(1, top)), label=f"seq_lens[{s}]"))
+            for s in range(num_seqs)]
+    pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    if caps.supports("alibi") and draw(st.booleans(), label="alibi"):  # a slope per query head, not per group
+        options["alibi_slopes"] = alibi_slopes(num_q_heads)
+    if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
+        options["softcap"] = 30.0
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+    caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
+                         np.array(lens), logical, garbage, dtype, 1.0, 1.0)
+    q_lens = None if decode else [q_len] * num_seqs
+    query = rng.standard_normal((num_seqs * q_len, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "wide_groups", "garbage": garbage, "arrangement": pool.arrangement,
+              "heads": f"{num_q_heads}/{num_kv_heads}", "queries": "decode" if decode else f"last {q_len}"}
+    return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- large batches: more work than one wave ------------------------------------------------------
+
+@st.composite
+def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                      limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for a batch of more than :data:`LARGE_BATCH_PAIRS` (sequence, KV head) pairs.
+
+    1, 2 or 4 KV heads with GQA 1, 4 or 8; short sequences (1 to :data:`LARGE_BATCH_MAX_LEN`
+    keys, block edges among them) in an interleaved or shuffled pool; decode, or a mixed batch
+    where some sequences take a few queries. A kernel whose grid, or persistent work list,
+    covers one wave of CTAs must still reach the last pair.
+    """
+    del limits  # one size for every profile: the threshold is the GPU's, not the profile's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((1, 2, 4)), label="num_kv_heads")
+    group = draw(st.sampled_from((1, 4, 8)), label="gqa_ratio")
+    head_dim = min(caps.head_dims or (16,))
+    num_seqs = -(-LARGE_BATCH_PAIRS // num_kv_heads) + draw(st.integers(0, 64), label="extra_seqs")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    edges = np.array([1, block_size - 1, block_size, block_size + 1, LARGE_BATCH_MAX_LEN])
+    lens = np.where(rng.random(num_seqs) < 0.25, rng.choice(edges, num_seqs),
+                    rng.integers(1, LARGE_BATCH_MAX_LEN + 1, num_seqs)).astype(int)
+    lens[-1] = draw(st.sampled_from(tuple(edges)), label="last_seq_len")  # the last pair: past every wave
+    mixed = caps.supports("varlen") and draw(st.booleans(), label="mixed")
+    q_lens = None
+    if mixed:  # a quarter of the sequences take up to 4 queries (chunked prefill beside decode)
+        q_lens = np.where(rng.random(num_seqs) < 0.25, np.minimum(lens, rng.integers(1, 5, num_seqs)), 1).tolist()
+    pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens.tolist(), num_kv_heads, head_dim)
+    caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables, lens,
+                         logical, garbage, dtype, 1.0, 1.0)
+    num_tokens = num_seqs if q_lens is None else sum(q_lens)
+    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "large_batch", "garbage": garbage, "arrangement": pool.arrangement,
+              "heads": f"{num_kv_heads * group}/{num_kv_heads}", "sequences": str(num_seqs),
+              "queries": "mixed" if mixed else "decode"}
+    return _case(query, caches, pool.block_tables, lens.tolist(), q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)

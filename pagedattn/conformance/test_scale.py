@@ -23,9 +23,11 @@ from pagedattn.conformance.scale import (
     far_copy_blocks_cases,
     far_pool_cases,
     far_write_kv_cases,
+    large_batch_cases,
     long_sequence_cases,
     odd_size_cases,
     scale_limits,
+    wide_group_cases,
 )
 from pagedattn.spec.dtypes import QUERY_DTYPES
 
@@ -138,3 +140,26 @@ def test_far_pool_operation(request, backend, operation):
     _run_scale_cell(request, backend, cases, check, limits, dtype="float16", feature=f"far_{operation}",
                     max_examples=limits.far_examples,
                     requires={"features": FAR_OPERATION_FEATURES[operation], "pool_elements": limits.pool_elements})
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_wide_groups_match_spec(request, backend, dtype):
+    """12 to 128 query heads per KV head (wider than one tile of rows; 71 and others no power of
+    two), decode and a few queries, within the error model; inputs untouched."""
+    limits = scale_limits()
+    _run_scale_cell(request, backend, wide_group_cases, checks.matches_spec, limits, dtype=dtype,
+                    feature="wide_groups", max_examples=limits.wide_examples)
+
+
+#: The dtype of the large-batch cells: how work is spread over CTAs does not depend on it, and a
+#: batch this large costs the Triton interpreter a minute.
+LARGE_BATCH_DTYPES = ("bfloat16",)
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_large_batches_match_spec(request, backend, dtype):
+    """More than 1,100 (sequence, KV head) pairs of short sequences (more than one wave of CTAs on
+    the GPU), decode or mixed, within the error model; inputs untouched."""
+    limits = scale_limits()
+    _run_scale_cell(request, backend, large_batch_cases, checks.matches_spec, limits, dtype=dtype,
+                    feature="large_batch", max_examples=limits.batch_examples)

@@ -174,11 +174,44 @@ def test_odd_cases_have_no_power_of_two_sizes():
         assert all(odd(int(n)) or n == 1 for n in problem.seq_lens)
 
 
+# -- wide groups and large batches ------------------------------------------------------------
+
+def test_wide_group_cases_cut_a_group_into_several_tiles_of_triton_and_cupy():
+    from pagedattn.backends.cupy.planning import build_work
+
+    cases = drawn(scale.wide_group_cases(DECLARED, dtype="bfloat16", limits=scale.scale_limits("quick")), 6)
+    assert all(checks.problem_of(case).group_size >= 12 for case in cases)
+    assert len({checks.problem_of(case).group_size for case in cases}) > 1
+    problem = checks.problem_of(cases[0])  # the shrink target: past a 16-row and a 64-row tile
+    assert problem.group_size > 64 and problem.group_size & (problem.group_size - 1)
+    tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                         problem.block_size)
+    assert tiles.num_group_tiles > 1
+    work = build_work(problem)
+    assert len(set(work.items[:, 4].tolist())) > 1  # cupy's items start at more than one query head of a group
+
+
+def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
+    from pagedattn.backends.cupy.planning import build_work
+
+    for case in drawn(scale.large_batch_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 3):
+        problem = checks.problem_of(case)
+        assert problem.num_seqs * problem.num_kv_heads >= scale.LARGE_BATCH_PAIRS
+        assert int(problem.seq_lens.max()) <= scale.LARGE_BATCH_MAX_LEN
+        tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                             problem.block_size)
+        work_seq, _, _ = _work_list(problem, tiles)
+        programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+        assert programs > tiles.resident * H200_SMS
+        assert build_work(problem, slots=H200_CUPY_DECODE_SLOTS).items.shape[0] > 4 * H200_CUPY_DECODE_SLOTS
+
+
 # -- the scale mutants -------------------------------------------------------------------------
 
 SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
                  "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets",
-                 "SplitEmptyPartNaN", "AlibiDistanceInQueryDtype", "SplitLseOfLargestPart")
+                 "SplitEmptyPartNaN", "AlibiDistanceInQueryDtype", "SplitLseOfLargestPart", "DecodeGroupWrapsTile",
+                 "GroupTailTilesUnwritten", "WorkListOneWave")
 
 
 @pytest.mark.parametrize("name", SCALE_MUTANTS)
@@ -187,5 +220,6 @@ def test_quick_profile_kills_scale_mutant_in_a_scale_cell(name):
     result = run_mutant(name, profile="quick", isolated=True)
     assert result.killed, f"{name} survived quick ({MUTANTS[name].bug})"
     cells = ("test_long_sequences_match_spec", "test_long_sequences_with_fp8_caches_match_spec",
-             "test_long_sequences_with_a_window_match_spec", "test_odd_sizes_match_spec", "test_far_pool_")
+             "test_long_sequences_with_a_window_match_spec", "test_odd_sizes_match_spec", "test_far_pool_",
+             "test_wide_groups_match_spec", "test_large_batches_match_spec")
     assert any(cell in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}, not a scale cell"

@@ -1,5 +1,6 @@
 """Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
-sequences, index arithmetic that holds only for power-of-two sizes.
+sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
+rows, batches larger than one wave of CTAs.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -236,3 +237,59 @@ class PowerOfTwoBlockMath(AddressedKernelBackend):
     def locate(self, p, block_size):
         shift = int(block_size).bit_length() - 1
         return p >> shift, p & (block_size - 1)
+
+
+# -- groups wider than a tile, batches larger than a wave ---------------------------------------
+
+#: Rows of a decode MMA tile (query heads of one KV head it holds).
+DECODE_TILE_ROWS = 16
+#: Rows of a prefill tile.
+PREFILL_TILE_ROWS = 64
+#: CTAs of a persistent kernel: 132 SMs (an H100/H200) x 8 resident.
+PERSISTENT_CTAS = 132 * 8
+
+
+class DecodeGroupWrapsTile(SteppedKernelBackend):
+    bug = ("decode holds a KV head's query heads in one 16-row MMA tile: past 16 heads, head g reads the query "
+           "row of head g % 16")
+    models = "GQA decode kernels that assume a group fits one MMA tile (group sizes past 16 computed wrong)"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        problem = plan.problem
+        if problem.is_decode and problem.group_size > DECODE_TILE_ROWS:
+            g = np.arange(problem.num_q_heads) % problem.group_size
+            query = np.asarray(query)[:, np.arange(problem.num_q_heads) - g + g % DECODE_TILE_ROWS]
+        return super()._run(plan, query, key_cache, value_cache)
+
+
+class GroupTailTilesUnwritten(SteppedKernelBackend):
+    bug = ("a KV head's query heads are cut into 64-row tiles but the grid has one program per KV head: "
+           "heads past the 64th of each group are never written")
+    models = "grids sized for one head tile per KV head: query heads past the first tile left unwritten (MQA)"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        problem = plan.problem
+        tail = np.arange(problem.num_q_heads) % problem.group_size >= PREFILL_TILE_ROWS
+        out[:, tail] = 0
+        if lse is not None:
+            lse[:, tail] = -np.inf
+        return out, lse
+
+
+class WorkListOneWave(SteppedKernelBackend):
+    bug = ("a persistent kernel launches 132 x 8 CTAs over its (sequence, KV head) work list and walks it once: "
+           "pairs past the 1,056th are never computed")
+    models = "persistent-kernel work loops that stop after the first wave (large decode batches lose sequences)"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        problem = plan.problem
+        G, Hkv = problem.group_size, problem.num_kv_heads
+        for item in range(PERSISTENT_CTAS, problem.num_seqs * Hkv):
+            s, h = divmod(item, Hkv)
+            rows = slice(int(problem.query_start_loc[s]), int(problem.query_start_loc[s + 1]))
+            out[rows, h * G:(h + 1) * G] = 0
+            if lse is not None:
+                lse[rows, h * G:(h + 1) * G] = -np.inf
+        return out, lse
