@@ -17,6 +17,7 @@ from hypothesis import Phase
 
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance import checks
+from pagedattn.conformance.device_memory import release_cached_device_memory
 from pagedattn.conformance.runner import run_property
 from pagedattn.conformance.scale import (
     ScaleLimits,
@@ -47,13 +48,17 @@ def _run_scale_cell(request: Any, backend: Backend, cases: Callable[..., Any],
                     max_examples: int, cell: dict[str, Any] | None = None,
                     requires: dict[str, Any] | None = None) -> None:
     """Run ``check`` on ``cases`` of ``dtype`` drawn within ``limits``, stopping at the first failure;
-    ``cell`` and ``requires`` add to the cell's record and to what it requires beyond ``dtype``."""
-    run_property(
-        request, backend, lambda: cases(backend.capabilities(), dtype=dtype, limits=limits), check,
-        cell={"feature": feature, "dtype": dtype, "block_size": "-", "kv_layout": "-", **(cell or {})},
-        requires={"dtype": dtype, **(requires or {})}, max_examples=max_examples,
-        settings_overrides=FIRST_FAILURE,
-    )
+    ``cell`` and ``requires`` add to the cell's record and to what it requires beyond ``dtype``.
+    The device memory the cell's large arrays leave cached goes back to the driver at the end."""
+    try:
+        run_property(
+            request, backend, lambda: cases(backend.capabilities(), dtype=dtype, limits=limits), check,
+            cell={"feature": feature, "dtype": dtype, "block_size": "-", "kv_layout": "-", **(cell or {})},
+            requires={"dtype": dtype, **(requires or {})}, max_examples=max_examples,
+            settings_overrides=FIRST_FAILURE,
+        )
+    finally:
+        release_cached_device_memory()
 
 
 def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
