@@ -16,6 +16,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   tile of a KV head's query heads, where kernels cut a group into tiles;
 - :func:`large_batch_cases`: more than :data:`LARGE_BATCH_PAIRS` (sequence, KV head) pairs of
   short sequences, more work than one wave of CTAs on the GPU;
+- :func:`many_token_cases`: more than 65,535 query tokens in one call, past a CUDA grid's y
+  and z limit;
 - :func:`odd_size_cases`: head counts, GQA ratios, head_dim, block_size, num_blocks,
   lengths and batch sizes that are not powers of two, wherever the backend allows them.
 
@@ -52,6 +54,7 @@ __all__ = [
     "LONG_FP8_V_SCALES",
     "LONG_VALUE_KINDS",
     "LONG_WINDOW_MIN",
+    "MANY_TOKENS",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
     "WIDE_GROUPS",
@@ -61,6 +64,7 @@ __all__ = [
     "far_write_kv_cases",
     "large_batch_cases",
     "long_sequence_cases",
+    "many_token_cases",
     "odd_size_cases",
     "scale_block_sizes",
     "scale_limits",
@@ -122,6 +126,9 @@ WIDE_GROUPS: tuple[int, ...] = (71, 16, 12, 17, 24, 32, 48, 64, 65, 96, 128)
 LARGE_BATCH_PAIRS = 1100
 #: Keys of a sequence in a large batch, at most (many short sequences: the engine's decode batch).
 LARGE_BATCH_MAX_LEN = 80
+#: Query tokens of a many-token batch, at least: past 65,535, the most blocks a CUDA grid's y or
+#: z axis takes.
+MANY_TOKENS = 65_536
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -562,3 +569,48 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
               "queries": "mixed" if mixed else "decode"}
     return _case(query, caches, pool.block_tables, lens.tolist(), q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- many query tokens: past a grid's y and z limit ------------------------------------------------
+
+@st.composite
+def many_token_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                     limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for a batch of more than :data:`MANY_TOKENS` query tokens.
+
+    With ``varlen``: about 4,100 short sequences of 12 to 20 queries each over 0 to 16 keys of
+    context (a prefill batch the size of a scheduler's token budget); a decode-only backend
+    gets as many one-query sequences. One KV head, GQA 1 or 2, the smallest head_dim. A
+    kernel that puts query tokens on a grid's y or z axis (at most 65,535) fails its launch
+    here, often without an exception, and writes nothing.
+    """
+    del limits  # one size for every profile: the limit is the GPU's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 2)), label="gqa_ratio")
+    head_dim = min(caps.head_dims or (16,))
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    decode = not caps.supports("varlen")
+    if decode:
+        q_lens = np.ones(MANY_TOKENS + draw(st.integers(1, 64), label="extra_tokens"), dtype=int)
+        lens = rng.integers(1, 9, q_lens.size)
+    else:
+        q_lens = rng.integers(12, 21, MANY_TOKENS // 12)
+        q_lens = q_lens[:int(np.searchsorted(np.cumsum(q_lens), MANY_TOKENS)) + 1]  # just past MANY_TOKENS
+        q_lens[-1] += draw(st.integers(0, 4), label="extra_tokens")
+        lens = q_lens + rng.integers(0, 17, q_lens.size)
+    pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens.tolist(), 1, head_dim)
+    caches = fill_caches(rng, (pool.num_blocks, block_size, 1, head_dim), pool.block_tables, lens, logical,
+                         garbage, dtype, 1.0, 1.0)
+    query = rng.standard_normal((int(q_lens.sum()), group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "many_tokens", "garbage": garbage, "arrangement": pool.arrangement,
+              "tokens": str(int(q_lens.sum())), "sequences": str(lens.size),
+              "queries": "decode" if decode else "prefill"}
+    return _case(query, caches, pool.block_tables, lens.tolist(), None if decode else q_lens.tolist(), kv_layout,
+                 options, draw(_SEEDS, label="variant_seed"), labels)

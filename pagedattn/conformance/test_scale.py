@@ -26,6 +26,7 @@ from pagedattn.conformance.scale import (
     far_write_kv_cases,
     large_batch_cases,
     long_sequence_cases,
+    many_token_cases,
     odd_size_cases,
     scale_limits,
     wide_group_cases,
@@ -156,8 +157,8 @@ def test_wide_groups_match_spec(request, backend, dtype):
                     feature="wide_groups", max_examples=limits.wide_examples)
 
 
-#: The dtype of the large-batch cells: how work is spread over CTAs does not depend on it, and a
-#: batch this large costs the Triton interpreter a minute.
+#: The dtype of the large-batch and many-token cells: how work is spread over CTAs does not depend
+#: on it, and a batch this large costs the Triton interpreter a minute.
 LARGE_BATCH_DTYPES = ("bfloat16",)
 
 
@@ -168,3 +169,12 @@ def test_large_batches_match_spec(request, backend, dtype):
     limits = scale_limits()
     _run_scale_cell(request, backend, large_batch_cases, checks.matches_spec, limits, dtype=dtype,
                     feature="large_batch", max_examples=limits.batch_examples)
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_many_tokens_match_spec(request, backend, dtype):
+    """More than 65,535 query tokens in one call (about 4,100 short prefills; past a CUDA grid's y
+    and z limit), within the error model; inputs untouched."""
+    limits = scale_limits()
+    _run_scale_cell(request, backend, many_token_cases, checks.matches_spec, limits, dtype=dtype,
+                    feature="many_tokens", max_examples=limits.batch_examples)

@@ -206,12 +206,24 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
         assert build_work(problem, slots=H200_CUPY_DECODE_SLOTS).items.shape[0] > 4 * H200_CUPY_DECODE_SLOTS
 
 
+def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
+    from pagedattn.conformance.mutants.scale import GRID_YZ_LIMIT
+
+    for caps in (ANY, Capabilities(features=frozenset({"lse"}))):  # varlen, and decode only
+        (case,) = drawn(scale.many_token_cases(caps, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
+        problem = checks.problem_of(case)
+        assert problem.num_tokens > GRID_YZ_LIMIT
+        assert problem.is_decode != caps.supports("varlen")
+        if caps.supports("varlen"):  # short prefills: far fewer sequences than tokens
+            assert problem.num_seqs < problem.num_tokens // 10
+
+
 # -- the scale mutants -------------------------------------------------------------------------
 
 SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
                  "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets",
                  "SplitEmptyPartNaN", "AlibiDistanceInQueryDtype", "SplitLseOfLargestPart", "DecodeGroupWrapsTile",
-                 "GroupTailTilesUnwritten", "WorkListOneWave")
+                 "GroupTailTilesUnwritten", "WorkListOneWave", "QueryTokensOnGridZ")
 
 
 @pytest.mark.parametrize("name", SCALE_MUTANTS)
@@ -221,5 +233,5 @@ def test_quick_profile_kills_scale_mutant_in_a_scale_cell(name):
     assert result.killed, f"{name} survived quick ({MUTANTS[name].bug})"
     cells = ("test_long_sequences_match_spec", "test_long_sequences_with_fp8_caches_match_spec",
              "test_long_sequences_with_a_window_match_spec", "test_odd_sizes_match_spec", "test_far_pool_",
-             "test_wide_groups_match_spec", "test_large_batches_match_spec")
+             "test_wide_groups_match_spec", "test_large_batches_match_spec", "test_many_tokens_match_spec")
     assert any(cell in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}, not a scale cell"

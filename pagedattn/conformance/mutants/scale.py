@@ -1,6 +1,6 @@
 """Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
 sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
-rows, batches larger than one wave of CTAs.
+rows, batches larger than one wave of CTAs, more query tokens than a grid's y or z axis takes.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -292,4 +292,23 @@ class WorkListOneWave(SteppedKernelBackend):
             out[rows, h * G:(h + 1) * G] = 0
             if lse is not None:
                 lse[rows, h * G:(h + 1) * G] = -np.inf
+        return out, lse
+
+
+#: The most blocks a CUDA grid's y or z axis takes.
+GRID_YZ_LIMIT = 65_535
+
+
+class QueryTokensOnGridZ(SteppedKernelBackend):
+    bug = ("one CTA per query token on the grid's z axis: past 65,535 tokens the launch fails without an "
+           "exception and no row is written")
+    models = ("flashinfer-ai/flashinfer issue 3125 (tokens on gridDim.z: wrong results past 65,535, no error); "
+              "SandAI-org/MagiAttention PR 40; deepspeedai/DeepSpeed PR 1239")
+
+    def _run(self, plan, query, key_cache, value_cache):
+        problem = plan.problem
+        if problem.num_tokens <= GRID_YZ_LIMIT:
+            return super()._run(plan, query, key_cache, value_cache)
+        out = np.zeros((problem.num_tokens, problem.num_q_heads, problem.head_dim), dtype=np.asarray(query).dtype)
+        lse = np.full((problem.num_tokens, problem.num_q_heads), -np.inf, dtype=F32) if problem.return_lse else None
         return out, lse
