@@ -262,53 +262,56 @@ class DecodeGroupWrapsTile(SteppedKernelBackend):
         return super()._run(plan, query, key_cache, value_cache)
 
 
-class GroupTailTilesUnwritten(SteppedKernelBackend):
+class UnwrittenOutputKernel(SteppedKernelBackend):
+    """The stepped kernel leaving some (token, query head) rows of out and lse as allocated (zero, and
+    -inf): the base of the mutants whose launch never reaches part of the output (not registered)."""
+
+    def unwritten(self, problem: AttentionProblem) -> np.ndarray:
+        """bool ``[num_tokens, num_q_heads]``: the rows no CTA writes (none here)."""
+        return np.zeros((problem.num_tokens, problem.num_q_heads), dtype=bool)
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        rows = self.unwritten(plan.problem)
+        out[rows] = 0
+        if lse is not None:
+            lse[rows] = -np.inf
+        return out, lse
+
+
+class GroupTailTilesUnwritten(UnwrittenOutputKernel):
     bug = ("a KV head's query heads are cut into 64-row tiles but the grid has one program per KV head: "
            "heads past the 64th of each group are never written")
     models = "grids sized for one head tile per KV head: query heads past the first tile left unwritten (MQA)"
 
-    def _run(self, plan, query, key_cache, value_cache):
-        out, lse = super()._run(plan, query, key_cache, value_cache)
-        problem = plan.problem
+    def unwritten(self, problem):
         tail = np.arange(problem.num_q_heads) % problem.group_size >= PREFILL_TILE_ROWS
-        out[:, tail] = 0
-        if lse is not None:
-            lse[:, tail] = -np.inf
-        return out, lse
+        return np.broadcast_to(tail, (problem.num_tokens, problem.num_q_heads))
 
 
-class WorkListOneWave(SteppedKernelBackend):
+class WorkListOneWave(UnwrittenOutputKernel):
     bug = ("a persistent kernel launches 132 x 8 CTAs over its (sequence, KV head) work list and walks it once: "
            "pairs past the 1,056th are never computed")
     models = "persistent-kernel work loops that stop after the first wave (large decode batches lose sequences)"
 
-    def _run(self, plan, query, key_cache, value_cache):
-        out, lse = super()._run(plan, query, key_cache, value_cache)
-        problem = plan.problem
+    def unwritten(self, problem):
         G, Hkv = problem.group_size, problem.num_kv_heads
+        rows = super().unwritten(problem)
         for item in range(PERSISTENT_CTAS, problem.num_seqs * Hkv):
             s, h = divmod(item, Hkv)
-            rows = slice(int(problem.query_start_loc[s]), int(problem.query_start_loc[s + 1]))
-            out[rows, h * G:(h + 1) * G] = 0
-            if lse is not None:
-                lse[rows, h * G:(h + 1) * G] = -np.inf
-        return out, lse
+            rows[int(problem.query_start_loc[s]):int(problem.query_start_loc[s + 1]), h * G:(h + 1) * G] = True
+        return rows
 
 
 #: The most blocks a CUDA grid's y or z axis takes.
 GRID_YZ_LIMIT = 65_535
 
 
-class QueryTokensOnGridZ(SteppedKernelBackend):
+class QueryTokensOnGridZ(UnwrittenOutputKernel):
     bug = ("one CTA per query token on the grid's z axis: past 65,535 tokens the launch fails without an "
            "exception and no row is written")
     models = ("flashinfer-ai/flashinfer issue 3125 (tokens on gridDim.z: wrong results past 65,535, no error); "
               "SandAI-org/MagiAttention PR 40; deepspeedai/DeepSpeed PR 1239")
 
-    def _run(self, plan, query, key_cache, value_cache):
-        problem = plan.problem
-        if problem.num_tokens <= GRID_YZ_LIMIT:
-            return super()._run(plan, query, key_cache, value_cache)
-        out = np.zeros((problem.num_tokens, problem.num_q_heads, problem.head_dim), dtype=np.asarray(query).dtype)
-        lse = np.full((problem.num_tokens, problem.num_q_heads), -np.inf, dtype=F32) if problem.return_lse else None
-        return out, lse
+    def unwritten(self, problem):
+        return np.full((problem.num_tokens, problem.num_q_heads), problem.num_tokens > GRID_YZ_LIMIT)
