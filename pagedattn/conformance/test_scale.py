@@ -27,6 +27,7 @@ from pagedattn.conformance.scale import (
     large_batch_cases,
     long_sequence_cases,
     many_token_cases,
+    many_token_write_kv_cases,
     odd_size_cases,
     scale_limits,
     wide_group_cases,
@@ -178,3 +179,12 @@ def test_many_tokens_match_spec(request, backend, dtype):
     limits = scale_limits()
     _run_scale_cell(request, backend, many_token_cases, checks.matches_spec, limits, dtype=dtype,
                     feature="many_tokens", max_examples=limits.batch_examples)
+
+
+def test_write_kv_of_many_tokens(request, backend):
+    """write_kv of more than 65,535 tokens in one call (a long prefill's keys and values): the spec's
+    bits at every slot written, every other slot unchanged."""
+    limits = scale_limits()
+    _run_scale_cell(request, backend, many_token_write_kv_cases, checks.write_kv_matches_spec, limits,
+                    dtype="bfloat16", feature="many_tokens_write_kv", max_examples=limits.batch_examples,
+                    requires={"features": ("write_kv",)})

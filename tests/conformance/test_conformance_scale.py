@@ -216,6 +216,8 @@ def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
         assert problem.is_decode != caps.supports("varlen")
         if caps.supports("varlen"):  # short prefills: far fewer sequences than tokens
             assert problem.num_seqs < problem.num_tokens // 10
+    (write,) = drawn(scale.many_token_write_kv_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
+    assert len(write.slot_mapping) > GRID_YZ_LIMIT and write.slot_mapping[-1] >= 0
 
 
 # -- the scale mutants -------------------------------------------------------------------------
@@ -223,7 +225,8 @@ def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
 SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
                  "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets",
                  "SplitEmptyPartNaN", "AlibiDistanceInQueryDtype", "SplitLseOfLargestPart", "DecodeGroupWrapsTile",
-                 "GroupTailTilesUnwritten", "WorkListOneWave", "QueryTokensOnGridZ")
+                 "GroupTailTilesUnwritten", "WorkListOneWave", "QueryTokensOnGridZ",
+                 "WriteKVTokensOnGridY")
 
 
 @pytest.mark.parametrize("name", SCALE_MUTANTS)
@@ -233,5 +236,6 @@ def test_quick_profile_kills_scale_mutant_in_a_scale_cell(name):
     assert result.killed, f"{name} survived quick ({MUTANTS[name].bug})"
     cells = ("test_long_sequences_match_spec", "test_long_sequences_with_fp8_caches_match_spec",
              "test_long_sequences_with_a_window_match_spec", "test_odd_sizes_match_spec", "test_far_pool_",
-             "test_wide_groups_match_spec", "test_large_batches_match_spec", "test_many_tokens_match_spec")
+             "test_wide_groups_match_spec", "test_large_batches_match_spec", "test_many_tokens_match_spec",
+             "test_write_kv_of_many_tokens")
     assert any(cell in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}, not a scale cell"
