@@ -8,6 +8,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   long sequences is where kernels split the key range, split-KV, and merge the parts; rows
   of 4,096+ visible keys are where 16-bit accumulation error shows), odd lengths so that
   the last part is partial;
+- :func:`long_prefill_cases`: 1 or 2 sequences of hundreds of queries (512 rows and up each),
+  after up to 1,000 keys of context: several query tiles per sequence, causal diagonals;
 - :func:`far_pool_cases`, :func:`far_write_kv_cases`, :func:`far_copy_blocks_cases`: caches
   of more than 2**31 elements whose blocks in use lie past the 2**31st element, where 32-bit
   offset arithmetic overflows. The caches are lazy (:func:`~pagedattn.spec.pools.lazy_cache`):
@@ -52,6 +54,7 @@ __all__ = [
     "LARGE_BATCH_PAIRS",
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
+    "LONG_PREFILL_ROWS",
     "LONG_VALUE_KINDS",
     "LONG_WINDOW_MIN",
     "MANY_TOKENS",
@@ -63,6 +66,7 @@ __all__ = [
     "far_pool_cases",
     "far_write_kv_cases",
     "large_batch_cases",
+    "long_prefill_cases",
     "long_sequence_cases",
     "many_token_cases",
     "many_token_write_kv_cases",
@@ -127,6 +131,13 @@ WIDE_GROUPS: tuple[int, ...] = (71, 16, 12, 17, 24, 32, 48, 64, 65, 96, 128)
 LARGE_BATCH_PAIRS = 1100
 #: Keys of a sequence in a large batch, at most (many short sequences: the engine's decode batch).
 LARGE_BATCH_MAX_LEN = 80
+#: Rows (queries x query heads of a KV head) of each sequence of a long prefill, at least: 4 of
+#: the 128-row tiles of cupy's Hopper prefill kernel, which takes batches of that many rows per
+#: sequence; and queries, at least: several 16- to 64-query tiles.
+LONG_PREFILL_ROWS = 512
+LONG_PREFILL_MIN_QUERIES = 64
+#: Keys of context before a long prefill's queries, at most (0 is drawn first: a whole prompt).
+LONG_PREFILL_MAX_CONTEXT = 1024
 #: Query tokens of a many-token batch, at least: past 65,535, the most blocks a CUDA grid's y or
 #: z axis takes.
 MANY_TOKENS = 65_536
@@ -643,3 +654,54 @@ def many_token_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     value = rng.standard_normal((T, 1, head_dim)).astype(numpy_dtype(dtype))
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
                        slot_mapping=slots.astype(np.int64), kv_layout=kv_layout)
+
+
+# -- long prefills: several query tiles per sequence --------------------------------------------
+
+@st.composite
+def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                       limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for 1 or 2 sequences of many queries each (a prompt's prefill, or a chunk of it).
+
+    Each sequence holds at least :data:`LONG_PREFILL_ROWS` rows (queries x query heads of a KV
+    head) and :data:`LONG_PREFILL_MIN_QUERIES` queries, so kernels run several query tiles per
+    sequence, and cupy takes its Hopper prefill kernel; the queries follow 0 to about 1,000 keys
+    of context (chunked prefill). Causal; lse, a sliding window, ALiBi and softcap each
+    sometimes; the smallest declared head_dim of at most 128, or another.
+    """
+    limits = limits or scale_limits()
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
+    group = draw(st.sampled_from((4, 1, 8)), label="gqa_ratio")
+    num_q_heads = num_kv_heads * group
+    declared = tuple(d for d in (caps.head_dims or (16, 64, 128)) if d <= 128) or (min(caps.head_dims or (16,)),)
+    head_dim = draw(st.sampled_from(tuple(sorted(declared))), label="head_dim")
+    fewest = max(LONG_PREFILL_MIN_QUERIES, -(-LONG_PREFILL_ROWS // group))
+    num_seqs = draw(st.integers(1, 2), label="num_seqs")
+    q_lens = [draw(st.integers(fewest, fewest + 200), label=f"q_len[{s}]") for s in range(num_seqs)]
+    contexts = [draw(st.one_of(st.just(0), st.integers(1, LONG_PREFILL_MAX_CONTEXT)), label=f"context[{s}]")
+                for s in range(num_seqs)]
+    lens = [q + c for q, c in zip(q_lens, contexts, strict=True)]
+    pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
+        options["sliding_window"] = draw(st.integers(1, max(lens)), label="sliding_window")
+    if caps.supports("alibi") and draw(st.booleans(), label="alibi"):
+        options["alibi_slopes"] = alibi_slopes(num_q_heads)
+    if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
+        options["softcap"] = 30.0
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+    caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
+                         np.array(lens), logical, garbage, dtype, 1.0, 1.0)
+    query = rng.standard_normal((sum(q_lens), num_q_heads, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "long_prefill", "garbage": garbage, "arrangement": pool.arrangement,
+              "heads": f"{num_q_heads}/{num_kv_heads}", "queries": "+".join(map(str, q_lens)),
+              "context": "+".join(map(str, contexts))}
+    return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)

@@ -25,6 +25,7 @@ from pagedattn.conformance.scale import (
     far_pool_cases,
     far_write_kv_cases,
     large_batch_cases,
+    long_prefill_cases,
     long_sequence_cases,
     many_token_cases,
     many_token_write_kv_cases,
@@ -94,6 +95,17 @@ def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
     of the fp8 paths, their partials and merge, within the error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "long_sequences_fp8", requires={"features": ("fp8",)}, fp8=True)
+
+
+@pytest.mark.parametrize("dtype", FAR_DTYPES)
+def test_long_prefills_match_spec(request, backend, dtype):
+    """1 or 2 sequences of hundreds of queries (512 rows and more each, after up to 1,000 keys of
+    context): several query tiles per sequence and their causal diagonals, within the error
+    model; inputs untouched."""
+    limits = scale_limits()
+    _run_scale_cell(request, backend, long_prefill_cases, checks.matches_spec, limits, dtype=dtype,
+                    feature="long_prefill", max_examples=limits.long_examples,
+                    requires={"features": ("varlen",)})
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)

@@ -86,6 +86,11 @@ def scores_and_mask(
     return s, visible_h, score_scale
 
 
+#: Elements of the float64 ``[rows, Hq, L, D]`` values each row sees, at most, computed at once: a
+#: long prefill's rows are taken in chunks (each row's answer is its own), 64 MiB at a time.
+ROW_CHUNK_ELEMENTS = 2**23
+
+
 def exact_attention_problem(
     problem: AttentionProblem, query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray
 ) -> ExactResult:
@@ -104,26 +109,29 @@ def exact_attention_problem(
         if stop == start or problem.seq_lens[seq] == 0:
             continue
         k, v = gather_kv(problem, key_cache, value_cache, seq)
-        with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 and inf - inf are NaN, as IEEE says
-            s, visible, s_abs = scores_and_mask(problem, q_all[start:stop], k, p_q_all[start:stop])
-        masked = np.where(visible, s, -np.inf)  # replaced, never added to: invisible data is never read
-        with np.errstate(invalid="ignore", over="ignore"):
-            m = np.max(masked, axis=-1)  # NaN if a visible score is NaN
-            shift = np.where(np.isneginf(m), 0.0, m)  # no visible finite score: every weight is exp(-inf) = 0
-            w = np.exp(masked - shift[..., None])  # NaN for a +inf score (exp(inf - inf))
-            l_sum = w.sum(axis=-1)
-            v_rows = v[None, :, kv_head, :].transpose(0, 2, 1, 3)  # [1, Hq, L, D]
-            v_per_q = np.where(visible[..., None], v_rows, 0.0)  # NaN * 0 = NaN: invisible values never enter
-            o = np.einsum("nhl,nhld->nhd", w, v_per_q)
-            no_weight = l_sum == 0  # nothing visible, or every visible score -inf
-            safe = np.where(no_weight, 1.0, l_sum)
-            out[start:stop] = np.where(no_weight[..., None], 0.0, o / safe[..., None])
-            lse[start:stop] = np.where(no_weight, -np.inf, shift + np.log(safe))
-        finite_v = np.where(np.isfinite(v_per_q), np.abs(v_per_q), 0.0)
-        value_scale[start:stop] = np.max(finite_v, axis=(-1, -2), initial=0.0)
-        finite_s = np.where(visible & np.isfinite(s_abs), s_abs, 0.0)
-        score_scale[start:stop] = np.max(finite_s, axis=-1, initial=0.0)
-        num_visible[start:stop] = visible.sum(axis=-1)
+        v_rows = v[None, :, kv_head, :].transpose(0, 2, 1, 3)  # [1, Hq, L, D]
+        chunk = max(1, ROW_CHUNK_ELEMENTS // (Hq * k.shape[0] * D))
+        for lo in range(start, stop, chunk):
+            rows = slice(lo, min(stop, lo + chunk))
+            with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 and inf - inf are NaN, as IEEE says
+                s, visible, s_abs = scores_and_mask(problem, q_all[rows], k, p_q_all[rows])
+            masked = np.where(visible, s, -np.inf)  # replaced, never added to: invisible data is never read
+            with np.errstate(invalid="ignore", over="ignore"):
+                m = np.max(masked, axis=-1)  # NaN if a visible score is NaN
+                shift = np.where(np.isneginf(m), 0.0, m)  # no visible finite score: every weight is exp(-inf) = 0
+                w = np.exp(masked - shift[..., None])  # NaN for a +inf score (exp(inf - inf))
+                l_sum = w.sum(axis=-1)
+                v_per_q = np.where(visible[..., None], v_rows, 0.0)  # NaN * 0 = NaN: invisible values never enter
+                o = np.einsum("nhl,nhld->nhd", w, v_per_q)
+                no_weight = l_sum == 0  # nothing visible, or every visible score -inf
+                safe = np.where(no_weight, 1.0, l_sum)
+                out[rows] = np.where(no_weight[..., None], 0.0, o / safe[..., None])
+                lse[rows] = np.where(no_weight, -np.inf, shift + np.log(safe))
+            finite_v = np.where(np.isfinite(v_per_q), np.abs(v_per_q), 0.0)
+            value_scale[rows] = np.max(finite_v, axis=(-1, -2), initial=0.0)
+            finite_s = np.where(visible & np.isfinite(s_abs), s_abs, 0.0)
+            score_scale[rows] = np.max(finite_s, axis=-1, initial=0.0)
+            num_visible[rows] = visible.sum(axis=-1)
     return ExactResult(out, lse, value_scale, score_scale, num_visible)
 
 

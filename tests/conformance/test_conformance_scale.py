@@ -220,13 +220,27 @@ def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
     assert len(write.slot_mapping) > GRID_YZ_LIMIT and write.slot_mapping[-1] >= 0
 
 
+def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
+    from pagedattn.backends.cupy.planning import choose_kernel
+    from pagedattn.backends.cupy.specializations import WGMMA_ROWS
+
+    for case in drawn(scale.long_prefill_cases(DECLARED, dtype="bfloat16", limits=scale.scale_limits("ci")), 3):
+        problem = checks.problem_of(case)
+        assert problem.causal and int(problem.q_lens.min()) >= 64
+        assert int(problem.q_lens.min()) * problem.group_size >= scale.LONG_PREFILL_ROWS
+        assert choose_kernel(problem, sm90=True).rows == WGMMA_ROWS  # cupy's Hopper prefill kernel on an H200
+        tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                             problem.block_size)
+        assert int(problem.q_lens.max()) > 2 * tiles.block_q  # several of triton's query tiles
+
+
 # -- the scale mutants -------------------------------------------------------------------------
 
 SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
                  "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets",
                  "SplitEmptyPartNaN", "AlibiDistanceInQueryDtype", "SplitLseOfLargestPart", "DecodeGroupWrapsTile",
                  "GroupTailTilesUnwritten", "WorkListOneWave", "QueryTokensOnGridZ",
-                 "WriteKVTokensOnGridY")
+                 "WriteKVTokensOnGridY", "CausalBoundOfFirstQueryTile")
 
 
 @pytest.mark.parametrize("name", SCALE_MUTANTS)
@@ -237,5 +251,5 @@ def test_quick_profile_kills_scale_mutant_in_a_scale_cell(name):
     cells = ("test_long_sequences_match_spec", "test_long_sequences_with_fp8_caches_match_spec",
              "test_long_sequences_with_a_window_match_spec", "test_odd_sizes_match_spec", "test_far_pool_",
              "test_wide_groups_match_spec", "test_large_batches_match_spec", "test_many_tokens_match_spec",
-             "test_write_kv_of_many_tokens")
+             "test_write_kv_of_many_tokens", "test_long_prefills_match_spec")
     assert any(cell in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}, not a scale cell"

@@ -1,6 +1,7 @@
 """Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
 sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
-rows, batches larger than one wave of CTAs, more query tokens than a grid's y or z axis takes.
+rows, batches larger than one wave of CTAs, more query tokens than a grid's y or z axis takes,
+prefills of several query tiles.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -260,6 +261,24 @@ class DecodeGroupWrapsTile(SteppedKernelBackend):
             g = np.arange(problem.num_q_heads) % problem.group_size
             query = np.asarray(query)[:, np.arange(problem.num_q_heads) - g + g % DECODE_TILE_ROWS]
         return super()._run(plan, query, key_cache, value_cache)
+
+
+#: Queries of a prefill kernel's query tile, and keys of its KV tile.
+QUERY_TILE_TOKENS = 64
+KV_TILE_KEYS = 64
+
+
+class CausalBoundOfFirstQueryTile(SteppedKernelBackend):
+    bug = ("causal prefill in 64-query tiles with the KV range's end hoisted out of the tile loop: every tile stops "
+           "at the end of the 64-key tile holding the 64th query's position, so later queries miss the keys after it")
+    models = "loop-invariant causal bounds (the last KV tile computed once per sequence) in multi-tile prefill kernels"
+
+    def visible(self, p, p_q, length, problem):
+        vis = super().visible(p, p_q, length, problem)
+        if problem.causal and len(p_q) > QUERY_TILE_TOKENS:
+            last_key = (int(p_q[QUERY_TILE_TOKENS - 1]) // KV_TILE_KEYS + 1) * KV_TILE_KEYS - 1
+            vis &= p[None, :] <= last_key
+        return vis
 
 
 class UnwrittenOutputKernel(SteppedKernelBackend):
