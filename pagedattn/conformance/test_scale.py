@@ -1,8 +1,11 @@
 """Bugs that show only at scale: split-KV on long sequences, long 16-bit rows, pools past 2**31
-elements (attention, write_kv, copy_blocks), and sizes that are no power of two.
+elements (attention, write_kv, copy_blocks), sizes that are no power of two, groups wider than a
+tile of rows, batches larger than one wave of CTAs, more than 65,535 tokens in one call
+(attention, write_kv), and prefills of several query tiles per sequence.
 
-Sizes and example counts follow the profile (:func:`pagedattn.conformance.scale.scale_limits`);
-every cell draws few, large examples. A backend that cannot take a pool of that many
+Sizes and example counts follow the profile (:func:`pagedattn.conformance.scale.scale_limits`;
+the large-batch and many-token cells have one size, set by the GPU's limits); every cell draws
+few, large examples. A backend that cannot take a pool of that many
 elements declares ``max_pool_elements`` and its far-pool cells are UNSUPPORTED.
 """
 

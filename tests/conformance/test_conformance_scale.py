@@ -1,5 +1,7 @@
 """The scale cells reach what they claim: split plans, pools past 2**31 elements at little memory,
-sizes that are no power of two; a capped backend is unsupported; their mutants die in quick."""
+sizes that are no power of two, groups cut into several tiles, more work than one wave, more
+tokens than a grid's y or z axis, several query tiles per sequence; a capped backend is
+unsupported; their mutants die in quick."""
 
 from __future__ import annotations
 
