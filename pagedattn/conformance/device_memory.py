@@ -14,12 +14,13 @@ import sys
 
 def release_cached_device_memory() -> None:
     """Free what torch's CUDA caching allocator and cupy's default pools hold unused; a no-op
-    for a library this process has not imported or a device it has not initialised."""
+    for a library this process has not imported, a device torch has not initialised, or a
+    machine without a CUDA driver (where cupy is imported only to plan or compile)."""
     gc.collect()  # arrays of the finished cell still waiting for the cycle collector
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
     cupy = sys.modules.get("cupy")
-    if cupy is not None:
+    if cupy is not None and cupy.cuda.is_available():
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()

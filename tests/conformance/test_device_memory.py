@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import types
 
+import pytest
+
 from pagedattn.conformance.device_memory import release_cached_device_memory
 
 
@@ -16,9 +18,10 @@ class _Pool:
         self.freed += 1
 
 
-def _fake_cupy() -> tuple[types.ModuleType, _Pool, _Pool]:
+def _fake_cupy(available: bool = True) -> tuple[types.ModuleType, _Pool, _Pool]:
     device, pinned = _Pool(), _Pool()
     module = types.ModuleType("cupy")
+    module.cuda = types.SimpleNamespace(is_available=lambda: available)  # type: ignore[attr-defined]
     module.get_default_memory_pool = lambda: device  # type: ignore[attr-defined]
     module.get_default_pinned_memory_pool = lambda: pinned  # type: ignore[attr-defined]
     return module, device, pinned
@@ -48,3 +51,16 @@ def test_leaves_an_uninitialised_torch_and_an_absent_cupy_alone(monkeypatch):
     release_cached_device_memory()
     assert calls == []
     assert "cupy" not in sys.modules
+
+
+def test_leaves_cupy_alone_without_a_cuda_driver(monkeypatch):
+    cupy, device, pinned = _fake_cupy(available=False)  # imported to plan or compile on a CPU machine
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    release_cached_device_memory()
+    assert (device.freed, pinned.freed) == (0, 0)
+
+
+def test_runs_with_the_real_cupy_imported_with_or_without_a_gpu():
+    pytest.importorskip("cupy")
+    release_cached_device_memory()  # without a driver, cupy's pools would raise cudaErrorInsufficientDriver
