@@ -20,18 +20,22 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.errors import InvalidArgument, Unsatisfiable
 
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.cases import save_case
+from pagedattn.conformance.device_memory import release_cached_device_memory
 from pagedattn.conformance.profiles import examples_per_cell
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec.dtypes import FP8_DTYPES
+
+if TYPE_CHECKING:
+    from pagedattn.conformance.scale import ScaleLimits
 
 RECORD_KEY = "pagedattn_conformance"
 DEFAULT_CASES_DIR = "conformance-report/cases"
@@ -186,6 +190,32 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
         record["worst_fraction"] = stats["worst"]
         if request is not None:
             request.node.user_properties.append((RECORD_KEY, record))
+
+
+#: Settings of the scale cells, whose cases cost a second or more each: shrink the first failure
+#: found, look for no other, and skip hypothesis' explain phase (it re-runs the failure under a
+#: line tracer).
+FIRST_FAILURE: dict[str, Any] = {"report_multiple_bugs": False,
+                                 "phases": tuple(phase for phase in Phase if phase is not Phase.explain)}
+
+
+def run_scale_cell(request: Any, backend: Backend, cases: Callable[..., Any],
+                   check: Callable[[Backend, Any], float], limits: ScaleLimits, *, dtype: str, feature: str,
+                   max_examples: int, cell: dict[str, Any] | None = None,
+                   requires: dict[str, Any] | None = None) -> None:
+    """A scale cell: ``check`` on ``cases(capabilities, dtype=, limits=)`` (a strategy of
+    :mod:`pagedattn.conformance.scale`), stopping at the first failure; ``cell`` and ``requires``
+    add to the cell's record and to what it requires beyond ``dtype``. The device memory the
+    cell's large arrays leave cached goes back to the driver at the end."""
+    try:
+        run_property(
+            request, backend, lambda: cases(backend.capabilities(), dtype=dtype, limits=limits), check,
+            cell={"feature": feature, "dtype": dtype, "block_size": "-", "kv_layout": "-", **(cell or {})},
+            requires={"dtype": dtype, **(requires or {})}, max_examples=max_examples,
+            settings_overrides=FIRST_FAILURE,
+        )
+    finally:
+        release_cached_device_memory()
 
 
 def _save_failures(failures: list[BaseException], reported: list[tuple[BaseException, Any]], fallback: Any, *,

@@ -126,9 +126,10 @@ LONG_ALIBI_HEADS = 8
 #: kernels fill with one KV head's query heads (16 rows: one MMA tile; 64 and 128: prefill
 #: tiles), powers of two and not; the shrink target is 71 (an MQA model's 71 heads), past both.
 WIDE_GROUPS: tuple[int, ...] = (71, 16, 12, 17, 24, 32, 48, 64, 65, 96, 128)
-#: (sequence, KV head) pairs of a large batch, at least: more than 132 SMs hold at 8 CTAs each,
-#: so a kernel's work runs in more than one wave (a persistent kernel loops over its list).
-LARGE_BATCH_PAIRS = 1100
+#: (sequence, KV head) pairs of a large batch, at least: more than 132 SMs hold at 4 CTAs each
+#: (triton's decode programs on an H200; cupy's decode kernel holds 2), so a kernel's work runs
+#: in more than one wave (a persistent kernel loops over its list).
+LARGE_BATCH_PAIRS = 600
 #: Keys of a sequence in a large batch, at most (many short sequences: the engine's decode batch).
 LARGE_BATCH_MAX_LEN = 80
 #: Rows (queries x query heads of a KV head) of each sequence of a long prefill, at least: 4 of
@@ -141,6 +142,8 @@ LONG_PREFILL_MAX_CONTEXT = 1024
 #: Query tokens of a many-token batch, at least: past 65,535, the most blocks a CUDA grid's y or
 #: z axis takes.
 MANY_TOKENS = 65_536
+#: Sequences of a many-token batch: prompts of 256 queries.
+MANY_TOKEN_SEQS = 256
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -590,10 +593,11 @@ def many_token_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                      limits: ScaleLimits | None = None) -> AttentionCase:
     """Return a strategy for a batch of more than :data:`MANY_TOKENS` query tokens.
 
-    With ``varlen``: about 4,100 short sequences of 12 to 20 queries each over 0 to 16 keys of
-    context (a prefill batch the size of a scheduler's token budget); a decode-only backend
-    gets as many one-query sequences. One KV head, GQA 1 or 2, the smallest head_dim. A
-    kernel that puts query tokens on a grid's y or z axis (at most 65,535) fails its launch
+    With ``varlen``: :data:`MANY_TOKEN_SEQS` whole prompts of 256 queries (the last a few
+    more), under a sliding window of one to two blocks where the backend has one (each query
+    then sees a few blocks, which keeps the batch cheap for an interpreter); a decode-only
+    backend gets as many one-query sequences. One KV head, GQA 1 or 2, the smallest head_dim.
+    A kernel that puts query tokens on a grid's y or z axis (at most 65,535) fails its launch
     here, often without an exception, and writes nothing.
     """
     del limits  # one size for every profile: the limit is the GPU's
@@ -608,14 +612,15 @@ def many_token_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
         q_lens = np.ones(MANY_TOKENS + draw(st.integers(1, 64), label="extra_tokens"), dtype=int)
         lens = rng.integers(1, 9, q_lens.size)
     else:
-        q_lens = rng.integers(12, 21, MANY_TOKENS // 12)
-        q_lens = q_lens[:int(np.searchsorted(np.cumsum(q_lens), MANY_TOKENS)) + 1]  # just past MANY_TOKENS
-        q_lens[-1] += draw(st.integers(0, 4), label="extra_tokens")
-        lens = q_lens + rng.integers(0, 17, q_lens.size)
+        q_lens = np.full(MANY_TOKEN_SEQS, MANY_TOKENS // MANY_TOKEN_SEQS)  # whole prompts, no context
+        q_lens[-1] += draw(st.integers(1, 2 * block_size), label="extra_tokens")  # past MANY_TOKENS
+        lens = q_lens.copy()
     pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
+    if caps.supports("sliding_window"):  # each query sees a few blocks: the batch costs an interpreter little
+        options["sliding_window"] = draw(st.integers(block_size + 1, 2 * block_size), label="sliding_window")
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens.tolist(), 1, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, 1, head_dim), pool.block_tables, lens, logical,

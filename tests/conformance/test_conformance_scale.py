@@ -205,7 +205,7 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
         work_seq, _, _ = _work_list(problem, tiles)
         programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
         assert programs > tiles.resident * H200_SMS
-        assert build_work(problem, slots=H200_CUPY_DECODE_SLOTS).items.shape[0] > 4 * H200_CUPY_DECODE_SLOTS
+        assert build_work(problem, slots=H200_CUPY_DECODE_SLOTS).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
 
 
 def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
@@ -216,7 +216,7 @@ def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
         problem = checks.problem_of(case)
         assert problem.num_tokens > GRID_YZ_LIMIT
         assert problem.is_decode != caps.supports("varlen")
-        if caps.supports("varlen"):  # short prefills: far fewer sequences than tokens
+        if caps.supports("varlen"):  # whole prompts: far fewer sequences than tokens
             assert problem.num_seqs < problem.num_tokens // 10
     (write,) = drawn(scale.many_token_write_kv_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
     assert len(write.slot_mapping) > GRID_YZ_LIMIT and write.slot_mapping[-1] >= 0

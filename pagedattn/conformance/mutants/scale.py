@@ -246,8 +246,8 @@ class PowerOfTwoBlockMath(AddressedKernelBackend):
 DECODE_TILE_ROWS = 16
 #: Rows of a prefill tile.
 PREFILL_TILE_ROWS = 64
-#: CTAs of a persistent kernel: 132 SMs (an H100/H200) x 8 resident.
-PERSISTENT_CTAS = 132 * 8
+#: CTAs of a persistent kernel: 132 SMs (an H100/H200) x 4 resident.
+PERSISTENT_CTAS = 132 * 4
 
 
 class DecodeGroupWrapsTile(SteppedKernelBackend):
@@ -309,8 +309,8 @@ class GroupTailTilesUnwritten(UnwrittenOutputKernel):
 
 
 class WorkListOneWave(UnwrittenOutputKernel):
-    bug = ("a persistent kernel launches 132 x 8 CTAs over its (sequence, KV head) work list and walks it once: "
-           "pairs past the 1,056th are never computed")
+    bug = ("a persistent kernel launches 132 x 4 CTAs over its (sequence, KV head) work list and walks it once: "
+           "pairs past the 528th are never computed")
     models = "persistent-kernel work loops that stop after the first wave (large decode batches lose sequences)"
 
     def unwritten(self, problem):

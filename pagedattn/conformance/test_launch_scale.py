@@ -1,0 +1,82 @@
+"""How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
+batches larger than one wave of CTAs, more than 65,535 tokens in one call (attention, write_kv:
+a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence.
+
+Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
+:mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
+runner takes this module last: it costs the Triton interpreter minutes, and only the mutants it
+exists for get this far.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedattn.conformance import checks
+from pagedattn.conformance.runner import run_scale_cell
+from pagedattn.conformance.scale import (
+    large_batch_cases,
+    long_prefill_cases,
+    many_token_cases,
+    many_token_write_kv_cases,
+    scale_limits,
+    wide_group_cases,
+)
+from pagedattn.spec.dtypes import QUERY_DTYPES
+
+pytestmark = pytest.mark.pagedattn_conformance
+
+#: 16-bit dtypes of the long-prefill cells (the prefill kernels' tensor-core paths).
+PREFILL_DTYPES = ("float16", "bfloat16")
+
+
+@pytest.mark.parametrize("dtype", PREFILL_DTYPES)
+def test_long_prefills_match_spec(request, backend, dtype):
+    """1 or 2 sequences of hundreds of queries (512 rows and more each, after up to 1,000 keys of
+    context): several query tiles per sequence and their causal diagonals, within the error
+    model; inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, long_prefill_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="long_prefill", max_examples=limits.long_examples,
+                   requires={"features": ("varlen",)})
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_wide_groups_match_spec(request, backend, dtype):
+    """12 to 128 query heads per KV head (wider than one tile of rows; 71 and others no power of
+    two), decode and a few queries, within the error model; inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, wide_group_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="wide_groups", max_examples=limits.wide_examples)
+
+
+#: The dtype of the large-batch and many-token cells: how work is spread over CTAs does not depend
+#: on it, and a batch this large costs the Triton interpreter a minute.
+LARGE_BATCH_DTYPES = ("bfloat16",)
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_large_batches_match_spec(request, backend, dtype):
+    """More than 600 (sequence, KV head) pairs of short sequences (more than one wave of CTAs on
+    the GPU), decode or mixed, within the error model; inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, large_batch_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="large_batch", max_examples=limits.batch_examples)
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_many_tokens_match_spec(request, backend, dtype):
+    """More than 65,535 query tokens in one call (256 prompts of 256 queries under a short window;
+    past a CUDA grid's y and z limit), within the error model; inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, many_token_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="many_tokens", max_examples=limits.batch_examples)
+
+
+def test_write_kv_of_many_tokens(request, backend):
+    """write_kv of more than 65,535 tokens in one call (a long prefill's keys and values): the spec's
+    bits at every slot written, every other slot unchanged."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, many_token_write_kv_cases, checks.write_kv_matches_spec, limits,
+                   dtype="bfloat16", feature="many_tokens_write_kv", max_examples=limits.batch_examples,
+                   requires={"features": ("write_kv",)})
