@@ -1,7 +1,7 @@
 """The scale cells reach what they claim: split plans, pools past 2**31 elements at little memory,
 sizes that are no power of two, groups cut into several tiles, more work than one wave, more
 tokens than a grid's y or z axis, several query tiles per sequence; a capped backend is
-unsupported; their mutants die in quick."""
+unsupported. (That quick kills their mutants in a scale cell is in test_mutants.py.)"""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from pagedattn.backends.triton.backend import _work_list
 from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
 from pagedattn.conformance import checks, scale
 from pagedattn.conformance.cases import load_case, save_case
-from pagedattn.conformance.mutants import MUTANTS
-from pagedattn.conformance.mutants.run import run_mutant
 from pagedattn.conformance.runner import Unsupported, require
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, lazy_copy, occupied_blocks
@@ -218,8 +216,6 @@ def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
         assert problem.is_decode != caps.supports("varlen")
         if caps.supports("varlen"):  # whole prompts: far fewer sequences than tokens
             assert problem.num_seqs < problem.num_tokens // 10
-    (write,) = drawn(scale.many_token_write_kv_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
-    assert len(write.slot_mapping) > GRID_YZ_LIMIT and write.slot_mapping[-1] >= 0
 
 
 def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
@@ -234,24 +230,3 @@ def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
         tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
                              problem.block_size)
         assert int(problem.q_lens.max()) > 2 * tiles.block_q  # several of triton's query tiles
-
-
-# -- the scale mutants -------------------------------------------------------------------------
-
-SCALE_MUTANTS = ("Int32CacheOffsets", "WriteKVInt32Offsets", "CopyBlocksInt32Offsets", "SplitMergeIgnoresMax",
-                 "SplitDropsLastPart", "PowerOfTwoBlockMath", "SplitVScaleTwice", "Fp8Int32CacheOffsets",
-                 "SplitEmptyPartNaN", "AlibiDistanceInQueryDtype", "SplitLseOfLargestPart", "DecodeGroupWrapsTile",
-                 "GroupTailTilesUnwritten", "WorkListOneWave", "QueryTokensOnGridZ",
-                 "WriteKVTokensOnGridY", "CausalBoundOfFirstQueryTile")
-
-
-@pytest.mark.parametrize("name", SCALE_MUTANTS)
-def test_quick_profile_kills_scale_mutant_in_a_scale_cell(name):
-    assert name in MUTANTS
-    result = run_mutant(name, profile="quick", isolated=True)
-    assert result.killed, f"{name} survived quick ({MUTANTS[name].bug})"
-    cells = ("test_long_sequences_match_spec", "test_long_sequences_with_fp8_caches_match_spec",
-             "test_long_sequences_with_a_window_match_spec", "test_odd_sizes_match_spec", "test_far_pool_",
-             "test_wide_groups_match_spec", "test_large_batches_match_spec", "test_many_tokens_match_spec",
-             "test_write_kv_of_many_tokens", "test_long_prefills_match_spec")
-    assert any(cell in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}, not a scale cell"

@@ -7,7 +7,7 @@ import pytest
 from pagedattn.conformance import checks
 from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import AttentionCase
-from pagedattn.conformance.mutants import MUTANTS
+from pagedattn.conformance.mutants import MUTANTS, scale
 from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
 from pagedattn.conformance.mutants.run import SUITE_MODULES, run_mutant, run_pytest_in_process
 from pagedattn.conformance.mutants.run import main as run_main
@@ -28,11 +28,18 @@ def test_correct_stepped_kernel_passes_quick_profile(tmp_path):
     assert code == 0
 
 
+#: Where the mutants of ``mutants/scale.py`` must die: their bugs show only in the scale cells.
+SCALE_MODULES = ("pagedattn/conformance/test_scale.py", "pagedattn/conformance/test_launch_scale.py")
+
+
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_quick_profile_kills_mutant(name):
+    """Killed in under 60 s; a scale mutant by a scale cell."""
     result = run_mutant(name, profile="quick", isolated=True)
     assert result.killed, f"mutant {name} survived the quick profile ({MUTANTS[name].bug}); exit {result.exit_code}"
     assert result.seconds < 60, f"mutant {name} took {result.seconds:.0f} s to kill (by {result.killed_by})"
+    if MUTANTS[name].__module__ == scale.__name__:
+        assert any(module in result.killed_by for module in SCALE_MODULES), f"{name} killed by {result.killed_by}"
 
 
 def _decode_case(seed: int) -> AttentionCase:

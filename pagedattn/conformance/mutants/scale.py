@@ -334,15 +334,3 @@ class QueryTokensOnGridZ(UnwrittenOutputKernel):
 
     def unwritten(self, problem):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_tokens > GRID_YZ_LIMIT)
-
-
-class WriteKVTokensOnGridY(SteppedKernelBackend):
-    bug = ("write_kv launches one CTA per token on the grid's y axis: past 65,535 tokens the launch fails without "
-           "an exception and nothing is written")
-    models = ("kernels launched with tokens on gridDim.y or z (as QueryTokensOnGridZ); lablup/mlxcel issue 648 "
-              "(long-prompt prefill: a grid's y dimension past 65,535)")
-
-    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
-        if problem.num_tokens > GRID_YZ_LIMIT:
-            return
-        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
