@@ -488,6 +488,28 @@ def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                  draw(_SEEDS, label="variant_seed"), labels)
 
 
+def _sometimes_lse_alibi_softcap(draw: st.DrawFn, caps: Capabilities, num_q_heads: int) -> dict[str, Any]:
+    """Options: lse, ALiBi (a slope per query head, not per group) and softcap, each where declared
+    and drawn."""
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    if caps.supports("alibi") and draw(st.booleans(), label="alibi"):
+        options["alibi_slopes"] = alibi_slopes(num_q_heads)
+    if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
+        options["softcap"] = 30.0
+    return options
+
+
+def _normal_caches(rng: np.random.Generator, pool: Any, block_size: int, lens: list[int], num_kv_heads: int,
+                   head_dim: int, garbage: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """NHD caches of ``pool`` (a :class:`~pagedattn.conformance.strategies.PoolLayout`) holding standard
+    normal K and V of sequences of ``lens`` keys, ``garbage`` in every other slot."""
+    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+    return fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
+                       np.array(lens), logical, garbage, dtype, 1.0, 1.0)
+
+
 # -- wide groups: more query heads per KV head than one row tile ------------------------------
 
 @st.composite
@@ -519,18 +541,10 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     lens = [max(q_len, draw(st.one_of(edges, st.integers(1, top)), label=f"seq_lens[{s}]"))
             for s in range(num_seqs)]
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
-    options: dict[str, Any] = {}
-    if caps.supports("lse") and draw(st.booleans(), label="lse"):
-        options["return_lse"] = True
-    if caps.supports("alibi") and draw(st.booleans(), label="alibi"):  # a slope per query head, not per group
-        options["alibi_slopes"] = alibi_slopes(num_q_heads)
-    if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
-        options["softcap"] = 30.0
+    options = _sometimes_lse_alibi_softcap(draw, caps, num_q_heads)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
-    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
-    caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
-                         np.array(lens), logical, garbage, dtype, 1.0, 1.0)
+    caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
     q_lens = None if decode else [q_len] * num_seqs
     query = rng.standard_normal((num_seqs * q_len, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
     labels = {"feature": "wide_groups", "garbage": garbage, "arrangement": pool.arrangement,
@@ -661,20 +675,12 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
                 for s in range(num_seqs)]
     lens = [q + c for q, c in zip(q_lens, contexts, strict=True)]
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
-    options: dict[str, Any] = {}
-    if caps.supports("lse") and draw(st.booleans(), label="lse"):
-        options["return_lse"] = True
+    options = _sometimes_lse_alibi_softcap(draw, caps, num_q_heads)
     if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
         options["sliding_window"] = draw(st.integers(1, max(lens)), label="sliding_window")
-    if caps.supports("alibi") and draw(st.booleans(), label="alibi"):
-        options["alibi_slopes"] = alibi_slopes(num_q_heads)
-    if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
-        options["softcap"] = 30.0
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
-    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
-    caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
-                         np.array(lens), logical, garbage, dtype, 1.0, 1.0)
+    caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
     query = rng.standard_normal((sum(q_lens), num_q_heads, head_dim)).astype(numpy_dtype(dtype))
     labels = {"feature": "long_prefill", "garbage": garbage, "arrangement": pool.arrangement,
               "heads": f"{num_q_heads}/{num_kv_heads}", "queries": "+".join(map(str, q_lens)),
