@@ -8,6 +8,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   long sequences is where kernels split the key range, split-KV, and merge the parts; rows
   of 4,096+ visible keys are where 16-bit accumulation error shows), odd lengths so that
   the last part is partial;
+- :func:`very_long_sequence_cases`: one sequence of more than 65,536 keys, where positions
+  held in 16 bits wrap and a long split plan has more parts than a fixed-size merge holds;
 - :func:`long_prefill_cases`: 1 or 2 sequences of hundreds of queries (512 rows and up each),
   after up to 1,000 keys of context: several query tiles per sequence, causal diagonals;
 - :func:`far_pool_cases`, :func:`far_write_kv_cases`, :func:`far_copy_blocks_cases`: caches
@@ -60,6 +62,8 @@ __all__ = [
     "MANY_TOKENS",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
+    "VERY_LONG_KEYS",
+    "VERY_LONG_MAX",
     "WIDE_GROUPS",
     "ScaleLimits",
     "far_copy_blocks_cases",
@@ -72,6 +76,7 @@ __all__ = [
     "odd_size_cases",
     "scale_block_sizes",
     "scale_limits",
+    "very_long_sequence_cases",
     "wide_group_cases",
 ]
 
@@ -117,6 +122,11 @@ LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
 #: split part and again after the merge (or never) shows.
 LONG_FP8_K_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0)
 LONG_FP8_V_SCALES: tuple[float, ...] = (4.0, 0.25)
+#: Keys of a very long sequence, at least and at most: past 65,535 (positions and lengths held in
+#: 16 bits wrap there) and past 64 split parts of 1,024 keys (a merge that holds a fixed number of
+#: parts drops the rest); one KV head, so that the spec and the Triton interpreter stay at seconds.
+VERY_LONG_KEYS = 2**16 + 1
+VERY_LONG_MAX = 2**17
 #: Shortest sliding window of the long cells with a window (a few blocks and tiles).
 LONG_WINDOW_MIN = 100
 #: The long cells' ALiBi slopes are those of a model with at least this many heads (its first).
@@ -208,7 +218,7 @@ def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.n
 @st.composite
 def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                         limits: ScaleLimits | None = None, fp8: bool = False,
-                        window: bool = False) -> AttentionCase:
+                        window: bool = False, max_kv_heads: int = 3) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
@@ -223,12 +233,13 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     softcap: most of each range is outside every row's window, so a plan that splits the whole
     range has parts that see no key, which its merge must weigh as nothing; and ALiBi takes
     positions in the thousands, which bfloat16 (256) and float16 (2,048) do not hold exactly.
+    ``max_kv_heads`` bounds the KV heads (1 to it).
     """
     limits = limits or scale_limits()
     caps = capabilities
     block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    num_kv_heads = draw(st.integers(1, 3), label="num_kv_heads")
+    num_kv_heads = draw(st.integers(1, max_kv_heads), label="num_kv_heads")
     group = draw(st.sampled_from((1, 2, 3, 5, 8)), label="gqa_ratio")
     num_q_heads = num_kv_heads * group
     dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long <= SPEC_ELEMENTS)
@@ -275,6 +286,16 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
               "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens, None if decode else [q_len] * len(lens), kv_layout,
                  options, draw(_SEEDS, label="variant_seed"), labels)
+
+
+def very_long_sequence_cases(capabilities: Capabilities, *, dtype: str,
+                             limits: ScaleLimits | None = None) -> st.SearchStrategy[AttentionCase]:
+    """Return a strategy for one sequence of :data:`VERY_LONG_KEYS` to :data:`VERY_LONG_MAX` keys
+    on one KV head: :func:`long_sequence_cases` past the lengths where 16-bit positions wrap and
+    where a merge of a fixed number of split parts runs out (the shrink target: 76,460 keys)."""
+    limits = (limits or scale_limits())._replace(min_long=VERY_LONG_KEYS, max_long=VERY_LONG_MAX, max_long_seqs=1,
+                                                 max_batch_keys=VERY_LONG_MAX)
+    return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1)
 
 
 # -- pools above 2**31 elements ------------------------------------------------------------

@@ -1,6 +1,7 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
 batches larger than one wave of CTAs, more than 65,535 query tokens in one call (a CUDA grid's
-y and z axes take no more), prefills of several query tiles per sequence.
+y and z axes take no more), prefills of several query tiles per sequence, a sequence of more
+than 65,536 keys (more split parts than a fixed-size merge holds; positions past 16 bits).
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
@@ -19,6 +20,7 @@ from pagedattn.conformance.scale import (
     long_prefill_cases,
     many_token_cases,
     scale_limits,
+    very_long_sequence_cases,
     wide_group_cases,
 )
 from pagedattn.spec.dtypes import QUERY_DTYPES
@@ -70,3 +72,17 @@ def test_many_tokens_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, many_token_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="many_tokens", max_examples=limits.batch_examples)
+
+
+#: The dtype of the very-long cell: float16, whose 10-bit mantissa shows a smaller error than
+#: bfloat16's (a sequence this long costs the Triton interpreter seconds per dtype).
+VERY_LONG_DTYPES = ("float16",)
+
+
+@pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
+def test_very_long_sequences_match_spec(request, backend, dtype):
+    """One sequence of 65,537 to 131,072 keys on one KV head (positions past 16 bits; split plans
+    of more parts than 64), decode or a few queries, within the error model; inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, very_long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="very_long_sequences", max_examples=limits.batch_examples)

@@ -1,6 +1,7 @@
 """The scale cells reach what they claim: split plans, pools past 2**31 elements at little memory,
 sizes that are no power of two, groups cut into several tiles, more work than one wave, more
-tokens than a grid's y or z axis, several query tiles per sequence; a capped backend is
+tokens than a grid's y or z axis, several query tiles per sequence, more keys than 16 bits hold
+and more split parts than 64; a capped backend is
 unsupported. (That quick kills their mutants in a scale cell is in test_mutants.py.)"""
 
 from __future__ import annotations
@@ -230,3 +231,25 @@ def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
         tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
                              problem.block_size)
         assert int(problem.q_lens.max()) > 2 * tiles.block_q  # several of triton's query tiles
+
+
+def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_triton_and_cupy():
+    from pagedattn.backends.cupy.planning import build_work
+    from pagedattn.backends.triton.launch_config import MAX_SPLITS
+    from pagedattn.conformance.mutants.scale import MERGE_MAX_PARTS, PART_KEYS, UINT16_POSITIONS
+
+    for profile in ("quick", "ci"):
+        limits = scale.scale_limits(profile)
+        (case,) = drawn(scale.very_long_sequence_cases(DECLARED, dtype="float16", limits=limits), 1)
+        problem = checks.problem_of(case)
+        length = int(problem.seq_lens[0])
+        assert problem.num_seqs == 1 and problem.num_kv_heads == 1
+        assert length > UINT16_POSITIONS and length % problem.block_size  # a partial last block
+        assert -(-length // PART_KEYS) > MERGE_MAX_PARTS + 8  # the mutants' merge drops more than 8 parts
+        tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                             problem.block_size)
+        work_seq, _, key_tiles = _work_list(problem, tiles)
+        programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+        assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident) == MAX_SPLITS
+        work = build_work(problem, slots=H200_CUPY_DECODE_SLOTS)
+        assert int(work.merges[:, 6].max()) > MERGE_MAX_PARTS, work.merges  # more parts than a fixed merge holds

@@ -1,7 +1,7 @@
 """Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
 sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
 rows, batches larger than one wave of CTAs, more query tokens than a grid's y or z axis takes,
-prefills of several query tiles.
+prefills of several query tiles, sequences of more than 65,536 keys.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -334,3 +334,30 @@ class QueryTokensOnGridZ(UnwrittenOutputKernel):
 
     def unwritten(self, problem):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_tokens > GRID_YZ_LIMIT)
+
+
+# -- a sequence of more than 65,536 keys -------------------------------------------------------
+
+#: Split parts a fixed-size merge holds (a shared-memory array of one entry per part).
+MERGE_MAX_PARTS = 64
+#: Positions an unsigned 16-bit integer holds.
+UINT16_POSITIONS = 2**16
+
+
+class SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
+    bug = "split-KV merge holds at most 64 parts (a fixed shared-memory array): parts past the 64th are dropped"
+    models = ("flashinfer-ai/flashinfer PR 4573 (reduce kernels covering 32 splits, one per lane, unchecked); "
+              "ROCm/aiter PR 3669 (split LSE scales in an LDS array of max_splits entries)")
+
+    def merge(self, states):
+        return super().merge(states[:MERGE_MAX_PARTS])
+
+
+class KeyPositionsIn16Bits(AddressedKernelBackend):
+    bug = ("a key's position is held in 16 bits where its block-table column and slot are found: the key at "
+           "p >= 65,536 is read from position p - 65,536")
+    models = ("ml-explore/mlx issue 3360 (key positions in a 16-bit short in the SDPA kernel's mask: "
+              "wrong past 32K keys)")
+
+    def locate(self, p, block_size):
+        return super().locate(p % UINT16_POSITIONS, block_size)
