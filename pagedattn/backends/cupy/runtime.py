@@ -113,6 +113,16 @@ _EXTERNAL_STREAMS: dict[tuple[int, int], Any] = {}
 _SMEM_ALLOWED: dict[Specialization, int] = {}
 
 
+class _StreamHandle:
+    """A CUDA stream handle under the CUDA stream protocol (what ``Stream.from_external`` takes)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.handle
+
+
 def _torch_stream(torch: Any) -> tuple[int, int]:
     """(device index, stream handle) of torch's current stream (:mod:`..torch_streams`)."""
     device = current_device_getter(torch)()
@@ -128,7 +138,7 @@ def current_stream() -> Any:
         key = _torch_stream(torch)
         external = _EXTERNAL_STREAMS.get(key)
         if external is None:
-            external = cupy.cuda.ExternalStream(key[1])
+            external = cupy.cuda.Stream.from_external(_StreamHandle(key[1]))
             _EXTERNAL_STREAMS[key] = external
         return external
     return cupy.cuda.get_current_stream()
