@@ -20,8 +20,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   tile of a KV head's query heads, where kernels cut a group into tiles;
 - :func:`large_batch_cases`: more than :data:`LARGE_BATCH_PAIRS` (sequence, KV head) pairs of
   short sequences, more work than one wave of CTAs on the GPU;
-- :func:`many_token_cases`: more than 65,535 query tokens in one call, past a CUDA grid's y
-  and z limit;
+- :func:`many_token_cases`, :func:`many_token_write_kv_cases`: more than 65,535 query tokens
+  (or tokens written) in one call, past a CUDA grid's y and z limit;
 - :func:`odd_size_cases`: head counts, GQA ratios, head_dim, block_size, num_blocks,
   lengths and batch sizes that are not powers of two, wherever the backend allows them.
 
@@ -73,6 +73,7 @@ __all__ = [
     "long_prefill_cases",
     "long_sequence_cases",
     "many_token_cases",
+    "many_token_write_kv_cases",
     "odd_size_cases",
     "scale_block_sizes",
     "scale_limits",
@@ -665,6 +666,34 @@ def many_token_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
               "queries": "decode" if decode else "prefill"}
     return _case(query, caches, pool.block_tables, lens.tolist(), None if decode else q_lens.tolist(), kv_layout,
                  options, draw(_SEEDS, label="variant_seed"), labels)
+
+
+@st.composite
+def many_token_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                              limits: ScaleLimits | None = None) -> WriteKVCase:
+    """Return a strategy for ``write_kv`` of more than :data:`MANY_TOKENS` tokens (a long prefill's
+    keys and values in one call) into a pool with a few spare blocks: consecutive slots in
+    block-table order, the blocks shuffled, some tokens skipped (-1). Every slot not written holds
+    random values that must survive."""
+    del limits  # one size for every profile: the limit is the GPU's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    head_dim = min(caps.head_dims or (16,))
+    rng = np.random.default_rng(draw(_SEEDS, label="seed"))
+    T = MANY_TOKENS + draw(st.integers(1, 2 * block_size), label="extra_tokens")
+    num_blocks = -(-T // block_size) + draw(st.integers(1, 4), label="spare_blocks")
+    order = rng.permutation(num_blocks)  # the sequence's block table
+    positions = np.arange(T)
+    slots = order[positions // block_size] * block_size + positions % block_size
+    slots[rng.random(T) < 0.01] = -1
+    slots[-1] = order[(T - 1) // block_size] * block_size + (T - 1) % block_size  # the last token is written
+    shape = (num_blocks, block_size, 1, head_dim) if kv_layout == "NHD" else (num_blocks, 1, block_size, head_dim)
+    caches = [rng.standard_normal(shape).astype(numpy_dtype(dtype)) for _ in range(2)]
+    key = rng.standard_normal((T, 1, head_dim)).astype(numpy_dtype(dtype))
+    value = rng.standard_normal((T, 1, head_dim)).astype(numpy_dtype(dtype))
+    return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
+                       slot_mapping=slots.astype(np.int64), kv_layout=kv_layout)
 
 
 # -- long prefills: several query tiles per sequence --------------------------------------------

@@ -1,6 +1,6 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
-batches larger than one wave of CTAs, more than 65,535 query tokens in one call (a CUDA grid's
-y and z axes take no more), prefills of several query tiles per sequence, a sequence of more
+batches larger than one wave of CTAs, more than 65,535 tokens in one call (attention, write_kv:
+a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence, a sequence of more
 than 65,536 keys (more split parts than a fixed-size merge holds; positions past 16 bits).
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
@@ -19,6 +19,7 @@ from pagedattn.conformance.scale import (
     large_batch_cases,
     long_prefill_cases,
     many_token_cases,
+    many_token_write_kv_cases,
     scale_limits,
     very_long_sequence_cases,
     wide_group_cases,
@@ -72,6 +73,16 @@ def test_many_tokens_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, many_token_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="many_tokens", max_examples=limits.batch_examples)
+
+
+
+def test_write_kv_of_many_tokens(request, backend):
+    """write_kv of more than 65,535 tokens in one call (a long prefill's keys and values): the spec's
+    bits at every slot written, every other slot unchanged."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, many_token_write_kv_cases, checks.write_kv_matches_spec, limits,
+                   dtype="bfloat16", feature="many_tokens_write_kv", max_examples=limits.batch_examples,
+                   requires={"features": ("write_kv",)})
 
 
 #: The dtype of the very-long cell: float16, whose 10-bit mantissa shows a smaller error than

@@ -217,6 +217,9 @@ def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
         assert problem.is_decode != caps.supports("varlen")
         if caps.supports("varlen"):  # whole prompts: far fewer sequences than tokens
             assert problem.num_seqs < problem.num_tokens // 10
+    (write,) = drawn(scale.many_token_write_kv_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
+    assert len(write.slot_mapping) > GRID_YZ_LIMIT and write.slot_mapping[-1] >= 0
+    assert 0 < int((write.slot_mapping < 0).sum()) < len(write.slot_mapping) // 50  # a few skipped
 
 
 def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():

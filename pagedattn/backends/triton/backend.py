@@ -35,6 +35,9 @@ from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
 LOG2E = 1.4426950408889634
+#: Tokens of one write_kv program (a KV head of each): tokens on the grid's x axis, and few programs
+#: for the interpreter, which runs one at a time.
+WRITE_KV_TOKENS = 64
 INTERPRETER_SMS = 4  # multiprocessors assumed by the split heuristic in interpreter mode
 NO_WINDOW = 2**31 - 1  # the kernel's window when there is none: from any p_q (< 2**31) it reaches p = 0
 
@@ -439,15 +442,16 @@ class TritonBackend(Backend):
         kb, k1, k2, kd = k_cache.stride()
         vb, v1, v2, vd = v_cache.stride()
         (ks, kh), (vs, vh) = ((k1, k2), (v1, v2)) if problem.kv_layout == "NHD" else ((k2, k1), (v2, v1))
-        write_kv_kernel[(problem.num_tokens, problem.num_kv_heads)](
+        write_kv_kernel[(-(-problem.num_tokens // WRITE_KV_TOKENS), problem.num_kv_heads)](
             k, v, k_dst, v_dst, slots, scales,
             *k.stride(), *v.stride(),
             kb, ks, kh, kd,
             vb, vs, vh, vd,
+            problem.num_tokens,
             BLOCK_SIZE=problem.block_size, HEAD_DIM=problem.head_dim,
-            HEAD_DIM_PAD=next_power_of_2(problem.head_dim),
+            HEAD_DIM_PAD=next_power_of_2(problem.head_dim), TOKENS=WRITE_KV_TOKENS,
             TO_FP8=to_fp8, MANT_BITS=mant_bits, EXP_BIAS=exp_bias, FP8_MAX=fp8_max, OVERFLOW_BITS=overflow_bits,
-            num_warps=1,
+            num_warps=4,
         )
         self._write_back(key_cache, k_cache)
         self._write_back(value_cache, v_cache)

@@ -51,26 +51,31 @@ def write_kv_kernel(
     stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,  #
     stride_kcb, stride_kcs, stride_kch, stride_kcd,  #
     stride_vcb, stride_vcs, stride_vch, stride_vcd,  #
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
+    num_tokens,  #
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TOKENS: tl.constexpr,  #
     TO_FP8: tl.constexpr, MANT_BITS: tl.constexpr, EXP_BIAS: tl.constexpr, FP8_MAX: tl.constexpr,  #
     OVERFLOW_BITS: tl.constexpr,  #
 ):
-    """Store token t's key/value of one KV head at slot ``slot_mapping[t]`` (-1 = skip).
+    """Store the keys/values of ``TOKENS`` consecutive tokens t (``program_id(0)`` on the grid's
+    x axis, which takes 2**31 - 1 programs) of one KV head at slots ``slot_mapping[t]`` (-1 = skip).
 
     Caches of the key's dtype get the bits unchanged; fp8 caches (passed as uint8 views)
     get ``x / scale`` rounded to nearest even; scales_ptr: float64 ``[2]`` = (k_scale, v_scale).
     """
-    t = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
+    in_batch = t < num_tokens
+    slot = tl.load(slot_ptr + t, mask=in_batch, other=-1).to(tl.int64)
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    ok = (offs_d < HEAD_DIM) & (slot >= 0)
-    k = tl.load(key_ptr + t * stride_kt + h * stride_kh + offs_d * stride_kd, mask=ok, other=0.0)
-    v = tl.load(value_ptr + t * stride_vt + h * stride_vh + offs_d * stride_vd, mask=ok, other=0.0)
-    k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + h * stride_kch + offs_d * stride_kcd
-    v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + offs_d * stride_vcd
+    ok = (offs_d < HEAD_DIM)[None, :] & (slot >= 0)[:, None]
+    t2, d2 = t[:, None], offs_d[None, :]
+    k = tl.load(key_ptr + t2 * stride_kt + h * stride_kh + d2 * stride_kd, mask=ok, other=0.0)
+    v = tl.load(value_ptr + t2 * stride_vt + h * stride_vh + d2 * stride_vd, mask=ok, other=0.0)
+    block2, offset2 = block[:, None], offset[:, None]
+    k_dst = k_cache_ptr + block2 * stride_kcb + offset2 * stride_kcs + h * stride_kch + d2 * stride_kcd
+    v_dst = v_cache_ptr + block2 * stride_vcb + offset2 * stride_vcs + h * stride_vch + d2 * stride_vcd
     if TO_FP8:
         k_scale = tl.load(scales_ptr)  # float64, as the spec divides
         v_scale = tl.load(scales_ptr + 1)

@@ -336,6 +336,18 @@ class QueryTokensOnGridZ(UnwrittenOutputKernel):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_tokens > GRID_YZ_LIMIT)
 
 
+class WriteKVTokensOnGridY(SteppedKernelBackend):
+    bug = ("write_kv launches one CTA per token on the grid's y axis: past 65,535 tokens the launch fails without "
+           "an exception and nothing is written")
+    models = ("kernels launched with tokens on gridDim.y or z (as QueryTokensOnGridZ); lablup/mlxcel issue 648 "
+              "(long-prompt prefill: a grid's y dimension past 65,535)")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        if problem.num_tokens > GRID_YZ_LIMIT:
+            return
+        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+
+
 # -- a sequence of more than 65,536 keys -------------------------------------------------------
 
 #: Split parts a fixed-size merge holds (a shared-memory array of one entry per part).
