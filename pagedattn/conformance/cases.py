@@ -46,22 +46,34 @@ def device_caches(backend: Backend, case: AttentionCase) -> tuple[Any, Any, Any]
     return backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy()), None
 
 
-def run_case(backend: Backend, case: AttentionCase, *, caches: tuple[Any, Any, Any] | None = None) -> AttentionResult:
-    """Call ``backend.paged_attention`` on device copies of ``case``; return host results."""
-    key_cache, value_cache, _ = caches if caches is not None else device_caches(backend, case)
+def device_arguments(backend: Backend, case: AttentionCase,
+                     caches: tuple[Any, Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)`` of ``case`` on
+    the backend's device (the caches given, from :func:`device_caches`), and its options."""
+    key_cache, value_cache, _ = caches
     options = dict(case.options)
     if options.get("alibi_slopes") is not None:
         options["alibi_slopes"] = backend.to_device(options["alibi_slopes"])
     qsl = None if case.query_start_loc is None else backend.to_device(case.query_start_loc)
-    result = backend.paged_attention(
-        backend.to_device(case.query), key_cache, value_cache,
-        backend.to_device(case.block_tables), backend.to_device(case.seq_lens), qsl, **options,
-    )
-    backend.synchronize()
-    if options.get("return_lse"):
+    arrays = (backend.to_device(case.query), key_cache, value_cache, backend.to_device(case.block_tables),
+              backend.to_device(case.seq_lens), qsl)
+    return arrays, options
+
+
+def host_result(backend: Backend, result: Any, return_lse: bool) -> AttentionResult:
+    """What ``run`` returned (``out`` or ``(out, lse)``), copied to the host."""
+    if return_lse:
         out, lse = result
         return AttentionResult(np.asarray(backend.to_numpy(out)), np.asarray(backend.to_numpy(lse)))
     return AttentionResult(np.asarray(backend.to_numpy(result)), None)
+
+
+def run_case(backend: Backend, case: AttentionCase, *, caches: tuple[Any, Any, Any] | None = None) -> AttentionResult:
+    """Call ``backend.paged_attention`` on device copies of ``case``; return host results."""
+    arrays, options = device_arguments(backend, case, caches if caches is not None else device_caches(backend, case))
+    result = backend.paged_attention(*arrays, **options)
+    backend.synchronize()
+    return host_result(backend, result, bool(options.get("return_lse")))
 
 
 class _ShortRepr:

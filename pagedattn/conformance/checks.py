@@ -3,8 +3,9 @@ the worst error as a fraction of the tolerance (0.0 for rules that demand identi
 
 Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
 :func:`relocation_invariant`, :func:`deterministic`, :func:`alone_equals_batch` (and every
-attention check asserts that no input was written). Other operations: :func:`write_kv_matches_spec`,
-:func:`copy_blocks_matches_spec`, :func:`merge_states_matches_spec`. A check uses the
+attention check asserts that no input was written). Plans: :func:`plan_serves_many_runs`. Other
+operations: :func:`write_kv_matches_spec`, :func:`copy_blocks_matches_spec`,
+:func:`merge_states_matches_spec`. A check uses the
 backend through the public :class:`~pagedattn.backends.interface.Backend` interface only.
 """
 
@@ -31,7 +32,9 @@ from pagedattn.conformance.cases import (
     CopyBlocksCase,
     MergeCase,
     WriteKVCase,
+    device_arguments,
     device_caches,
+    host_result,
     run_case,
 )
 from pagedattn.errors import UnsupportedError
@@ -74,12 +77,18 @@ def run_checked(backend: Backend, case: AttentionCase) -> AttentionResult:
 def matches_spec(backend: Backend, case: AttentionCase) -> float:
     """out (and lse) within the error model of the exact float64 answer; nothing else written."""
     __tracebackhide__ = True
+    return _result_matches_spec(backend, case, run_checked(backend, case))
+
+
+def _result_matches_spec(backend: Backend, case: AttentionCase, result: AttentionResult, context: str = "") -> float:
+    """``result`` of ``case`` within the error model of the exact float64 answer (``context`` ends
+    the description of the call)."""
+    __tracebackhide__ = True
     problem = problem_of(case)
-    result = run_checked(backend, case)
     exact = exact_attention_problem(problem, case.query, case.key_cache, case.value_cache)
     tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
                     tf32=backend.capabilities().tf32)
-    call = _call(backend, case)
+    call = _call(backend, case) + context
     if problem.return_lse and result.lse is None:
         assert_array_form("lse", np.zeros(0), (problem.num_tokens, problem.num_q_heads), "float32", call)
     return assert_attention_matches(result.out, result.lse, exact, tol, problem, call)
@@ -246,6 +255,8 @@ def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
     """The same logical K/V in other physical blocks: block b moves to perm[b] (tables follow)."""
     problem = problem_of(case)
     perm = rng.permutation(problem.num_blocks)
+    if problem.num_blocks > 1 and (perm == np.arange(problem.num_blocks)).all():
+        perm = np.roll(perm, 1)  # every block moves
     tables = case.block_tables.copy()
     for s in range(problem.num_seqs):
         needed = -(-int(problem.seq_lens[s]) // problem.block_size)
@@ -270,6 +281,53 @@ def deterministic(backend: Backend, case: AttentionCase) -> float:
     _assert_same_result(backend, run_checked(backend, case), first, "the same call twice gave different bits",
                         case)
     return 0.0
+
+
+def next_layer(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
+    """The same batch (index arrays, options) as the model's next layer has it: a new query, and
+    every K and V element negated (its sign bit: exact in every dtype; NaN stays NaN)."""
+    query = rng.standard_normal(case.query.shape).astype(case.query.dtype)
+    if case.pool is not None:
+        return case.replace(query=query, pool=-case.pool)
+    return case.replace(query=query, key_cache=-case.key_cache, value_cache=-case.value_cache)
+
+
+def plan_check_rng(case: AttentionCase) -> np.random.Generator:
+    """The random stream of :func:`plan_serves_many_runs`: seeded by the case, but not the stream the
+    strategies drew the case's own values from (the next layer's query would be this one's)."""
+    return np.random.default_rng((case.seed, 1))
+
+
+def plan_serves_many_runs(backend: Backend, case: AttentionCase) -> float:
+    """As an engine uses a plan: planned beside a second plan (the batch relocated), run on this
+    layer's arrays, the second plan run, then the first run on the next layer's query and caches
+    (other arrays, same shapes). Each run within the error model of its own inputs; a later run
+    leaves an earlier run's out and lse as they were."""
+    __tracebackhide__ = True
+    rng = plan_check_rng(case)
+    other, layer = relocated(case, rng), next_layer(case, rng)
+    return_lse = bool(case.options.get("return_lse"))
+    arrays, options = device_arguments(backend, case, device_caches(backend, case))
+    other_arrays, other_options = device_arguments(backend, other, device_caches(backend, other))
+    layer_arrays, _ = device_arguments(backend, layer, device_caches(backend, layer))
+    plan = backend.plan(*arrays, **options)
+    other_plan = backend.plan(*other_arrays, **other_options)
+    first = backend.run(plan, *arrays[:3])
+    backend.synchronize()
+    seen = host_result(backend, first, return_lse)  # copied: a host backend's out may be its own array
+    first_seen = AttentionResult(seen.out.copy(), None if seen.lse is None else seen.lse.copy())
+    between = backend.run(other_plan, *other_arrays[:3])
+    last = backend.run(plan, *layer_arrays[:3])
+    backend.synchronize()
+    _assert_same_result(backend, host_result(backend, first, return_lse), first_seen,
+                        "a later run (of this plan or another) changed an earlier run's output", case)
+    return max(
+        _result_matches_spec(backend, case, first_seen, " (the plan's first run, a second plan made)"),
+        _result_matches_spec(backend, other, host_result(backend, between, return_lse),
+                             " (the second plan's run, between the first plan's runs)"),
+        _result_matches_spec(backend, layer, host_result(backend, last, return_lse),
+                             " (the first plan's second run: the next layer's query and caches)"),
+    )
 
 
 def alone(case: AttentionCase, seq: int) -> AttentionCase:

@@ -172,3 +172,19 @@ def test_operation_cases_round_trip_and_pass_on_the_reference(data, tmp_path_fac
         else:
             assert a == b
     assert checks.CHECKS[name](NumpyBackend(), loaded) <= 1.0
+
+
+@FAST
+@given(st.data())
+def test_the_plan_check_runs_other_blocks_and_the_next_layers_negated_contents(data):
+    case = data.draw(attention_cases(CAPS, dtype="bfloat16", block_size=16, kv_layout="NHD"))
+    rng = checks.plan_check_rng(case)
+    other, layer = checks.relocated(case, rng), checks.next_layer(case, rng)
+    if checks.problem_of(case).num_blocks > 1:  # every block moves: the second plan's tables differ
+        used = case.block_tables[case.block_tables >= 0]
+        assert not np.array_equal(other.block_tables, case.block_tables) or used.size == 0
+    for mine, theirs in ((layer.key_cache, case.key_cache), (layer.value_cache, case.value_cache)):
+        bits, sign = (np.uint8, 0x80) if mine.dtype.itemsize == 1 else (np.uint16, 0x8000)  # 16-bit or fp8
+        assert (mine.view(bits) == theirs.view(bits) ^ sign).all()  # the sign bit, exactly
+    assert layer.query.shape == case.query.shape and not np.array_equal(layer.query, case.query)
+    assert checks.plan_serves_many_runs(NumpyBackend(), case) >= 0.0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pagedattn.conformance import checks, test_launch_scale, test_scale
+from pagedattn.conformance import checks, test_launch_scale, test_plans, test_scale
 from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import AttentionCase
-from pagedattn.conformance.mutants import MUTANTS, scale
+from pagedattn.conformance.mutants import MUTANTS, plans, scale
 from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
 from pagedattn.conformance.mutants.run import SUITE_MODULES, run_mutant, run_pytest_in_process
 from pagedattn.conformance.mutants.run import main as run_main
@@ -32,16 +32,19 @@ def test_correct_stepped_kernel_passes_quick_profile(tmp_path):
 #: name: an installed package's node ids do not always carry the module's path).
 SCALE_CELLS = tuple(name for module in (test_scale, test_launch_scale) for name in vars(module)
                     if name.startswith("test_"))
+#: Where the mutants of ``mutants/plans.py`` must die: only a reused plan shows their bugs.
+PLAN_CELLS = tuple(name for name in vars(test_plans) if name.startswith("test_"))
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_quick_profile_kills_mutant(name):
-    """Killed in under 60 s; a scale mutant by a scale cell."""
+    """Killed in under 60 s; a scale mutant by a scale cell, a plan mutant by the plan cell."""
     result = run_mutant(name, profile="quick", isolated=True)
     assert result.killed, f"mutant {name} survived the quick profile ({MUTANTS[name].bug}); exit {result.exit_code}"
     assert result.seconds < 60, f"mutant {name} took {result.seconds:.0f} s to kill (by {result.killed_by})"
-    if MUTANTS[name].__module__ == scale.__name__:
-        assert any(f"::{cell}[" in result.killed_by for cell in SCALE_CELLS), f"{name} killed by {result.killed_by}"
+    cells = {scale.__name__: SCALE_CELLS, plans.__name__: PLAN_CELLS}.get(MUTANTS[name].__module__)
+    if cells is not None:
+        assert any(f"::{cell}[" in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}"
 
 
 def _decode_case(seed: int) -> AttentionCase:

@@ -8,13 +8,13 @@ bug (``bug``) and the kind of public report it models (``models``).
 
 from __future__ import annotations
 
-from pagedattn.conformance.mutants import attention, operations, scale
+from pagedattn.conformance.mutants import attention, operations, plans, scale
 from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
 
 
 def _catalog() -> dict[str, type[SteppedKernelBackend]]:
     found: dict[str, type[SteppedKernelBackend]] = {}
-    for module in (attention, operations, scale):
+    for module in (attention, operations, plans, scale):
         for name, value in vars(module).items():
             if isinstance(value, type) and issubclass(value, SteppedKernelBackend) and value.bug \
                     and value.__module__ == module.__name__:

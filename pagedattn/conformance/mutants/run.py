@@ -29,6 +29,7 @@ SUITE_MODULES: tuple[str, ...] = (
     "pagedattn.conformance.test_nonfinite",
     "pagedattn.conformance.test_meaning",
     "pagedattn.conformance.test_never",
+    "pagedattn.conformance.test_plans",
     "pagedattn.conformance.test_launch_scale",
 )
 

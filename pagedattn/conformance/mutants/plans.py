@@ -1,0 +1,58 @@
+"""Mutants whose bug shows only when a plan is reused: several plans alive at once, one plan run on
+several layers' arrays, an earlier run's output kept by the caller. Every other cell plans and
+runs once; :mod:`pagedattn.conformance.test_plans` is the one that sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
+
+
+class PlanStateOnBackend(SteppedKernelBackend):
+    bug = "plan keeps its batch on the backend, not in the plan: a run follows the batch planned last"
+    models = ("sgl-project/sglang PR 27193 (a re-plan inside a multi-step loop clobbers the per-step attention "
+              "metadata: wrong output, not a crash); attention wrappers that hold one plan each")
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        self.planned_last = problem
+        return super()._plan(problem, block_tables, seq_lens, query_start_loc, alibi_slopes)
+
+    def _run(self, plan, query, key_cache, value_cache):
+        return super()._run(replace(plan, problem=self.planned_last), query, key_cache, value_cache)
+
+
+class LaunchBindsFirstRunArrays(SteppedKernelBackend):
+    bug = ("a plan's launch cache binds the query and caches of its first run: later runs of the plan read "
+           "the first run's arrays")
+    models = ("flashinfer-ai/flashinfer PR 5080 (an identity-memoised plan replayed without re-pointing it "
+              "at the new call's buffers); host-time launch caches that keep argument addresses")
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return {"bound": None}
+
+    def _run(self, plan, query, key_cache, value_cache):
+        if plan.state["bound"] is None:
+            plan.state["bound"] = (query, key_cache, value_cache)
+        return super()._run(plan, *plan.state["bound"])
+
+
+class OutputBufferPerPlan(SteppedKernelBackend):
+    bug = "the plan allocates out (and lse) once and every run returns them: a later run overwrites an earlier out"
+    models = ("NVIDIA/TensorRT-LLM PR 17887 (a returned output held in a reused buffer, safe only if consumed "
+              "before the next call); output buffers cached per plan to save host time")
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return {"out": None, "lse": None}
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        if plan.state["out"] is None:
+            plan.state["out"], plan.state["lse"] = np.empty_like(out), None if lse is None else np.empty_like(lse)
+        plan.state["out"][...] = out
+        if lse is not None:
+            plan.state["lse"][...] = lse
+        return plan.state["out"], plan.state["lse"]

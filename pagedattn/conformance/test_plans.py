@@ -1,0 +1,39 @@
+"""A plan serves many runs, as an engine uses one: planned once per batch beside other plans, run
+once per layer on that layer's query and caches.
+
+Each cell draws the ``combined`` row of the strategies (every declared feature at random), a block
+size and a KV layout the backend declares, and checks :func:`~pagedattn.conformance.checks.plan_serves_many_runs`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import strategies as st
+
+from pagedattn.backends.capabilities import Capabilities
+from pagedattn.conformance import checks
+from pagedattn.conformance.cases import AttentionCase
+from pagedattn.conformance.runner import run_property
+from pagedattn.conformance.strategies import CONTRACT_BLOCK_SIZES, attention_cases
+from pagedattn.spec.dtypes import QUERY_DTYPES
+
+pytestmark = pytest.mark.pagedattn_conformance
+
+
+def planned_cases(capabilities: Capabilities, *, dtype: str) -> st.SearchStrategy[AttentionCase]:
+    """Return a strategy for a ``combined`` attention case of ``dtype`` in any declared block size and layout."""
+    block_sizes = tuple(capabilities.block_sizes or CONTRACT_BLOCK_SIZES)
+    return st.tuples(st.sampled_from(block_sizes), st.sampled_from(tuple(capabilities.kv_layouts))).flatmap(
+        lambda drawn: attention_cases(capabilities, dtype=dtype, block_size=drawn[0], kv_layout=drawn[1]))
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_a_plan_serves_many_runs(request, backend, dtype):
+    """A plan run on one layer's arrays, then (after another plan's run) on the next layer's query
+    and caches: every run within the error model of its own inputs, and an earlier run's out and
+    lse left as they were."""
+    run_property(
+        request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), checks.plan_serves_many_runs,
+        cell={"feature": "plan_serves_many_runs", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
+        requires={"dtype": dtype},
+    )
