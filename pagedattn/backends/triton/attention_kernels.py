@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): scores are kept in base 2 so exp2 can be used
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): converts the base-2 lse back to natural log
@@ -304,6 +305,8 @@ def paged_attention_kernel(
     :func:`merge_splits_kernel` combines.
     """
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_TILE  # queries per tile
+    if not INTERPRET:  # a merge launched as its dependent (PDL) may start once every program runs
+        gdc_launch_dependents()
     if HEADS_FASTEST:  # grid (work x head programs, splits): a sequence's heads run side by side
         work = tl.program_id(0) // num_head_programs
         head_program = tl.program_id(0) % num_head_programs
@@ -415,7 +418,11 @@ def merge_splits_kernel(
     """Merge the split partials of one (token, head): the spec's ``merge_states`` over splits.
 
     An empty split (lse = -inf) weighs exactly zero and its out is never read into the sum.
+    Launched as the attention kernel's programmatic dependent (PDL), it waits for that kernel's
+    partials before it reads them (``gdc_wait``: a no-op in a plain launch).
     """
+    if not INTERPRET:
+        gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)

@@ -85,6 +85,7 @@ class TritonPlanState:
     constexprs: dict[str, Any] = field(default_factory=dict)
     launch_options: dict[str, Any] = field(default_factory=dict)
     merge_constexprs: dict[str, Any] = field(default_factory=dict)
+    merge_options: dict[str, Any] = field(default_factory=dict)
     relauncher: Relauncher = field(default_factory=Relauncher)  # compiled kernels of this plan, reused by run
     #: data pointers of the plan's own arrays as the attention kernel takes them (partials,
     #: then index arrays and slopes), for launches that pass integers
@@ -159,7 +160,9 @@ class TritonBackend(Backend):
     ``num_splits`` and ``tiles`` (tests and tuning only) replace the choices of
     :func:`~pagedattn.backends.triton.launch_config.choose_num_splits` and
     :func:`~pagedattn.backends.triton.launch_config.choose_tiles`; ``decode_table`` replaces
-    :data:`~pagedattn.backends.triton.launch_config.DECODE_TABLE` (decode tiles by block size).
+    :data:`~pagedattn.backends.triton.launch_config.DECODE_TABLE` (decode tiles by block size);
+    ``pdl`` forces the split-KV merge's programmatic dependent launch on or off (default: on
+    from sm_90).
     """
 
     name = "triton"
@@ -168,7 +171,7 @@ class TritonBackend(Backend):
     description = "Triton kernels: varlen paged attention (GQA-packed, split-KV), write_kv, copy_blocks, merge"
 
     def __init__(self, *, num_splits: int | None = None, tiles: Tiles | None = None,
-                 decode_table: dict[int | None, DecodeTiles] | None = None) -> None:
+                 decode_table: dict[int | None, DecodeTiles] | None = None, pdl: bool | None = None) -> None:
         if num_splits is not None and num_splits < 1:
             raise PagedAttentionError("num_splits", f"expected None or an integer >= 1, received {num_splits!r}")
         if decode_table is not None and None not in decode_table:
@@ -176,6 +179,7 @@ class TritonBackend(Backend):
         self._forced_splits = num_splits
         self._forced_tiles = tiles
         self._decode_table = decode_table
+        self._pdl = pdl
 
     # -- what the backend is -------------------------------------------------
     @classmethod
@@ -210,6 +214,19 @@ class TritonBackend(Backend):
             install()  # every path to a launch asks for the device first
             return torch.device("cpu")
         return torch.device("cuda", torch.cuda.current_device())
+
+    def _uses_pdl(self) -> bool:
+        """Whether the split-KV merge is launched as the attention kernel's programmatic
+        dependent (PDL, sm_90 and later): it starts while the attention kernel's last programs
+        run and waits in ``gdc_wait``, so no launch gap separates the two. ``pdl`` forces it on
+        or off; never in the interpreter."""
+        if interpreter_mode():
+            return False
+        if self._pdl is not None:
+            return self._pdl
+        import torch
+
+        return bool(torch.cuda.get_device_capability(self._device())[0] >= 9)
 
     def _num_sms(self) -> int:
         if interpreter_mode():
@@ -312,6 +329,7 @@ class TritonBackend(Backend):
                 HEAD_DIM=D, HEAD_DIM_PAD=next_power_of_2(D), SPLITS_PAD=next_power_of_2(num_splits),
                 STORE_LSE=problem.return_lse, INTERPRET=interpreter_mode(),
             ),
+            merge_options={"num_warps": 4, **({"launch_pdl": True} if self._uses_pdl() else {})},
         )
         tables = (state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
                   state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens)
@@ -408,7 +426,7 @@ class TritonBackend(Backend):
         if state.num_splits > 1:
             state.relauncher.launch(merge_splits_kernel, (T, Hq, 1), key,
                                     [out, lse_arg, part_out, part_lse, *merge_args],
-                                    state.merge_constexprs, {"num_warps": 4}, state.interpret)
+                                    state.merge_constexprs, state.merge_options, state.interpret)
         if key is not None:
             attention = state.relauncher.ready(paged_attention_kernel, key)
             merge = state.relauncher.ready(merge_splits_kernel, key) if state.num_splits > 1 else None
