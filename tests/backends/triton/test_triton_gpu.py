@@ -110,6 +110,26 @@ def test_bits_depend_only_on_what_a_row_sees(check: str, num_splits: int | None)
     checks.CHECKS[check](backend_for(num_splits=num_splits), case)
 
 
+def test_the_merge_launched_with_or_without_pdl_gives_the_same_bits() -> None:
+    """The split-KV merge as the attention kernel's programmatic dependent (the default from
+    sm_90) and as a plain launch: the same bits, eager and through the direct relaunch path."""
+    import torch
+
+    case = poisoned_case("pdl", [20000, 9000, 1])
+    results = {}
+    for pdl in (True, False):
+        backend = backend_for(pdl=pdl)
+        device = [None if a is None else backend.to_device(a) for a in case.args()]
+        plan = backend.plan(*device, return_lse=True)
+        assert plan.state.num_splits > 1, plan.state.num_splits
+        assert plan.state.merge_options.get("launch_pdl", False) is (pdl and torch.cuda.get_device_capability()[0] >= 9)
+        results[pdl] = [[backend.to_numpy(x) for x in backend.run(plan, *device[:3])] for _ in range(2)]
+    for out, lse in (*results[True], results[False][1]):
+        assert_bit_identical("out", out, results[False][0][0], "the merge's launch changed the output", "[pdl]")
+        assert_bit_identical("lse", lse, results[False][0][1], "the merge's launch changed lse", "[pdl]")
+    checks.matches_spec(backend_for(), case)
+
+
 def test_a_pool_of_more_than_2_to_the_31_elements_gives_the_same_bits() -> None:
     """64-bit offsets: the sequences' blocks at the end of a pool past 2**31 elements."""
     import torch
