@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,12 +39,15 @@ class AttentionResult(NamedTuple):
     lse: np.ndarray | None
 
 
-def device_caches(backend: Backend, case: AttentionCase) -> tuple[Any, Any, Any]:
-    """Return ``(key_cache, value_cache, pool or None)`` of ``case`` on the backend's device, views kept."""
+def device_caches(backend: Backend, case: AttentionCase,
+                  to_device: Callable[[np.ndarray], Any] | None = None) -> tuple[Any, Any, Any]:
+    """Return ``(key_cache, value_cache, pool or None)`` of ``case`` on the backend's device, views
+    kept (``to_device``: how the arrays get there, by default ``backend.to_device``)."""
+    to_device = to_device or backend.to_device
     if case.pool is not None:
-        pool = backend.to_device(case.pool)
+        pool = to_device(case.pool)
         return pool[:, 0, case.layer], pool[:, 1, case.layer], pool
-    return backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy()), None
+    return to_device(case.key_cache.copy()), to_device(case.value_cache.copy()), None
 
 
 def device_arguments(backend: Backend, case: AttentionCase,

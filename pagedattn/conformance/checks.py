@@ -3,7 +3,8 @@ the worst error as a fraction of the tolerance (0.0 for rules that demand identi
 
 Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
 :func:`relocation_invariant`, :func:`deterministic`, :func:`alone_equals_batch` (and every
-attention check asserts that no input was written). Plans: :func:`plan_serves_many_runs`. Other
+attention check asserts that no input was written). Plans: :func:`plan_serves_many_runs`,
+:func:`replay_matches_eager`. Other
 operations: :func:`write_kv_matches_spec`, :func:`copy_blocks_matches_spec`,
 :func:`merge_states_matches_spec`. A check uses the
 backend through the public :class:`~pagedattn.backends.interface.Backend` interface only.
@@ -12,11 +13,13 @@ backend through the public :class:`~pagedattn.backends.interface.Backend` interf
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+from pagedattn.backends.engine_calls import CaptureFailed, capture_runs, engine_array
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.assertions import (
     ConformanceFailure,
@@ -328,6 +331,52 @@ def plan_serves_many_runs(backend: Backend, case: AttentionCase) -> float:
         _result_matches_spec(backend, layer, host_result(backend, last, return_lse),
                              " (the first plan's second run: the next layer's query and caches)"),
     )
+
+
+def _assign(target: Any, source: Any) -> None:
+    """Write ``source``'s elements into the device array ``target`` in place (torch, CuPy, NumPy)."""
+    target[...] = source
+
+
+def replay_matches_eager(backend: Backend, case: AttentionCase) -> float:
+    """As an engine replays a captured decode step: a run of a capturable plan captured in a CUDA
+    graph, the next layer's query and caches written into the captured arrays, the graph replayed.
+    The replay gives the bits of an eager run of the same plan on those contents (other arrays),
+    within the error model of the spec. A plan that is not capturable is unsupported; one that
+    says it is and cannot be captured fails."""
+    __tracebackhide__ = True
+    layer = next_layer(case, plan_check_rng(case))
+    return_lse = bool(case.options.get("return_lse"))
+    to_engine = partial(engine_array, backend)  # torch CUDA tensors where the backend takes them
+    caches = device_caches(backend, case, to_engine)
+    arrays, options = device_arguments(backend, case, caches)
+    arrays = (to_engine(case.query), *arrays[1:])
+    plan = backend.plan(*arrays, **options)
+    if not plan.capturable:
+        raise UnsupportedError("plan", "its plans are not capturable in a CUDA graph (Plan.capturable)",
+                               backend=backend.name, capability="cuda_graphs")
+    captured: list[Any] = []
+    try:
+        replay = capture_runs(lambda _: captured.append(backend.run(plan, *arrays[:3])), 1)
+    except CaptureFailed as error:
+        raise ConformanceFailure(f"the plan says it is capturable, but {error} {_call(backend, case)}") from None
+    layer_caches = device_caches(backend, layer, to_engine)
+    layer_arrays = (to_engine(layer.query), *layer_caches[:2])
+    pool = caches[2]
+    if pool is not None:  # the caches are views of the pool: write the next layer's pool into it
+        _assign(pool, layer_caches[2])
+    else:
+        _assign(caches[0], layer_arrays[1])
+        _assign(caches[1], layer_arrays[2])
+    _assign(arrays[0], layer_arrays[0])
+    replay()
+    backend.synchronize()
+    replayed = host_result(backend, captured[-1], return_lse)
+    eager = host_result(backend, backend.run(plan, *layer_arrays[:3]), return_lse)
+    backend.synchronize()
+    _assert_same_result(backend, replayed, eager,
+                        "a CUDA-graph replay on new contents differs from an eager run on them", layer)
+    return _result_matches_spec(backend, layer, replayed, " (a CUDA-graph replay on the next layer's contents)")
 
 
 def alone(case: AttentionCase, seq: int) -> AttentionCase:

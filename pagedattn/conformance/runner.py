@@ -47,10 +47,13 @@ class Unsupported(Exception):
 
 def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | None = None,
             block_size: int | None = None, kv_layout: str | None = None, features: tuple[str, ...] = (),
-            pool_elements: int | None = None) -> None:
+            pool_elements: int | None = None, device: str | None = None) -> None:
     """Raise :class:`Unsupported` if the backend's capabilities exclude this combination
-    (``pool_elements``: caches of that many elements, against ``max_pool_elements``)."""
+    (``pool_elements``: caches of that many elements, against ``max_pool_elements``; ``device``:
+    the device the backend must run on)."""
     caps = backend.capabilities()
+    if device is not None and caps.device != device:
+        raise Unsupported(f"{backend.name}: runs on {caps.device}, not {device}")
     if pool_elements is not None and caps.max_pool_elements is not None and pool_elements > caps.max_pool_elements:
         raise Unsupported(f"{backend.name}: caches of {pool_elements:,} elements exceed max_pool_elements"
                           f" {caps.max_pool_elements:,}")

@@ -1,8 +1,9 @@
 """A plan serves many runs, as an engine uses one: planned once per batch beside other plans, run
-once per layer on that layer's query and caches.
+once per layer on that layer's query and caches, captured in a CUDA graph and replayed.
 
 Each cell draws the ``combined`` row of the strategies (every declared feature at random), a block
-size and a KV layout the backend declares, and checks :func:`~pagedattn.conformance.checks.plan_serves_many_runs`.
+size and a KV layout the backend declares, and checks :func:`~pagedattn.conformance.checks.plan_serves_many_runs`
+or, on a CUDA device, :func:`~pagedattn.conformance.checks.replay_matches_eager`.
 """
 
 from __future__ import annotations
@@ -36,4 +37,16 @@ def test_a_plan_serves_many_runs(request, backend, dtype):
         request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), checks.plan_serves_many_runs,
         cell={"feature": "plan_serves_many_runs", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
         requires={"dtype": dtype},
+    )
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_a_captured_run_replays_new_contents(request, backend, dtype):
+    """A run of a capturable plan captured in a CUDA graph and replayed after the next layer's query
+    and caches are written into its arrays: the bits of an eager run on those contents, within the
+    error model. Unsupported off CUDA and for plans that are not capturable."""
+    run_property(
+        request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), checks.replay_matches_eager,
+        cell={"feature": "replay_matches_eager", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
+        requires={"dtype": dtype, "device": "cuda"},
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.backends.engine_calls import CaptureFailed, capture_runs, engine_array, takes_torch_cuda
 from pagedattn.backends.interface import Backend
 from pagedattn.perf import timing
 
@@ -22,9 +23,7 @@ GPU_FLUSH_BYTES = 256 << 20  # several times an H100/H200's 50 MB L2
 CPU_FLUSH_BYTES = 64 << 20
 
 
-def takes_torch_cuda(backend: Backend) -> bool:
-    """Whether ``backend`` runs on CUDA and takes torch CUDA tensors (``accepts_torch``)."""
-    return bool(getattr(backend, "accepts_torch", False)) and backend.capabilities().device == "cuda"
+__all__ = ["INPUT_KINDS", "flusher", "marks", "takes_torch_cuda", "to_device", "torch_graph_capture"]
 
 
 def to_device(backend: Backend, array: np.ndarray, inputs: str) -> Any:
@@ -32,13 +31,7 @@ def to_device(backend: Backend, array: np.ndarray, inputs: str) -> Any:
     backend takes one, else the backend's own device array."""
     if inputs not in INPUT_KINDS:
         raise ValueError(f"inputs={inputs!r}: expected one of {INPUT_KINDS}")
-    if inputs == "torch" and takes_torch_cuda(backend):
-        import torch
-
-        from pagedattn.backends.bitviews import numpy_to_torch
-
-        return numpy_to_torch(array, torch.device("cuda", torch.cuda.current_device()))
-    return backend.to_device(array)
+    return engine_array(backend, array) if inputs == "torch" else backend.to_device(array)
 
 
 def flusher(on_gpu: bool) -> Callable[[], object]:
@@ -64,26 +57,9 @@ def marks(on_gpu: bool, synchronize: Callable[[], None]) -> timing.Marks:
 
 def torch_graph_capture(run: Callable[[int], object], calls: int) -> Callable[[], object]:
     """Capture ``calls`` runs (``run(0)`` ... ``run(calls - 1)``) in one torch CUDA graph after a
-    warm-up on a side stream; return its replay. Raises :class:`~.timing.GraphUnsupported`
-    with the error when the capture fails."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise timing.GraphUnsupported("no CUDA device")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(calls):
-            run(i)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
+    warm-up on a side stream (:func:`~pagedattn.backends.torch_graphs.capture_runs`); return its
+    replay. Raises :class:`~.timing.GraphUnsupported` with the error when the capture fails."""
     try:
-        with torch.cuda.graph(graph):
-            for i in range(calls):
-                run(i)
-    except Exception as error:
-        torch.cuda.synchronize()
-        first = str(error).splitlines()[0] if str(error) else ""
-        raise timing.GraphUnsupported(f"capture failed: {type(error).__name__}: {first}"[:200]) from None
-    return graph.replay
+        return capture_runs(run, calls)
+    except CaptureFailed as error:
+        raise timing.GraphUnsupported(str(error)) from None

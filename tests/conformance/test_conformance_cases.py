@@ -188,3 +188,10 @@ def test_the_plan_check_runs_other_blocks_and_the_next_layers_negated_contents(d
         assert (mine.view(bits) == theirs.view(bits) ^ sign).all()  # the sign bit, exactly
     assert layer.query.shape == case.query.shape and not np.array_equal(layer.query, case.query)
     assert checks.plan_serves_many_runs(NumpyBackend(), case) >= 0.0
+
+
+def test_the_replay_check_calls_a_plan_that_is_not_capturable_unsupported():
+    from pagedattn.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="not capturable"):
+        checks.replay_matches_eager(NumpyBackend(), _case())

@@ -107,3 +107,9 @@ class _FakeRequest:
 
     def __init__(self) -> None:
         self.node = type("Node", (), {"nodeid": "tests/x.py::test_cell[numpy]", "user_properties": []})()
+
+
+def test_a_cell_for_another_device_is_unsupported() -> None:
+    runner.require(NumpyBackend(), device="cpu")
+    with pytest.raises(runner.Unsupported, match="runs on cpu, not cuda"):
+        runner.require(NumpyBackend(), device="cuda")
