@@ -62,7 +62,8 @@ def test_nan_masking_backend_fails_the_non_finite_check_and_the_correct_kernel_p
         checks.nonfinite_propagates(MUTANTS["NaNMaskingKernel"](), case)
 
 
-def test_kill_table_command_prints_each_mutant_with_its_time(capsys):
+def test_kill_table_command_prints_each_mutant_with_its_time(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the table wraps the killing cell's id to the terminal's width
     code = run_main(["--mutant", "WrongGQAMapping", "--profile", "quick"])
     out = capsys.readouterr().out
     assert code == 0

@@ -18,7 +18,8 @@ BENCH = "benchmarks/bench_numpy_reference.py"
 
 
 def run_suite(tmp_path: Path, *args: str, baselines: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # not an xdist worker's variables: pytest-benchmark would take the run for a worker's and not time it
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}, "PYTHONPATH": str(ROOT)}
     if baselines is not None:
         env["PAGEDATTN_PERF_BASELINES"] = str(baselines)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=bench_*.py",
