@@ -1,7 +1,8 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
 batches larger than one wave of CTAs, more than 65,535 tokens in one call (attention, write_kv:
-a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence, a sequence of more
-than 65,536 keys (more split parts than a fixed-size merge holds; positions past 16 bits).
+a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence, a
+sequence of more than 65,536 keys (more split parts than a fixed-size merge holds; positions
+past 16 bits).
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
@@ -86,7 +87,7 @@ def test_write_kv_of_many_tokens(request, backend):
 
 
 #: The dtype of the very-long cell: float16, whose 10-bit mantissa shows a smaller error than
-#: bfloat16's (a sequence this long costs the Triton interpreter seconds per dtype).
+#: bfloat16's (a sequence this long costs the Triton interpreter about a minute per dtype).
 VERY_LONG_DTYPES = ("float16",)
 
 
