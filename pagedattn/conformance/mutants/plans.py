@@ -15,7 +15,8 @@ from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
 class PlanStateOnBackend(SteppedKernelBackend):
     bug = "plan keeps its batch on the backend, not in the plan: a run follows the batch planned last"
     models = ("sgl-project/sglang PR 27193 (a re-plan inside a multi-step loop clobbers the per-step attention "
-              "metadata: wrong output, not a crash); attention wrappers that hold one plan each")
+              "metadata: wrong output, not a crash); NVIDIA/TensorRT-LLM PR 15546 (the next step's block offsets "
+              "overwrite a reused staging buffer before the previous step's copy ran)")
 
     def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
         self.planned_last = problem
