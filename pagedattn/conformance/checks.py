@@ -4,7 +4,7 @@ the worst error as a fraction of the tolerance (0.0 for rules that demand identi
 Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
 :func:`relocation_invariant`, :func:`deterministic`, :func:`alone_equals_batch` (and every
 attention check asserts that no input was written). Plans: :func:`plan_serves_many_runs`,
-:func:`replay_matches_eager`. Other operations: :func:`write_kv_matches_spec`,
+:func:`replay_matches_eager`, :func:`step_writes_then_attends`. Other operations: :func:`write_kv_matches_spec`,
 :func:`copy_blocks_matches_spec`, :func:`merge_states_matches_spec`. A check uses the backend
 through the public :class:`~pagedattn.backends.interface.Backend` interface only.
 """
@@ -376,6 +376,52 @@ def replay_matches_eager(backend: Backend, case: AttentionCase) -> float:
     _assert_same_result(backend, replayed, eager,
                         "a CUDA-graph replay on new contents differs from an eager run on them", layer)
     return _result_matches_spec(backend, layer, replayed, " (a CUDA-graph replay on the next layer's contents)")
+
+
+def newest_slots(problem: AttentionProblem) -> np.ndarray:
+    """Slots of each sequence's newest tokens, the ones a step writes before its attention: the
+    positions of its queries (the last one in decode; none for a padding entry), each slot once
+    (sequences may share a block)."""
+    seqs, positions = problem.token_positions()
+    keep = problem.seq_lens[seqs] > 0
+    seqs, positions = seqs[keep], positions[keep]
+    blocks = problem.block_tables[seqs, positions // problem.block_size].astype(np.int64)
+    return np.unique(blocks * problem.block_size + positions % problem.block_size)
+
+
+def step_writes_then_attends(backend: Backend, case: AttentionCase) -> float:
+    """As an engine's step: the batch planned, then ``write_kv`` of the newest tokens' keys and
+    values (their slots hold NaN before it), then the plan run on the same caches with no
+    synchronisation between. The attention
+    sees what ``write_kv`` wrote: within the error model of the spec on the caches as they are
+    after the step (what ``write_kv`` stores is the ``write_kv`` cells' concern)."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    slots = newest_slots(problem)
+    rng = plan_check_rng(case)
+    k_host, v_host = case.key_cache.copy(), case.value_cache.copy()
+    for cache in (k_host, v_host):
+        view = kv_ops.slot_view(cache, problem.kv_layout)
+        view[slots // problem.block_size, slots % problem.block_size] = np.nan  # stale until written
+    stale = case.replace(pool=None, key_cache=k_host, value_cache=v_host)
+    new_kv = [rng.standard_normal((len(slots), problem.num_kv_heads, problem.head_dim)).astype(case.query.dtype)
+              for _ in range(2)]
+    caches = device_caches(backend, stale)
+    arrays, options = device_arguments(backend, stale, caches)
+    scales = {name: options[name] for name in ("k_scale", "v_scale") if name in options}
+    plan = backend.plan(*arrays, **options)  # an engine plans the step first, then each layer writes and attends
+    backend.write_kv(backend.to_device(new_kv[0]), backend.to_device(new_kv[1]), caches[0], caches[1],
+                     backend.to_device(slots), kv_layout=problem.kv_layout, **scales)
+    result = backend.run(plan, *arrays[:3])
+    backend.synchronize()
+    after = stale.replace(key_cache=np.asarray(backend.to_numpy(caches[0])),
+                          value_cache=np.asarray(backend.to_numpy(caches[1])))
+    for name, cache in (("key_cache", after.key_cache), ("value_cache", after.value_cache)):
+        view = kv_ops.slot_view(cache, problem.kv_layout)
+        if np.isnan(view[slots // problem.block_size, slots % problem.block_size].astype(np.float32)).any():
+            raise ConformanceFailure(f"{name}: write_kv left a newest token's slot unwritten {_call(backend, case)}")
+    return _result_matches_spec(backend, after, host_result(backend, result, bool(options.get("return_lse"))),
+                                " (attention right after write_kv of the newest tokens)")
 
 
 def alone(case: AttentionCase, seq: int) -> AttentionCase:

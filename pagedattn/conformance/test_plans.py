@@ -1,9 +1,11 @@
-"""A plan serves many runs, as an engine uses one: planned once per batch beside other plans, run
-once per layer on that layer's query and caches, captured in a CUDA graph and replayed.
+"""How an engine uses a backend: a plan serves many runs (planned once per batch beside other
+plans, run once per layer on that layer's query and caches, captured in a CUDA graph and
+replayed), and a step writes its newest keys and values before it attends.
 
 Each cell draws the ``combined`` row of the strategies (every declared feature at random), a block
 size and a KV layout the backend declares, and checks :func:`~pagedattn.conformance.checks.plan_serves_many_runs`
-or, on a CUDA device, :func:`~pagedattn.conformance.checks.replay_matches_eager`.
+or, on a CUDA device, :func:`~pagedattn.conformance.checks.replay_matches_eager`, or
+:func:`~pagedattn.conformance.checks.step_writes_then_attends`.
 """
 
 from __future__ import annotations
@@ -49,4 +51,15 @@ def test_a_captured_run_replays_new_contents(request, backend, dtype):
         request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), checks.replay_matches_eager,
         cell={"feature": "replay_matches_eager", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
         requires={"dtype": dtype, "device": "cuda"},
+    )
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_a_step_writes_then_attends(request, backend, dtype):
+    """write_kv of the batch's newest tokens, then attention on the same caches with no
+    synchronisation between: the attention sees the written keys and values."""
+    run_property(
+        request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), checks.step_writes_then_attends,
+        cell={"feature": "step_writes_then_attends", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
+        requires={"dtype": dtype, "features": ("write_kv",)},
     )

@@ -195,3 +195,15 @@ def test_the_replay_check_calls_a_plan_that_is_not_capturable_unsupported():
 
     with pytest.raises(UnsupportedError, match="not capturable"):
         checks.replay_matches_eager(NumpyBackend(), _case())
+
+
+def test_newest_slots_are_the_query_positions_slots_once_each_and_none_for_padding():
+    from pagedattn.spec.arrays import check_paged_attention as check
+
+    tables = np.array([[3, 1], [0, -1], [2, -1]], dtype=np.int32)  # block size 16
+    q = np.zeros((3, 1, 16), np.float32)
+    k = np.zeros((4, 16, 1, 16), np.float32)
+    decode = check(q, k, k, tables, np.array([20, 0, 5], np.int32))  # the middle entry is padding
+    assert checks.newest_slots(decode).tolist() == sorted([1 * 16 + 3, 2 * 16 + 4])
+    varlen = check(q, k, k, tables, np.array([20, 1, 5], np.int32), np.array([0, 2, 3, 3], np.int32))
+    assert checks.newest_slots(varlen).tolist() == sorted([1 * 16 + 2, 1 * 16 + 3, 0])
