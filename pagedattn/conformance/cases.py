@@ -50,17 +50,19 @@ def device_caches(backend: Backend, case: AttentionCase,
     return to_device(case.key_cache.copy()), to_device(case.value_cache.copy()), None
 
 
-def device_arguments(backend: Backend, case: AttentionCase,
-                     caches: tuple[Any, Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def device_arguments(backend: Backend, case: AttentionCase, caches: tuple[Any, Any, Any],
+                     to_device: Callable[[np.ndarray], Any] | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)`` of ``case`` on
-    the backend's device (the caches given, from :func:`device_caches`), and its options."""
+    the backend's device (the caches given, from :func:`device_caches`; the query through
+    ``to_device``, by default ``backend.to_device``), and its options."""
     key_cache, value_cache, _ = caches
     options = dict(case.options)
     if options.get("alibi_slopes") is not None:
         options["alibi_slopes"] = backend.to_device(options["alibi_slopes"])
     qsl = None if case.query_start_loc is None else backend.to_device(case.query_start_loc)
-    arrays = (backend.to_device(case.query), key_cache, value_cache, backend.to_device(case.block_tables),
-              backend.to_device(case.seq_lens), qsl)
+    query = (to_device or backend.to_device)(case.query)
+    tables, lens = backend.to_device(case.block_tables), backend.to_device(case.seq_lens)
+    arrays = (query, key_cache, value_cache, tables, lens, qsl)
     return arrays, options
 
 

@@ -311,7 +311,7 @@ def plan_serves_many_runs(backend: Backend, case: AttentionCase) -> float:
     return_lse = bool(case.options.get("return_lse"))
     arrays, options = device_arguments(backend, case, device_caches(backend, case))
     other_arrays, other_options = device_arguments(backend, other, device_caches(backend, other))
-    layer_arrays, _ = device_arguments(backend, layer, device_caches(backend, layer))
+    layer_arrays = (backend.to_device(layer.query), *device_caches(backend, layer)[:2])  # its index arrays: the plan's
     plan = backend.plan(*arrays, **options)
     other_plan = backend.plan(*other_arrays, **other_options)
     first = backend.run(plan, *arrays[:3])
@@ -348,8 +348,7 @@ def replay_matches_eager(backend: Backend, case: AttentionCase) -> float:
     return_lse = bool(case.options.get("return_lse"))
     to_engine = partial(engine_array, backend)  # torch CUDA tensors where the backend takes them
     caches = device_caches(backend, case, to_engine)
-    arrays, options = device_arguments(backend, case, caches)
-    arrays = (to_engine(case.query), *arrays[1:])
+    arrays, options = device_arguments(backend, case, caches, to_engine)
     plan = backend.plan(*arrays, **options)
     if not plan.capturable:
         raise UnsupportedError("plan", "its plans are not capturable in a CUDA graph (Plan.capturable)",

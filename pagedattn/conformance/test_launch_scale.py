@@ -76,7 +76,6 @@ def test_many_tokens_match_spec(request, backend, dtype):
                    feature="many_tokens", max_examples=limits.batch_examples)
 
 
-
 def test_write_kv_of_many_tokens(request, backend):
     """write_kv of more than 65,535 tokens in one call (a long prefill's keys and values): the spec's
     bits at every slot written, every other slot unchanged."""

@@ -2,18 +2,23 @@
 plans, run once per layer on that layer's query and caches, captured in a CUDA graph and
 replayed), and a step writes its newest keys and values before it attends.
 
-Each cell draws the ``combined`` row of the strategies (every declared feature at random), a block
-size and a KV layout the backend declares, and checks :func:`~pagedattn.conformance.checks.plan_serves_many_runs`
-or, on a CUDA device, :func:`~pagedattn.conformance.checks.replay_matches_eager`, or
+Each cell draws the ``combined`` row of the strategies (every declared feature at random), a
+block size and a KV layout the backend declares, and checks it with
+:func:`~pagedattn.conformance.checks.plan_serves_many_runs`,
+:func:`~pagedattn.conformance.checks.replay_matches_eager` (on a CUDA device) or
 :func:`~pagedattn.conformance.checks.step_writes_then_attends`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.interface import Backend
 from pagedattn.conformance import checks
 from pagedattn.conformance.cases import AttentionCase
 from pagedattn.conformance.runner import run_property
@@ -30,16 +35,22 @@ def planned_cases(capabilities: Capabilities, *, dtype: str) -> st.SearchStrateg
         lambda drawn: attention_cases(capabilities, dtype=dtype, block_size=drawn[0], kv_layout=drawn[1]))
 
 
+def _run_plan_cell(request: Any, backend: Backend, dtype: str, check: Callable[[Backend, AttentionCase], float],
+                   **requires: Any) -> None:
+    """``check`` on :func:`planned_cases` of ``dtype``; ``requires`` adds to what the cell requires beyond it."""
+    run_property(
+        request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), check,
+        cell={"feature": check.__name__, "dtype": dtype, "block_size": "-", "kv_layout": "-"},
+        requires={"dtype": dtype, **requires},
+    )
+
+
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 def test_a_plan_serves_many_runs(request, backend, dtype):
     """A plan run on one layer's arrays, then (after another plan's run) on the next layer's query
     and caches: every run within the error model of its own inputs, and an earlier run's out and
     lse left as they were."""
-    run_property(
-        request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), checks.plan_serves_many_runs,
-        cell={"feature": "plan_serves_many_runs", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
-        requires={"dtype": dtype},
-    )
+    _run_plan_cell(request, backend, dtype, checks.plan_serves_many_runs)
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
@@ -47,19 +58,11 @@ def test_a_captured_run_replays_new_contents(request, backend, dtype):
     """A run of a capturable plan captured in a CUDA graph and replayed after the next layer's query
     and caches are written into its arrays: the bits of an eager run on those contents, within the
     error model. Unsupported off CUDA and for plans that are not capturable."""
-    run_property(
-        request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), checks.replay_matches_eager,
-        cell={"feature": "replay_matches_eager", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
-        requires={"dtype": dtype, "device": "cuda"},
-    )
+    _run_plan_cell(request, backend, dtype, checks.replay_matches_eager, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 def test_a_step_writes_then_attends(request, backend, dtype):
     """write_kv of the batch's newest tokens, then attention on the same caches with no
     synchronisation between: the attention sees the written keys and values."""
-    run_property(
-        request, backend, lambda: planned_cases(backend.capabilities(), dtype=dtype), checks.step_writes_then_attends,
-        cell={"feature": "step_writes_then_attends", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
-        requires={"dtype": dtype, "features": ("write_kv",)},
-    )
+    _run_plan_cell(request, backend, dtype, checks.step_writes_then_attends, features=("write_kv",))

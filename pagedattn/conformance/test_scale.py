@@ -75,7 +75,7 @@ def test_odd_sizes_match_spec(request, backend, dtype):
     no power of two, wherever the backend allows them, within the error model."""
     limits = scale_limits()
     run_scale_cell(request, backend, odd_size_cases, checks.matches_spec, limits, dtype=dtype,
-                    feature="odd_sizes", max_examples=limits.odd_examples)
+                   feature="odd_sizes", max_examples=limits.odd_examples)
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
@@ -84,8 +84,8 @@ def test_far_pool_attention_matches_spec(request, backend, dtype):
     block too), within the error model; the blocks in use unchanged."""
     limits = scale_limits()
     run_scale_cell(request, backend, far_pool_cases, checks.far_pool_matches_spec, limits, dtype=dtype,
-                    feature="far_pool", max_examples=limits.far_examples,
-                    cell={"pool_elements": limits.pool_elements}, requires={"pool_elements": limits.pool_elements})
+                   feature="far_pool", max_examples=limits.far_examples,
+                   cell={"pool_elements": limits.pool_elements}, requires={"pool_elements": limits.pool_elements})
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
@@ -94,9 +94,9 @@ def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype
     2**31, within the error model; the blocks in use unchanged."""
     limits = scale_limits()
     run_scale_cell(request, backend, partial(far_pool_cases, fp8=True), checks.far_pool_matches_spec, limits,
-                    dtype=dtype, feature="far_pool_fp8", max_examples=limits.far_examples,
-                    cell={"pool_elements": limits.pool_elements},
-                    requires={"features": ("fp8",), "pool_elements": limits.pool_elements})
+                   dtype=dtype, feature="far_pool_fp8", max_examples=limits.far_examples,
+                   cell={"pool_elements": limits.pool_elements},
+                   requires={"features": ("fp8",), "pool_elements": limits.pool_elements})
 
 
 #: The far-pool cells of the cache operations: each operation's cases and check.
@@ -118,5 +118,5 @@ def test_far_pool_operation(request, backend, operation):
     limits = scale_limits()
     cases, check = FAR_OPERATIONS[operation]
     run_scale_cell(request, backend, cases, check, limits, dtype="float16", feature=f"far_{operation}",
-                    max_examples=limits.far_examples,
-                    requires={"features": FAR_OPERATION_FEATURES[operation], "pool_elements": limits.pool_elements})
+                   max_examples=limits.far_examples,
+                   requires={"features": FAR_OPERATION_FEATURES[operation], "pool_elements": limits.pool_elements})

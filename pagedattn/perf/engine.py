@@ -57,7 +57,7 @@ def marks(on_gpu: bool, synchronize: Callable[[], None]) -> timing.Marks:
 
 def torch_graph_capture(run: Callable[[int], object], calls: int) -> Callable[[], object]:
     """Capture ``calls`` runs (``run(0)`` ... ``run(calls - 1)``) in one torch CUDA graph after a
-    warm-up on a side stream (:func:`~pagedattn.backends.torch_graphs.capture_runs`); return its
+    warm-up on a side stream (:func:`~pagedattn.backends.engine_calls.capture_runs`); return its
     replay. Raises :class:`~.timing.GraphUnsupported` with the error when the capture fails."""
     try:
         return capture_runs(run, calls)

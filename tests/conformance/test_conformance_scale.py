@@ -1,8 +1,8 @@
 """The scale cells reach what they claim: split plans, pools past 2**31 elements at little memory,
 sizes that are no power of two, groups cut into several tiles, more work than one wave, more
 tokens than a grid's y or z axis, several query tiles per sequence, more keys than 16 bits hold
-and more split parts than 64; a capped backend is
-unsupported. (That quick kills their mutants in a scale cell is in test_mutants.py.)"""
+and more split parts than 64; a capped backend is unsupported. (That quick kills their mutants
+in a scale cell is in test_mutants.py.)"""
 
 from __future__ import annotations
 

@@ -32,13 +32,13 @@ def test_correct_stepped_kernel_passes_quick_profile(tmp_path):
 #: name: an installed package's node ids do not always carry the module's path).
 SCALE_CELLS = tuple(name for module in (test_scale, test_launch_scale) for name in vars(module)
                     if name.startswith("test_"))
-#: Where the mutants of ``mutants/plans.py`` must die: only a reused plan shows their bugs.
+#: Where the mutants of ``mutants/plans.py`` must die: only a backend used as an engine uses it shows their bugs.
 PLAN_CELLS = tuple(name for name in vars(test_plans) if name.startswith("test_"))
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_quick_profile_kills_mutant(name):
-    """Killed in under 60 s; a scale mutant by a scale cell, a plan mutant by the plan cell."""
+    """Killed in under 60 s; a scale mutant by a scale cell, a plan mutant by a cell of test_plans."""
     result = run_mutant(name, profile="quick", isolated=True)
     assert result.killed, f"mutant {name} survived the quick profile ({MUTANTS[name].bug}); exit {result.exit_code}"
     assert result.seconds < 60, f"mutant {name} took {result.seconds:.0f} s to kill (by {result.killed_by})"

@@ -69,28 +69,3 @@ class MergeNaNOnEmpty(SteppedKernelBackend):
             lse = m + np.log(w_a + w_b)
         return out.astype(out_a.dtype), lse.astype(np.float32)
 
-
-class WriteKVLandsLate(SteppedKernelBackend):
-    bug = ("write_kv runs on a side stream that the next call does not wait for: attention launched right "
-           "after it reads the newest slots before they are written (a synchronize waits for it)")
-    models = ("tile-ai/TileOPs PR 1215 review (a KV-cache append racing the attention reads of the same pages); "
-              "vllm-project/vllm PR 42359 (attention over KV blocks the step has not written yet)")
-
-    pending: tuple[Any, ...] | None = None
-
-    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
-        self.pending = (problem, key, value, key_cache, value_cache, slot_mapping)
-
-    def _land(self) -> None:
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            super()._write_kv(*pending)
-
-    def synchronize(self):
-        self._land()
-        super().synchronize()
-
-    def _run(self, plan, query, key_cache, value_cache):
-        result = super()._run(plan, query, key_cache, value_cache)
-        self._land()  # after the attention has read the caches
-        return result

@@ -1,11 +1,13 @@
-"""Mutants whose bug shows only when a plan is reused: several plans alive at once, one plan run on
-several layers' arrays, an earlier run's output kept by the caller. Every other cell plans and
-runs once; :mod:`pagedattn.conformance.test_plans` is the one that sees them.
+"""Mutants whose bug shows only when a backend is used as an engine uses it: several plans alive
+at once, one plan run on several layers' arrays, an earlier run's output kept by the caller,
+attention right after the step's write_kv. Every other cell plans and runs once, and never
+attends right after a write; :mod:`pagedattn.conformance.test_plans` is the one that sees them.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -57,3 +59,29 @@ class OutputBufferPerPlan(SteppedKernelBackend):
         if lse is not None:
             plan.state["lse"][...] = lse
         return plan.state["out"], plan.state["lse"]
+
+
+class WriteKVLandsLate(SteppedKernelBackend):
+    bug = ("write_kv runs on a side stream that the next call does not wait for: attention launched right "
+           "after it reads the newest slots before they are written (a synchronize waits for it)")
+    models = ("tile-ai/TileOPs PR 1215 review (a KV-cache append racing the attention reads of the same pages); "
+              "vllm-project/vllm PR 42359 (attention over KV blocks the step has not written yet)")
+
+    pending: tuple[Any, ...] | None = None
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        self.pending = (problem, key, value, key_cache, value_cache, slot_mapping)
+
+    def _land(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            super()._write_kv(*pending)
+
+    def synchronize(self):
+        self._land()
+        super().synchronize()
+
+    def _run(self, plan, query, key_cache, value_cache):
+        result = super()._run(plan, query, key_cache, value_cache)
+        self._land()  # after the attention has read the caches
+        return result
