@@ -254,11 +254,13 @@ def nonfinite_propagates(backend: Backend, case: AttentionCase) -> float:
 
 
 def relocated(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
-    """The same logical K/V in other physical blocks: block b moves to perm[b] (tables follow)."""
+    """The same logical K/V in other physical blocks: block b moves to perm[b] (tables follow); with
+    two blocks or more, some block in use moves."""
     problem = problem_of(case)
     perm = rng.permutation(problem.num_blocks)
-    if problem.num_blocks > 1 and (perm == np.arange(problem.num_blocks)).all():
-        perm = np.roll(perm, 1)  # every block moves
+    in_use = np.flatnonzero(used_slots(problem).any(axis=1))
+    if problem.num_blocks > 1 and (perm[in_use] == in_use).all():
+        perm = np.roll(perm, 1)  # the blocks in use all stayed: after the roll each of them moves
     tables = case.block_tables.copy()
     for s in range(problem.num_seqs):
         needed = -(-int(problem.seq_lens[s]) // problem.block_size)
