@@ -36,6 +36,7 @@ class DecodeTiles(NamedTuple):
     resident: int  # programs per multiprocessor (registers, shared memory of the sm_90a build)
     keys_major: bool  # scores as [keys, rows]: K and V feed warpgroup MMA from shared memory
     table_by_block: bool = True  # one block-table read per tile or per block, not per key (Tiles.table_mode)
+    pick_in_registers: bool = False  # a tile of one whole block still reads its entry per block (Tiles.table_mode)
 
 
 # Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
@@ -51,10 +52,13 @@ DECODE_TILES = DecodeTiles(16, 2, 7, 4, False)
 # bandwidth: at head_dim 64 (32 / 8 heads, 64 x 4,096, bf16) 16-key tiles ran at 3.0 TB/s and
 # 32-key tiles of the same warps and stages at 4.1 TB/s.
 DECODE_TILE_ROW_BYTES = 256
-# fp8 caches: twice the keys of a 16-bit tile, the same bytes. 64-key tiles measured a little
-# faster with plain features (llama3-8b heads, bf16 queries, 64 x 4,096: 170 / 170 / 175 us at
-# block sizes 16 / 32 / 64 against 174 / 183 / 190 us), but with softcap, ALiBi and a window
-# they need 255 registers and spill.
+# fp8 caches at head_dim 128: 64-key tiles of 2 warps, twice a 16-bit tile's bytes, 5 stages
+# (4 K/V buffers, 39 KB: 4 programs a multiprocessor, as the registers allow), and one
+# block-table read per block picked in registers even where the tile is one block. Picked on an
+# H200 by the perf suite's timer (llama3-8b heads, e4m3, bf16 queries, 64 x 4,096, block sizes
+# 16 / 32 / 64): 149 / 150 / 152 us, against 169 / 180 / 188 us for 32-key tiles of 7 stages;
+# 4 stages took 192 us, a register cap of 168 or 128 spilled (266-370 us).
+FP8_DECODE_TILES = DecodeTiles(64, 2, 5, 4, False, True, True)
 DECODE_TABLE: dict[int | None, DecodeTiles] = {None: DECODE_TILES, 16: DECODE_TILES, 32: DECODE_TILES,
                                                64: DECODE_TILES}
 
@@ -90,13 +94,17 @@ class Tiles:
     keys_major: bool = False  # scores as [block_n, block_m] (keys first); the table uses it for decode
     max_registers: int | None = None  # register cap per thread passed to the compiler (maxnreg)
     table_by_block: bool = True  # one block-table read per tile or per block, not per key (see table_mode)
+    pick_in_registers: bool = False  # mode 2 where a tile is exactly one block (see table_mode)
 
     def table_mode(self, block_size: int) -> int:
         """The kernel's ``TABLE_MODE`` at ``block_size``: with ``table_by_block``, 1 (one block-table
         read per tile) where ``block_n`` divides ``block_size``, 2 (one per block, picked per key in
-        registers) where ``block_size`` divides ``block_n``; else 0 (one read per key)."""
+        registers) where ``block_size`` divides ``block_n``, and 2 where they are equal with
+        ``pick_in_registers``; else 0 (one read per key)."""
         if not self.table_by_block:
             return 0
+        if self.pick_in_registers and block_size == self.block_n:
+            return 2
         if block_size % self.block_n == 0:
             return 1
         return 2 if self.block_n % block_size == 0 else 0
@@ -117,8 +125,9 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     scores' orientation come from ``DECODE_TABLE`` by ``block_size``, its keys per tile
     scaled so that a tile holds the bytes of a head_dim-128 16-bit tile
     (:data:`DECODE_TILE_ROW_BYTES`: twice the keys at head_dim 64; head dims below 64 keep the
-    table's), and twice that for fp8 caches (``cache_bytes`` 1); otherwise 128 keys, 4
-    warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
+    table's), and twice that for fp8 caches (``cache_bytes`` 1) but at head_dim 128, where fp8
+    caches take :data:`FP8_DECODE_TILES` unless a ``decode_table`` is given; otherwise 128 keys,
+    4 warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
     128), 64 keys per tile, 8 warps at 128 rows, and the ``PREFILL_*`` entries (register cap)
     at the full height. float32 or head_dim > 128: 32 keys per tile.
     """
@@ -135,12 +144,14 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     block_n = 32 if wide else (128 if decode else 64)
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2
-    resident, keys_major, max_registers, table_by_block = PROGRAMS_PER_SM, False, None, True
+    resident, keys_major, max_registers, table_by_block, pick_in_registers = PROGRAMS_PER_SM, False, None, True, False
     if decode and not wide and block_m == 16:
         table = DECODE_TABLE if decode_table is None else decode_table
         entry = table.get(block_size, table[None])
-        block_n, num_warps, num_stages, resident, keys_major, table_by_block = entry
-        if head_dim_pad >= 64:  # smaller head dims are unmeasured: the table's tiles as they are
+        if decode_table is None and cache_bytes == 1 and head_dim_pad == 128:
+            entry = FP8_DECODE_TILES
+        block_n, num_warps, num_stages, resident, keys_major, table_by_block, pick_in_registers = entry
+        if head_dim_pad >= 64 and entry is not FP8_DECODE_TILES:  # below 64 unmeasured: the table's as they are
             block_n *= max(1, DECODE_TILE_ROW_BYTES // (head_dim_pad * cache_bytes))
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
@@ -151,7 +162,7 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     # consecutive programs take consecutive work items of one head (L2 reuse)
     return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages,
                  heads_fastest=decode, resident=resident, keys_major=keys_major, max_registers=max_registers,
-                 table_by_block=table_by_block)
+                 table_by_block=table_by_block, pick_in_registers=pick_in_registers)
 
 
 def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resident: int = PROGRAMS_PER_SM) -> int:

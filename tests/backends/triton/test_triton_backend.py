@@ -111,14 +111,17 @@ def test_block_sizes(block_size: int) -> None:
     assert_within_model(case)
 
 
-@pytest.mark.parametrize(("block_size", "block_n", "mode"), [(4, 16, 2), (1, 16, 2), (16, 16, 1), (64, 16, 1),
-                                                           (48, 16, 1), (12, 16, 0)])
+@pytest.mark.parametrize(("block_size", "block_n", "pick_in_registers", "mode"), [
+    (4, 16, False, 2), (1, 16, False, 2), (16, 16, False, 1), (16, 16, True, 2), (64, 16, False, 1),
+    (64, 16, True, 1), (48, 16, False, 1), (12, 16, False, 0)])
 @pytest.mark.parametrize("garbage", ["nan", "wild"])
-def test_table_reads_by_block_match_per_key(block_size: int, block_n: int, mode: int, garbage: str) -> None:
+def test_table_reads_by_block_match_per_key(block_size: int, block_n: int, pick_in_registers: bool, mode: int,
+                                            garbage: str) -> None:
     """One block-table read per tile or per block gives the same bits as one per key, garbage beyond L unread."""
     case = random_paged_inputs([70, 3, 33, 0], [4, 3, 33, 0], block_size=block_size, dtype="bfloat16",
                                num_q_heads=4, num_kv_heads=2, seed=8, garbage=garbage)
-    by_block = replace(choose_tiles(4, 2, 16, "bfloat16", block_size), block_n=block_n)
+    by_block = replace(choose_tiles(4, 2, 16, "bfloat16", block_size), block_n=block_n,
+                       pick_in_registers=pick_in_registers)
     assert by_block.table_mode(block_size) == mode
     per_key = replace(by_block, table_by_block=False)
     assert per_key.table_mode(block_size) == 0

@@ -67,7 +67,7 @@ def test_splits_fit_one_wave_and_hold_four_tiles(num_programs: int, max_key_tile
 @pytest.mark.parametrize("head_dim, cache_bytes, keys_per_tile", [
     (128, 2, 16),  # the table's tiles
     (64, 2, 32),  # half the row bytes: twice the keys
-    (128, 1, 32),  # fp8 caches: the same bytes
+    (128, 1, 64),  # fp8 caches: FP8_DECODE_TILES, twice the bytes
     (64, 1, 64),
     (256, 2, 32),  # head_dim 256 takes the wide tiles, not the table's
     (32, 2, 16),  # below 64: the table's tiles as they are
