@@ -36,9 +36,14 @@ for _name, _values in PROFILES.items():
     settings.register_profile(_name, deadline=None, print_blob=True, **_values)
 
 
+def runs_in_interpreter(device: str) -> bool:
+    """Whether a backend declaring ``device`` runs in an interpreter: the name says so."""
+    return "interpreter" in device.lower()
+
+
 def interpreted(backend: Any) -> bool:
     """Whether the backend runs in an interpreter: its declared device names one."""
-    return "interpreter" in str(backend.capabilities().device).lower()
+    return runs_in_interpreter(str(backend.capabilities().device))
 
 
 def examples_per_cell(backend: Any, profile: str | None = None) -> int:

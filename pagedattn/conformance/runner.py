@@ -30,7 +30,7 @@ from hypothesis.errors import InvalidArgument, Unsatisfiable
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.cases import save_case
 from pagedattn.conformance.device_memory import release_cached_device_memory
-from pagedattn.conformance.profiles import examples_per_cell
+from pagedattn.conformance.profiles import examples_per_cell, runs_in_interpreter
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec.dtypes import FP8_DTYPES
 
@@ -47,13 +47,17 @@ class Unsupported(Exception):
 
 def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | None = None,
             block_size: int | None = None, kv_layout: str | None = None, features: tuple[str, ...] = (),
-            pool_elements: int | None = None, device: str | None = None) -> None:
+            pool_elements: int | None = None, device: str | None = None, launch_limits: bool = False) -> None:
     """Raise :class:`Unsupported` if the backend's capabilities exclude this combination
     (``pool_elements``: caches of that many elements, against ``max_pool_elements``; ``device``:
-    the device the backend must run on)."""
+    the device the backend must run on; ``launch_limits``: the cell is about a device's launch
+    limits, which a backend run in an interpreter does not have)."""
     caps = backend.capabilities()
     if device is not None and caps.device != device:
         raise Unsupported(f"{backend.name}: runs on {caps.device}, not {device}")
+    if launch_limits and runs_in_interpreter(caps.device):
+        raise Unsupported(f"{backend.name}: runs in an interpreter ({caps.device}), which has no grid limits "
+                          "to check and runs one program at a time")
     if pool_elements is not None and caps.max_pool_elements is not None and pool_elements > caps.max_pool_elements:
         raise Unsupported(f"{backend.name}: caches of {pool_elements:,} elements exceed max_pool_elements"
                           f" {caps.max_pool_elements:,}")
@@ -200,22 +204,27 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
 #: line tracer).
 FIRST_FAILURE: dict[str, Any] = {"report_multiple_bugs": False,
                                  "phases": tuple(phase for phase in Phase if phase is not Phase.explain)}
+#: The same, unshrunk: for a cell whose every case is as large as its first (what it is about is
+#: the size), where each shrink step would rebuild a case of that size to no gain.
+FIRST_FAILURE_UNSHRUNK: dict[str, Any] = {**FIRST_FAILURE, "phases": tuple(
+    phase for phase in Phase if phase not in (Phase.explain, Phase.shrink))}
 
 
 def run_scale_cell(request: Any, backend: Backend, cases: Callable[..., Any],
                    check: Callable[[Backend, Any], float], limits: ScaleLimits, *, dtype: str, feature: str,
                    max_examples: int, cell: dict[str, Any] | None = None,
-                   requires: dict[str, Any] | None = None) -> None:
+                   requires: dict[str, Any] | None = None, shrink: bool = True) -> None:
     """A scale cell: ``check`` on ``cases(capabilities, dtype=, limits=)`` (a strategy of
-    :mod:`pagedattn.conformance.scale`), stopping at the first failure; ``cell`` and ``requires``
-    add to the cell's record and to what it requires beyond ``dtype``. The device memory the
-    cell's large arrays leave cached goes back to the driver at the end."""
+    :mod:`pagedattn.conformance.scale`), stopping at the first failure (shrunk unless ``shrink``
+    is false); ``cell`` and ``requires`` add to the cell's record and to what it requires beyond
+    ``dtype``. The device memory the cell's large arrays leave cached goes back to the driver at
+    the end."""
     try:
         run_property(
             request, backend, lambda: cases(backend.capabilities(), dtype=dtype, limits=limits), check,
             cell={"feature": feature, "dtype": dtype, "block_size": "-", "kv_layout": "-", **(cell or {})},
             requires={"dtype": dtype, **(requires or {})}, max_examples=max_examples,
-            settings_overrides=FIRST_FAILURE,
+            settings_overrides=FIRST_FAILURE if shrink else FIRST_FAILURE_UNSHRUNK,
         )
     finally:
         release_cached_device_memory()

@@ -22,6 +22,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   short sequences, more work than one wave of CTAs on the GPU;
 - :func:`many_token_cases`, :func:`many_token_write_kv_cases`: more than 65,535 query tokens
   (or tokens written) in one call, past a CUDA grid's y and z limit;
+- :func:`many_sequence_cases`: more than 65,535 sequences in one call (decode, or prompts of
+  two queries), past the same limit for a kernel that puts sequences on a grid's y or z axis;
 - :func:`odd_size_cases`: head counts, GQA ratios, head_dim, block_size, num_blocks,
   lengths and batch sizes that are not powers of two, wherever the backend allows them.
 
@@ -59,6 +61,7 @@ __all__ = [
     "LONG_PREFILL_ROWS",
     "LONG_VALUE_KINDS",
     "LONG_WINDOW_MIN",
+    "MANY_SEQUENCES",
     "MANY_TOKENS",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
@@ -72,6 +75,7 @@ __all__ = [
     "large_batch_cases",
     "long_prefill_cases",
     "long_sequence_cases",
+    "many_sequence_cases",
     "many_token_cases",
     "many_token_write_kv_cases",
     "odd_size_cases",
@@ -154,6 +158,11 @@ LONG_PREFILL_MAX_CONTEXT = 1024
 MANY_TOKENS = 65_536
 #: Sequences of a many-token batch: prompts of 256 queries.
 MANY_TOKEN_SEQS = 256
+#: Sequences of a many-sequence batch, at least: past 65,535, the most blocks a CUDA grid's y or z
+#: axis takes.
+MANY_SEQUENCES = 65_536
+#: Keys of a sequence in a many-sequence batch, at most (one or two blocks at block size 16).
+MANY_SEQUENCE_MAX_LEN = 24
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -666,6 +675,47 @@ def many_token_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
               "queries": "decode" if decode else "prefill"}
     return _case(query, caches, pool.block_tables, lens.tolist(), None if decode else q_lens.tolist(), kv_layout,
                  options, draw(_SEEDS, label="variant_seed"), labels)
+
+
+@st.composite
+def many_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,
+                        queries: str = "decode") -> AttentionCase:
+    """Return a strategy for a batch of more than :data:`MANY_SEQUENCES` sequences.
+
+    ``queries`` "decode": one query each, as a decode call (no ``q_lens``); "prompts": two each,
+    as a varlen call. Each sequence holds 1 to :data:`MANY_SEQUENCE_MAX_LEN` keys (block edges
+    among them) in a shuffled or interleaved pool; one KV head, GQA 1 or 2, the smallest
+    head_dim. A kernel that puts sequences on a grid's y or z axis (at most 65,535) fails its
+    launch here, often without an exception, and writes nothing.
+    """
+    del limits  # one size for every profile: the limit is the GPU's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 2)), label="gqa_ratio")
+    head_dim = min(caps.head_dims or (16,))
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    per_seq = 1 if queries == "decode" else 2
+    num_seqs = MANY_SEQUENCES + draw(st.integers(0, 64), label="extra_seqs")
+    edges = np.array([per_seq, block_size - 1, block_size, block_size + 1, MANY_SEQUENCE_MAX_LEN])
+    edges = edges[edges >= per_seq]
+    lens = np.where(rng.random(num_seqs) < 0.25, rng.choice(edges, num_seqs),
+                    rng.integers(per_seq, MANY_SEQUENCE_MAX_LEN + 1, num_seqs)).astype(int)
+    lens[-1] = draw(st.sampled_from(tuple(int(e) for e in edges)), label="last_seq_len")  # the last sequence
+    pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens.tolist(), 1, head_dim)
+    caches = fill_caches(rng, (pool.num_blocks, block_size, 1, head_dim), pool.block_tables, lens, logical,
+                         garbage, dtype, 1.0, 1.0)
+    query = rng.standard_normal((num_seqs * per_seq, group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "many_sequences", "garbage": garbage, "arrangement": pool.arrangement,
+              "sequences": str(num_seqs), "queries": queries}
+    q_lens = None if queries == "decode" else [per_seq] * num_seqs
+    return _case(query, caches, pool.block_tables, lens.tolist(), q_lens, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
 
 
 @st.composite

@@ -363,19 +363,19 @@ def fill_caches(rng: np.random.Generator, shape_nhd: tuple[int, int, int, int], 
     dtype = numpy_dtype(cache_dtype)
     caches = []
     huge = num_blocks > 4096
+    lens = np.asarray(lens, dtype=np.int64)
+    in_use = np.arange(tables.shape[1])[None, :] < -(-lens // block_size)[:, None]  # the tables' columns in use
+    used = np.unique(tables[in_use].astype(np.int64))  # blocks any sequence uses
     for which, scale in ((0, k_scale), (1, v_scale)):
-        if huge:
-            cache = np.zeros(shape_nhd, dtype=dtype)
-        else:
-            with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            if huge:  # garbage in the used blocks only (in their slots no sequence writes)
+                cache = np.zeros(shape_nhd, dtype=dtype)
+                cache[used] = _garbage(rng, garbage, (len(used), *shape_nhd[1:])).astype(dtype)
+            else:
                 cache = _garbage(rng, garbage, shape_nhd).astype(dtype)
         for s, length in enumerate(int(n) for n in lens):
             positions = np.arange(length)
             blocks = tables[s, positions // block_size].astype(np.int64)
-            if huge:  # garbage in the unused slots of used blocks only
-                used = np.unique(blocks)
-                with np.errstate(over="ignore", invalid="ignore"):
-                    cache[used] = _garbage(rng, garbage, (len(used), *shape_nhd[1:])).astype(dtype)
             stored = logical[s][which] / scale
             if cache_dtype in FP8_DTYPES:  # stay within the format's finite range
                 top = float(ml_dtypes.finfo(dtype).max)

@@ -1,6 +1,6 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
-batches larger than one wave of CTAs, more than 65,535 tokens in one call (attention, write_kv:
-a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence, a
+batches larger than one wave of CTAs, more than 65,535 tokens or sequences in one call
+(attention, write_kv: a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence, a
 sequence of more than 65,536 keys (more split parts than a fixed-size merge holds; positions
 past 16 bits).
 
@@ -12,6 +12,8 @@ exists for get this far.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from pagedattn.conformance import checks
@@ -19,6 +21,7 @@ from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     large_batch_cases,
     long_prefill_cases,
+    many_sequence_cases,
     many_token_cases,
     many_token_write_kv_cases,
     scale_limits,
@@ -74,6 +77,19 @@ def test_many_tokens_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, many_token_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="many_tokens", max_examples=limits.batch_examples)
+
+
+@pytest.mark.parametrize("queries", ["decode", "prompts"])
+def test_many_sequences_match_spec(request, backend, queries):
+    """More than 65,535 sequences in one call, one query each (a decode call) or two (a varlen
+    call; past a CUDA grid's y and z limit), within the error model; inputs untouched. A backend
+    run in an interpreter, which has no grid limits and runs one program at a time, is
+    unsupported here."""
+    limits = scale_limits()
+    features = ("varlen",) if queries == "prompts" else ()
+    run_scale_cell(request, backend, functools.partial(many_sequence_cases, queries=queries), checks.matches_spec,
+                   limits, dtype=LARGE_BATCH_DTYPES[0], feature="many_sequences", max_examples=limits.batch_examples,
+                   cell={"queries": queries}, requires={"features": features, "launch_limits": True}, shrink=False)
 
 
 def test_write_kv_of_many_tokens(request, backend):

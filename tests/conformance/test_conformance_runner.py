@@ -3,6 +3,8 @@ saves nothing for an interrupted example."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,3 +115,14 @@ def test_a_cell_for_another_device_is_unsupported() -> None:
     runner.require(NumpyBackend(), device="cpu")
     with pytest.raises(runner.Unsupported, match="runs on cpu, not cuda"):
         runner.require(NumpyBackend(), device="cuda")
+
+
+def test_a_cell_about_launch_limits_is_unsupported_in_an_interpreter() -> None:
+    class Interpreted(NumpyBackend):
+        def capabilities(self):  # type: ignore[no-untyped-def]
+            return replace(super().capabilities(), device="cpu (Triton interpreter)")
+
+    runner.require(NumpyBackend(), launch_limits=True)
+    runner.require(Interpreted(), launch_limits=False)
+    with pytest.raises(runner.Unsupported, match="runs in an interpreter"):
+        runner.require(Interpreted(), launch_limits=True)

@@ -222,6 +222,20 @@ def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
     assert 0 < int((write.slot_mapping < 0).sum()) < len(write.slot_mapping) // 50  # a few skipped
 
 
+def test_many_sequence_cases_hold_more_sequences_than_a_grid_axis_y_or_z():
+    from pagedattn.conformance.mutants.scale import GRID_YZ_LIMIT
+
+    for queries, per_seq in (("decode", 1), ("prompts", 2)):
+        (case,) = drawn(scale.many_sequence_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick"),
+                                                  queries=queries), 1)
+        problem = checks.problem_of(case)
+        assert problem.num_seqs > GRID_YZ_LIMIT
+        assert problem.is_decode == (queries == "decode")
+        assert (case.query_start_loc is None) == (queries == "decode")  # decode: a decode call
+        assert np.all(problem.q_lens == per_seq) and np.all(problem.seq_lens >= per_seq)
+        assert int(problem.seq_lens.max()) <= scale.MANY_SEQUENCE_MAX_LEN
+
+
 def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
     from pagedattn.backends.cupy.planning import choose_kernel
     from pagedattn.backends.cupy.specializations import WGMMA_ROWS

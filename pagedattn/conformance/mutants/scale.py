@@ -1,7 +1,7 @@
 """Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
 sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
-rows, batches larger than one wave of CTAs, more query tokens than a grid's y or z axis takes,
-prefills of several query tiles, sequences of more than 65,536 keys.
+rows, batches larger than one wave of CTAs, more query tokens or sequences than a grid's y or z
+axis takes, prefills of several query tiles, sequences of more than 65,536 keys.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -290,8 +290,12 @@ class UnwrittenOutputKernel(SteppedKernelBackend):
         return np.zeros((problem.num_tokens, problem.num_q_heads), dtype=bool)
 
     def _run(self, plan, query, key_cache, value_cache):
+        problem = plan.problem
+        rows = self.unwritten(problem)
+        if rows.all():  # the launch failed: nothing ran (and a batch this large costs the stepped kernel a minute)
+            out = np.zeros((problem.num_tokens, problem.num_q_heads, problem.head_dim), dtype=np.asarray(query).dtype)
+            return out, np.full((problem.num_tokens, problem.num_q_heads), -np.inf, dtype=F32)
         out, lse = super()._run(plan, query, key_cache, value_cache)
-        rows = self.unwritten(plan.problem)
         out[rows] = 0
         if lse is not None:
             lse[rows] = -np.inf
@@ -334,6 +338,16 @@ class QueryTokensOnGridZ(UnwrittenOutputKernel):
 
     def unwritten(self, problem):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_tokens > GRID_YZ_LIMIT)
+
+
+class SequencesOnGridY(UnwrittenOutputKernel):
+    bug = ("one CTA per (query head, sequence) with sequences on the grid's y axis: past 65,535 sequences the "
+           "launch fails without an exception and no row is written")
+    models = ("vLLM's paged_attention_v1 launcher (dim3 grid(num_heads, num_seqs, 1)); Dao-AILab/flash-attention "
+              "issue 1786 (FA2's batch on grid.y: 80,000 sequences of 16 tokens fail to launch)")
+
+    def unwritten(self, problem):
+        return np.full((problem.num_tokens, problem.num_q_heads), problem.num_seqs > GRID_YZ_LIMIT)
 
 
 class WriteKVTokensOnGridY(SteppedKernelBackend):
