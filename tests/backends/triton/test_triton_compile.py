@@ -53,9 +53,17 @@ def test_every_config_compiles_for_sm90a(reports: list[dict[str, object]]) -> No
     assert all(int(str(r["registers"])) > 0 and int(str(r["shared_bytes"])) > 0 for r in reports)
 
 
+#: Spill bytes the fp8 decode tiles (FP8_DECODE_TILES: 255 registers) may take: 16 measured with
+#: a window and softcap; those tiles ran fastest on an H200 all the same (docs/backends/triton.md).
+FP8_DECODE_SPILL_BYTES = 32
+
+
 def test_decode_tiles_do_not_spill(reports: list[dict[str, object]]) -> None:
+    """16-bit decode tiles spill nothing; fp8 decode tiles at most a few words."""
     decode = [r for r in reports if str(r["config"]).startswith("decode")]
-    assert decode and all(r["spill_bytes"] == 0 for r in decode), decode
+    fp8 = [r for r in decode if "fp8" in str(r["config"])]
+    assert fp8 and all(int(str(r["spill_bytes"])) <= FP8_DECODE_SPILL_BYTES for r in fp8), fp8
+    assert decode and all(r["spill_bytes"] == 0 for r in decode if r not in fp8), decode
 
 
 # Batches that differ only in run-time values: sequence count and lengths, head counts (so
