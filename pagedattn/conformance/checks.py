@@ -519,8 +519,9 @@ def copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> float:
     key_cache, value_cache = backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy())
     backend.copy_blocks(key_cache, value_cache, backend.to_device(case.pairs), kv_layout=case.kv_layout)
     backend.synchronize()
+    pairs = case.pairs.tolist() if len(case.pairs) <= 16 else f"{len(case.pairs):,} of them, in the saved case"
     call = (f"[call: backend={backend.name} copy_blocks dtype={dtype_name(case.key_cache.dtype)}"
-            f" kv_layout={case.kv_layout} pairs={case.pairs.tolist()}]")
+            f" kv_layout={case.kv_layout} pairs={pairs}]")
     assert_bit_identical("key_cache", np.asarray(backend.to_numpy(key_cache)), expected_k,
                          "copy_blocks differs from the spec", call, coordinates="(block, ...)")
     assert_bit_identical("value_cache", np.asarray(backend.to_numpy(value_cache)), expected_v,

@@ -24,6 +24,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   (or tokens written) in one call, past a CUDA grid's y and z limit;
 - :func:`many_sequence_cases`: more than 65,535 sequences in one call (decode, or prompts of
   two queries), past the same limit for a kernel that puts sequences on a grid's y or z axis;
+- :func:`many_pair_copy_blocks_cases`: ``copy_blocks`` of more than 65,535 pairs in one call,
+  past it for a kernel that puts pairs there;
 - :func:`odd_size_cases`: head counts, GQA ratios, head_dim, block_size, num_blocks,
   lengths and batch sizes that are not powers of two, wherever the backend allows them.
 
@@ -61,6 +63,7 @@ __all__ = [
     "LONG_PREFILL_ROWS",
     "LONG_VALUE_KINDS",
     "LONG_WINDOW_MIN",
+    "MANY_PAIRS",
     "MANY_SEQUENCES",
     "MANY_TOKENS",
     "ODD_BLOCK_SIZES",
@@ -75,6 +78,7 @@ __all__ = [
     "large_batch_cases",
     "long_prefill_cases",
     "long_sequence_cases",
+    "many_pair_copy_blocks_cases",
     "many_sequence_cases",
     "many_token_cases",
     "many_token_write_kv_cases",
@@ -163,6 +167,9 @@ MANY_TOKEN_SEQS = 256
 MANY_SEQUENCES = 65_536
 #: Keys of a sequence in a many-sequence batch, at most (one or two blocks at block size 16).
 MANY_SEQUENCE_MAX_LEN = 24
+#: Pairs of a many-pair copy_blocks call, at least: past 65,535, the most blocks a CUDA grid's y or z
+#: axis takes.
+MANY_PAIRS = 65_536
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -744,6 +751,29 @@ def many_token_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     value = rng.standard_normal((T, 1, head_dim)).astype(numpy_dtype(dtype))
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
                        slot_mapping=slots.astype(np.int64), kv_layout=kv_layout)
+
+
+@st.composite
+def many_pair_copy_blocks_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                                limits: ScaleLimits | None = None) -> CopyBlocksCase:
+    """Return a strategy for ``copy_blocks`` of more than :data:`MANY_PAIRS` pairs (a fork of many
+    sequences' blocks, copy-on-write, in one call): distinct destinations, sources anywhere in the
+    pool, destinations among them (chains whose old contents must be copied), one KV head, the
+    smallest head_dim. Every block not a destination must keep its bits."""
+    del limits  # one size for every profile: the limit is the GPU's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    head_dim = min(caps.head_dims or (16,))
+    rng = np.random.default_rng(draw(_SEEDS, label="seed"))
+    n = MANY_PAIRS + draw(st.integers(1, 64), label="extra_pairs")
+    num_blocks = n + draw(st.integers(1, 64), label="spare_blocks")
+    dst = rng.permutation(num_blocks)[:n]
+    src = rng.integers(0, num_blocks, n)
+    shape = (num_blocks, block_size, 1, head_dim) if kv_layout == "NHD" else (num_blocks, 1, block_size, head_dim)
+    caches = [rng.standard_normal(shape).astype(numpy_dtype(dtype)) for _ in range(2)]
+    return CopyBlocksCase(key_cache=caches[0], value_cache=caches[1],
+                          pairs=np.stack([src, dst], axis=1).astype(np.int64), kv_layout=kv_layout)
 
 
 # -- long prefills: several query tiles per sequence --------------------------------------------

@@ -1,13 +1,14 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
-batches larger than one wave of CTAs, more than 65,535 tokens or sequences in one call
-(attention, write_kv: a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence, a
-sequence of more than 65,536 keys (more split parts than a fixed-size merge holds; positions
-past 16 bits).
+batches larger than one wave of CTAs, more than 65,535 tokens, sequences or block pairs in one
+call (attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of
+several query tiles per sequence, a sequence of more than 65,536 keys (more split parts than a
+fixed-size merge holds; positions past 16 bits).
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
 runner takes this module last: it costs the Triton interpreter minutes, and only the mutants it
-exists for get this far.
+exists for get this far. The many-pair and many-sequence cells come last: their cases cost the
+mutants' NumPy kernel most.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     large_batch_cases,
     long_prefill_cases,
+    many_pair_copy_blocks_cases,
     many_sequence_cases,
     many_token_cases,
     many_token_write_kv_cases,
@@ -79,19 +81,6 @@ def test_many_tokens_match_spec(request, backend, dtype):
                    feature="many_tokens", max_examples=limits.batch_examples)
 
 
-@pytest.mark.parametrize("queries", ["decode", "prompts"])
-def test_many_sequences_match_spec(request, backend, queries):
-    """More than 65,535 sequences in one call, one query each (a decode call) or two (a varlen
-    call; past a CUDA grid's y and z limit), within the error model; inputs untouched. A backend
-    run in an interpreter, which has no grid limits and runs one program at a time, is
-    unsupported here."""
-    limits = scale_limits()
-    features = ("varlen",) if queries == "prompts" else ()
-    run_scale_cell(request, backend, functools.partial(many_sequence_cases, queries=queries), checks.matches_spec,
-                   limits, dtype=LARGE_BATCH_DTYPES[0], feature="many_sequences", max_examples=limits.batch_examples,
-                   cell={"queries": queries}, requires={"features": features, "launch_limits": True}, shrink=False)
-
-
 def test_write_kv_of_many_tokens(request, backend):
     """write_kv of more than 65,535 tokens in one call (a long prefill's keys and values): the spec's
     bits at every slot written, every other slot unchanged."""
@@ -113,3 +102,26 @@ def test_very_long_sequences_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, very_long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="very_long_sequences", max_examples=limits.batch_examples)
+
+
+def test_copy_blocks_of_many_pairs(request, backend):
+    """copy_blocks of more than 65,535 pairs in one call (past a CUDA grid's y and z limit), chains
+    among them: the spec's bits in every block. A backend run in an interpreter is unsupported
+    here (no grid limits; a program per pair and row costs it hours)."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, many_pair_copy_blocks_cases, checks.copy_blocks_matches_spec, limits,
+                   dtype="bfloat16", feature="many_pairs_copy_blocks", max_examples=limits.batch_examples,
+                   requires={"features": ("copy_blocks",), "launch_limits": True}, shrink=False)
+
+
+@pytest.mark.parametrize("queries", ["decode", "prompts"])
+def test_many_sequences_match_spec(request, backend, queries):
+    """More than 65,535 sequences in one call, one query each (a decode call) or two (a varlen
+    call; past a CUDA grid's y and z limit), within the error model; inputs untouched. A backend
+    run in an interpreter, which has no grid limits and runs one program at a time, is
+    unsupported here."""
+    limits = scale_limits()
+    features = ("varlen",) if queries == "prompts" else ()
+    run_scale_cell(request, backend, functools.partial(many_sequence_cases, queries=queries), checks.matches_spec,
+                   limits, dtype=LARGE_BATCH_DTYPES[0], feature="many_sequences", max_examples=limits.batch_examples,
+                   cell={"queries": queries}, requires={"features": features, "launch_limits": True}, shrink=False)

@@ -3,9 +3,8 @@ saves nothing for an interrupted example."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

@@ -236,6 +236,16 @@ def test_many_sequence_cases_hold_more_sequences_than_a_grid_axis_y_or_z():
         assert int(problem.seq_lens.max()) <= scale.MANY_SEQUENCE_MAX_LEN
 
 
+def test_many_pair_copy_blocks_cases_hold_more_pairs_than_a_grid_axis_y_or_z_with_chains():
+    from pagedattn.conformance.mutants.scale import GRID_YZ_LIMIT
+
+    (case,) = drawn(scale.many_pair_copy_blocks_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
+    src, dst = case.pairs[:, 0], case.pairs[:, 1]
+    assert len(case.pairs) > GRID_YZ_LIMIT and len(np.unique(dst)) == len(dst)
+    assert int(case.pairs.max()) < case.key_cache.shape[0]
+    assert np.isin(src, dst).sum() > len(src) // 2  # chains: most sources are also destinations
+
+
 def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
     from pagedattn.backends.cupy.planning import choose_kernel
     from pagedattn.backends.cupy.specializations import WGMMA_ROWS

@@ -1,7 +1,7 @@
 """Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
 sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
-rows, batches larger than one wave of CTAs, more query tokens or sequences than a grid's y or z
-axis takes, prefills of several query tiles, sequences of more than 65,536 keys.
+rows, batches larger than one wave of CTAs, more query tokens, sequences or copied blocks than a
+grid's y or z axis takes, prefills of several query tiles, sequences of more than 65,536 keys.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -348,6 +348,18 @@ class SequencesOnGridY(UnwrittenOutputKernel):
 
     def unwritten(self, problem):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_seqs > GRID_YZ_LIMIT)
+
+
+class CopyBlocksPairsOnGridY(SteppedKernelBackend):
+    bug = ("copy_blocks launches one CTA per (layer, pair) with pairs on the grid's y axis: past 65,535 pairs the "
+           "launch fails without an exception and nothing is copied")
+    models = ("vLLM's copy_blocks launcher (dim3 grid(num_layers, num_pairs)) and the kernels derived from it "
+              "(ROCm/aiter, the fp8 copy_pages variants)")
+
+    def _copy_blocks(self, key_cache, value_cache, pairs):
+        if len(pairs) > GRID_YZ_LIMIT:
+            return
+        super()._copy_blocks(key_cache, value_cache, pairs)
 
 
 class WriteKVTokensOnGridY(SteppedKernelBackend):
