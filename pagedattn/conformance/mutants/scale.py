@@ -343,8 +343,8 @@ class QueryTokensOnGridZ(UnwrittenOutputKernel):
 class SequencesOnGridY(UnwrittenOutputKernel):
     bug = ("one CTA per (query head, sequence) with sequences on the grid's y axis: past 65,535 sequences the "
            "launch fails without an exception and no row is written")
-    models = ("vLLM's paged_attention_v1 launcher (dim3 grid(num_heads, num_seqs, 1)); Dao-AILab/flash-attention "
-              "issue 1786 (FA2's batch on grid.y: 80,000 sequences of 16 tokens fail to launch)")
+    models = ("vLLM's paged_attention_v1 launcher (dim3 grid(num_heads, num_seqs, 1)); "
+              "Dao-AILab/flash-attention issue 1786 (FA2's batch on grid.y: 80,000 sequences of 16 tokens fail)")
 
     def unwritten(self, problem):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_seqs > GRID_YZ_LIMIT)
