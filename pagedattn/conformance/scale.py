@@ -165,7 +165,8 @@ MANY_TOKEN_SEQS = 256
 #: Sequences of a many-sequence batch, at least: past 65,535, the most blocks a CUDA grid's y or z
 #: axis takes.
 MANY_SEQUENCES = 65_536
-#: Keys of a sequence in a many-sequence batch, at most (one or two blocks at block size 16).
+#: Keys of a sequence in a many-sequence batch, at most, where blocks hold fewer than 24 keys
+#: (one or two blocks at block size 16; a block and one key at larger sizes).
 MANY_SEQUENCE_MAX_LEN = 24
 #: Pairs of a many-pair copy_blocks call, at least: past 65,535, the most blocks a CUDA grid's y or z
 #: axis takes.
@@ -690,10 +691,11 @@ def many_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     """Return a strategy for a batch of more than :data:`MANY_SEQUENCES` sequences.
 
     ``queries`` "decode": one query each, as a decode call (no ``q_lens``); "prompts": two each,
-    as a varlen call. Each sequence holds 1 to :data:`MANY_SEQUENCE_MAX_LEN` keys (block edges
-    among them) in a shuffled or interleaved pool; one KV head, GQA 1 or 2, the smallest
-    head_dim. A kernel that puts sequences on a grid's y or z axis (at most 65,535) fails its
-    launch here, often without an exception, and writes nothing.
+    as a varlen call. Each sequence holds as many keys as its queries up to
+    :data:`MANY_SEQUENCE_MAX_LEN` or a block and one key, whichever is more (block edges among
+    them), in a shuffled or interleaved pool; one KV head, GQA 1 or 2, the smallest head_dim. A
+    kernel that puts sequences on a grid's y or z axis (at most 65,535) fails its launch here,
+    often without an exception, and writes nothing.
     """
     del limits  # one size for every profile: the limit is the GPU's
     caps = capabilities
@@ -704,10 +706,11 @@ def many_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     per_seq = 1 if queries == "decode" else 2
     num_seqs = MANY_SEQUENCES + draw(st.integers(0, 64), label="extra_seqs")
-    edges = np.array([per_seq, block_size - 1, block_size, block_size + 1, MANY_SEQUENCE_MAX_LEN])
+    max_len = max(MANY_SEQUENCE_MAX_LEN, block_size + 1)
+    edges = np.array([per_seq, block_size - 1, block_size, block_size + 1, max_len])
     edges = edges[edges >= per_seq]
     lens = np.where(rng.random(num_seqs) < 0.25, rng.choice(edges, num_seqs),
-                    rng.integers(per_seq, MANY_SEQUENCE_MAX_LEN + 1, num_seqs)).astype(int)
+                    rng.integers(per_seq, max_len + 1, num_seqs)).astype(int)
     lens[-1] = draw(st.sampled_from(tuple(int(e) for e in edges)), label="last_seq_len")  # the last sequence
     pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
     options: dict[str, Any] = {}

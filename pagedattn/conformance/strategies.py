@@ -363,9 +363,9 @@ def fill_caches(rng: np.random.Generator, shape_nhd: tuple[int, int, int, int], 
     dtype = numpy_dtype(cache_dtype)
     caches = []
     huge = num_blocks > 4096
-    lens = np.asarray(lens, dtype=np.int64)
-    in_use = np.arange(tables.shape[1])[None, :] < -(-lens // block_size)[:, None]  # the tables' columns in use
-    used = np.unique(tables[in_use].astype(np.int64))  # blocks any sequence uses
+    if huge:  # the blocks any sequence uses: the tables' columns in use
+        in_use = np.arange(tables.shape[1])[None, :] < -(-np.asarray(lens, dtype=np.int64) // block_size)[:, None]
+        used = np.unique(tables[in_use].astype(np.int64))
     for which, scale in ((0, k_scale), (1, v_scale)):
         with np.errstate(over="ignore", invalid="ignore"):
             if huge:  # garbage in the used blocks only (in their slots no sequence writes)
