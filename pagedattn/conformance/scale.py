@@ -162,8 +162,8 @@ LONG_PREFILL_MAX_CONTEXT = 1024
 MANY_TOKENS = 65_536
 #: Sequences of a many-token batch: prompts of 256 queries.
 MANY_TOKEN_SEQS = 256
-#: Sequences of a many-sequence batch, at least: past 65,535, the most blocks a CUDA grid's y or z
-#: axis takes.
+#: Sequences of a many-sequence batch, more than: past 65,535, the most blocks a CUDA grid's y or z
+#: axis takes, and an index past 16 bits.
 MANY_SEQUENCES = 65_536
 #: Keys of a sequence in a many-sequence batch, at most, where blocks hold fewer than 24 keys
 #: (one or two blocks at block size 16; a block and one key at larger sizes).
@@ -705,7 +705,7 @@ def many_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     head_dim = min(caps.head_dims or (16,))
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     per_seq = 1 if queries == "decode" else 2
-    num_seqs = MANY_SEQUENCES + draw(st.integers(0, 64), label="extra_seqs")
+    num_seqs = MANY_SEQUENCES + draw(st.integers(1, 64), label="extra_seqs")  # index 65,536 among them
     max_len = max(MANY_SEQUENCE_MAX_LEN, block_size + 1)
     edges = np.array([per_seq, block_size - 1, block_size, block_size + 1, max_len])
     edges = edges[edges >= per_seq]

@@ -229,7 +229,7 @@ def test_many_sequence_cases_hold_more_sequences_than_a_grid_axis_y_or_z():
         (case,) = drawn(scale.many_sequence_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick"),
                                                   queries=queries), 1)
         problem = checks.problem_of(case)
-        assert problem.num_seqs > GRID_YZ_LIMIT
+        assert problem.num_seqs > max(GRID_YZ_LIMIT, scale.MANY_SEQUENCES)  # an index past 16 bits
         assert problem.is_decode == (queries == "decode")
         assert (case.query_start_loc is None) == (queries == "decode")  # decode: a decode call
         assert np.all(problem.q_lens == per_seq) and np.all(problem.seq_lens >= per_seq)
