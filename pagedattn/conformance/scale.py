@@ -22,7 +22,7 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   short sequences, more work than one wave of CTAs on the GPU;
 - :func:`many_token_cases`, :func:`many_token_write_kv_cases`: more than 65,535 query tokens
   (or tokens written) in one call, past a CUDA grid's y and z limit;
-- :func:`many_sequence_cases`: more than 65,535 sequences in one call (decode, or prompts of
+- :func:`many_sequence_cases`: more than 65,536 sequences in one call (decode, or prompts of
   two queries), past the same limit for a kernel that puts sequences on a grid's y or z axis;
 - :func:`many_pair_copy_blocks_cases`: ``copy_blocks`` of more than 65,535 pairs in one call,
   past it for a kernel that puts pairs there;

@@ -116,7 +116,7 @@ def test_copy_blocks_of_many_pairs(request, backend):
 
 @pytest.mark.parametrize("queries", ["decode", "prompts"])
 def test_many_sequences_match_spec(request, backend, queries):
-    """More than 65,535 sequences in one call, one query each (a decode call) or two (a varlen
+    """More than 65,536 sequences in one call, one query each (a decode call) or two (a varlen
     call; past a CUDA grid's y and z limit), within the error model; inputs untouched. A backend
     run in an interpreter, which has no grid limits and runs one program at a time, is
     unsupported here."""
