@@ -393,9 +393,9 @@ def newest_slots(problem: AttentionProblem) -> np.ndarray:
 def step_writes_then_attends(backend: Backend, case: AttentionCase) -> float:
     """As an engine's step: the batch planned, then ``write_kv`` of the newest tokens' keys and
     values (their slots hold NaN before it), then the plan run on the same caches with no
-    synchronisation between. The attention
-    sees what ``write_kv`` wrote: within the error model of the spec on the caches as they are
-    after the step (what ``write_kv`` stores is the ``write_kv`` cells' concern)."""
+    synchronisation between. The attention sees what ``write_kv`` wrote: within the error model
+    of the spec on the caches as they are after the step (what ``write_kv`` stores is the
+    ``write_kv`` cells' concern)."""
     __tracebackhide__ = True
     problem = problem_of(case)
     slots = newest_slots(problem)

@@ -146,12 +146,11 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     num_stages = 3 if head_dim_pad <= 128 else 2
     resident, keys_major, max_registers, table_by_block, pick_in_registers = PROGRAMS_PER_SM, False, None, True, False
     if decode and not wide and block_m == 16:
+        fp8_tiles = decode_table is None and cache_bytes == 1 and head_dim_pad == 128
         table = DECODE_TABLE if decode_table is None else decode_table
-        entry = table.get(block_size, table[None])
-        if decode_table is None and cache_bytes == 1 and head_dim_pad == 128:
-            entry = FP8_DECODE_TILES
+        entry = FP8_DECODE_TILES if fp8_tiles else table.get(block_size, table[None])
         block_n, num_warps, num_stages, resident, keys_major, table_by_block, pick_in_registers = entry
-        if head_dim_pad >= 64 and entry is not FP8_DECODE_TILES:  # below 64 unmeasured: the table's as they are
+        if head_dim_pad >= 64 and not fp8_tiles:  # fp8 tiles are sized as they are; below 64 unmeasured
             block_n *= max(1, DECODE_TILE_ROW_BYTES // (head_dim_pad * cache_bytes))
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
