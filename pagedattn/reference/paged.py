@@ -18,7 +18,7 @@ from pagedattn.spec.arrays import AttentionProblem
 from pagedattn.spec.kv_ops import slot_view
 from pagedattn.spec.online_softmax import empty_state, finalize, update
 
-TOKEN_CHUNK = 512  # query tokens processed together: bounds the gathered K/V memory
+TOKEN_CHUNK = 512  # query tokens processed together: bounds the float32 query and gathered K/V memory
 
 
 def _block_scores(
@@ -58,7 +58,7 @@ def paged_attention_reference(
     lse = np.full((T, problem.num_q_heads), -np.inf, dtype=np.float32)
     seq_of_token, p_q_all = problem.token_positions()
     k_slots, v_slots = slot_view(key_cache, problem.kv_layout), slot_view(value_cache, problem.kv_layout)
-    q_scaled = (query.astype(np.float32) * np.float32(problem.scale)).reshape(T, Hkv, G, D)
+    scale = np.float32(problem.scale)
     k_scale, v_scale = np.float32(problem.k_scale), np.float32(problem.v_scale)
     for start in range(0, T, TOKEN_CHUNK):
         tokens = np.arange(start, min(start + TOKEN_CHUNK, T))
@@ -66,6 +66,7 @@ def paged_attention_reference(
         length = problem.seq_lens[seqs]
         num_blocks_needed = -(-length // bs)  # ceil(L / block_size): columns that may be read
         state = empty_state((len(tokens), Hkv, G), D, dtype=np.float32)
+        q_chunk = (query[tokens].astype(np.float32) * scale).reshape(len(tokens), Hkv, G, D)
         for j in range(int(num_blocks_needed.max(initial=0))):
             active = np.flatnonzero(num_blocks_needed > j)
             if problem.sliding_window is not None:  # blocks entirely left of every window are skipped
@@ -78,7 +79,7 @@ def paged_attention_reference(
             k_j = k_slots[physical].astype(np.float32) * k_scale  # [n, bs, Hkv, D]
             v_j = v_slots[physical].astype(np.float32) * v_scale
             p = j * bs + np.arange(bs)[None, :].repeat(active.size, axis=0)
-            s_ij, visible = _block_scores(problem, q_scaled[tokens[active]], k_j, p, p_q[active], length[active])
+            s_ij, visible = _block_scores(problem, q_chunk[active], k_j, p, p_q[active], length[active])
             v_per_group = np.broadcast_to(v_j.transpose(0, 2, 1, 3)[:, :, None], (*s_ij.shape, D))
             partial = type(state)(state.m[active], state.l[active], state.O[active])
             m, l, O = update(partial, s_ij, v_per_group, visible)
