@@ -1,7 +1,8 @@
 """Host-side planning of the torch backend: sequences grouped by ``q_len``, gather indices.
 
-Sequences with the same ``q_len`` are attended together: their blocks are gathered whole
-into a padded ``[num_seqs_g, Hkv, L_max, D]`` tensor. Only block-table columns below
+Sequences with the same ``q_len`` are attended together, at most :data:`GROUP_ELEMENTS`
+elements of gathered queries, keys, values and scores at a time: their blocks are gathered
+whole into a padded ``[num_seqs_g, Hkv, L_max, D]`` tensor. Only block-table columns below
 ``ceil(L / block_size)`` are read (see :mod:`pagedattn.spec.arrays`); padding columns
 point at block 0, and every position ``p >= L`` is zeroed and masked after the gather,
 so whatever those slots hold never reaches the output.
@@ -18,6 +19,10 @@ from pagedattn.spec.arrays import AttentionProblem
 #: How SDPA sees a group's gathered keys: all visible to every query, its own top-left
 #: causal pattern, or an explicit boolean mask.
 SDPA_PATTERNS: tuple[str, ...] = ("all", "causal", "mask")
+#: Elements one group's gathered tensors hold, at most (its queries, keys, values and scores;
+#: a group of one sequence may hold more): a batch of a million tokens then costs the device
+#: a few GiB at a time, not several times its own size.
+GROUP_ELEMENTS = 2**28
 
 
 @dataclass(frozen=True)
@@ -62,33 +67,42 @@ def sdpa_pattern(problem: AttentionProblem, q_len: int, lengths: np.ndarray, off
 
 
 def plan_groups(problem: AttentionProblem) -> list[Group]:
-    """Split the batch into groups of equal ``q_len``.
+    """Split the batch into groups of equal ``q_len``, each of at most :data:`GROUP_ELEMENTS`
+    gathered elements (or one sequence).
 
     Sequences with ``q_len = 0``, or ``L = 0`` (decode padding: its query sees no key), are
     left out: their rows keep the initial ``out = 0``, ``lse = -inf``.
     """
     q_lens = problem.q_lens
-    bs = problem.block_size
     groups = []
     for q_len in np.unique(q_lens):
         seqs = np.flatnonzero((q_lens == q_len) & (problem.seq_lens > 0))
         if q_len == 0 or len(seqs) == 0:
             continue
-        lengths = problem.seq_lens[seqs]
-        l_max = int(lengths.max())
-        offset = 0
-        if problem.sliding_window is not None:  # lowest visible key: p > p_q - W for the first query
-            lowest = np.maximum(lengths - int(q_len) + 1 - problem.sliding_window, 0)
-            offset = int(lowest.min()) // bs * bs
-        p = offset + np.arange(l_max - offset)
-        valid = p[None, :] < lengths[:, None]
-        column = np.arange(offset // bs, -(-l_max // bs))
-        used = column[None, :] < -(-lengths[:, None] // bs)  # column < ceil(L / block_size)
-        table = problem.block_tables[seqs][:, np.minimum(column, problem.max_blocks_per_seq - 1)]
-        blocks = np.where(used, table, 0)
-        j = np.arange(int(q_len))
-        tokens = problem.query_start_loc[seqs][:, None] + j[None, :]
-        p_q = lengths[:, None] - int(q_len) + j[None, :]
-        pattern = sdpa_pattern(problem, int(q_len), lengths, offset)
-        groups.append(Group(int(q_len), seqs, blocks, valid, tokens, p_q, lengths, offset, pattern))
+        l_max = int(problem.seq_lens[seqs].max())
+        per_seq = problem.num_q_heads * (problem.head_dim * (int(q_len) + 2 * l_max) + int(q_len) * l_max)
+        size = max(1, GROUP_ELEMENTS // per_seq)
+        groups += [_group(problem, int(q_len), seqs[i:i + size]) for i in range(0, len(seqs), size)]
     return groups
+
+
+def _group(problem: AttentionProblem, q_len: int, seqs: np.ndarray) -> Group:
+    """The group of sequences ``seqs``, all of ``q_len`` queries and at least one key."""
+    bs = problem.block_size
+    lengths = problem.seq_lens[seqs]
+    l_max = int(lengths.max())
+    offset = 0
+    if problem.sliding_window is not None:  # lowest visible key: p > p_q - W for the first query
+        lowest = np.maximum(lengths - int(q_len) + 1 - problem.sliding_window, 0)
+        offset = int(lowest.min()) // bs * bs
+    p = offset + np.arange(l_max - offset)
+    valid = p[None, :] < lengths[:, None]
+    column = np.arange(offset // bs, -(-l_max // bs))
+    used = column[None, :] < -(-lengths[:, None] // bs)  # column < ceil(L / block_size)
+    table = problem.block_tables[seqs][:, np.minimum(column, problem.max_blocks_per_seq - 1)]
+    blocks = np.where(used, table, 0)
+    j = np.arange(int(q_len))
+    tokens = problem.query_start_loc[seqs][:, None] + j[None, :]
+    p_q = lengths[:, None] - int(q_len) + j[None, :]
+    pattern = sdpa_pattern(problem, int(q_len), lengths, offset)
+    return Group(int(q_len), seqs, blocks, valid, tokens, p_q, lengths, offset, pattern)

@@ -123,6 +123,22 @@ def test_sliding_window_gathers_only_the_window(backend: TorchBackend, window: i
     check_against_spec(backend, batch, sliding_window=window, causal=False, return_lse=True)
 
 
+def test_groups_hold_a_bounded_number_of_elements(backend: TorchBackend, monkeypatch) -> None:
+    """A q_len's sequences are cut into groups of at most GROUP_ELEMENTS gathered elements, each
+    sequence in exactly one, and the answer is the spec's."""
+    from pagedattn.backends.torch import groups
+    from pagedattn.spec.arrays import check_paged_attention
+
+    monkeypatch.setattr(groups, "GROUP_ELEMENTS", 4 * 4 * (8 * (1 + 2 * 40) + 40))  # four sequences of 40 keys
+    rng = np.random.default_rng(5)
+    batch = make_batch(rng, seq_lens=[40, 3, 17, 40, 9, 33, 25, 40, 1, 12], q_lens=None, num_q_heads=4,
+                       num_kv_heads=2, head_dim=8, block_size=8, dtype="float16")
+    planned = groups.plan_groups(check_paged_attention(**batch))
+    assert [len(g.seqs) for g in planned] == [4, 4, 2]
+    assert sorted(np.concatenate([g.seqs for g in planned]).tolist()) == list(range(10))
+    check_against_spec(backend, batch)
+
+
 OPTION_CASES = {
     "varlen_causal": {},
     "non_causal": {"causal": False},
