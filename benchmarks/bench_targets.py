@@ -7,7 +7,9 @@ is pytest-benchmark's median divided by ``runs_per_call`` (in ``extra_info``). T
 reference (cuDNN SDPA on contiguous K/V) is timed in the same session, once per shape (it
 has no blocks), and that time stands for each block size of the shape.
 A case fails when it misses its target's share of the ceiling or speed against the
-reference; the block-size spread is asserted once all of a target's cases ran. Without a
+reference; the block-size spread is asserted once all of a target's cases ran. The targets
+hold the project's GPU kernels (:data:`~pagedattn.perf.targets.TARGET_BACKENDS`), or the
+backends ``--perf-backends`` names. Without a
 GPU the targets do not apply and these benchmarks are skipped with that reason.
 """
 
@@ -24,9 +26,10 @@ from pagedattn.perf.measure import Result, case_work, figures, measure_peer, res
 from pagedattn.perf.peers import PEERS
 from pagedattn.perf.report import REFERENCE_PEER
 from pagedattn.perf.roofline import Work
-from pagedattn.perf.targets import TARGETS, Target, judge
+from pagedattn.perf.targets import TARGET_BACKENDS, TARGETS, Target, judge
 
 ON_GPU = device.gpu_name() is not None
+JUDGED_BACKENDS = TARGET_BACKENDS  # see conftest.pytest_generate_tests
 CASES = shapes.SETS["targets"]
 TARGET_OF = {case: target for target in TARGETS for case in target.cases}
 RESULTS: list[Result] = []  # this session's rows, for the spread check

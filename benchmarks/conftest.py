@@ -94,8 +94,14 @@ def perf_backends(config: pytest.Config) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``backend_name`` over :func:`perf_backends`; a module with ``JUDGED_BACKENDS`` (it asserts
+    bars) gets only those of them, unless ``--perf-backends`` names the backends."""
     if "backend_name" in metafunc.fixturenames:
-        metafunc.parametrize("backend_name", perf_backends(metafunc.config))
+        names = perf_backends(metafunc.config)
+        judged = getattr(metafunc.module, "JUDGED_BACKENDS", None)
+        if judged is not None and not metafunc.config.getoption("--perf-backends"):
+            names = [name for name in names if name in judged]
+        metafunc.parametrize("backend_name", names)
 
 
 @pytest.fixture(scope="session")
