@@ -39,6 +39,7 @@ from pagedattn.conformance.cases import (
     host_result,
     run_case,
 )
+from pagedattn.conformance.scale import FAR_MERGE_SEED, far_row_sequences
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
@@ -532,16 +533,36 @@ def copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> float:
 def merge_states_matches_spec(backend: Backend, case: MergeCase) -> float:
     """merge_states within rounding of the exact merge; an empty side (-inf) is ignored, even NaN."""
     __tracebackhide__ = True
+    return _merged_rows_match_spec(backend, case, np.arange(case.out_a.shape[0]))
+
+
+def far_merge_rows_match_spec(backend: Backend, case: MergeCase) -> float:
+    """merge_states of states past 2**31 elements: the first row, one more and every row past element
+    2**31 (:func:`~pagedattn.conformance.scale.far_row_sequences`) within rounding of the exact merge."""
+    __tracebackhide__ = True
+    T, H, D = case.out_a.shape
+    rows = far_row_sequences(None, T, H * D, FAR_MERGE_SEED)
+    return _merged_rows_match_spec(backend, case, rows)
+
+
+def _merged_rows_match_spec(backend: Backend, case: MergeCase, rows: np.ndarray) -> float:
+    """merge_states of the whole case; its ``rows`` compared with the exact merge of those rows."""
+    __tracebackhide__ = True
     out, lse = backend.merge_states(backend.to_device(case.out_a), backend.to_device(case.lse_a),
                                     backend.to_device(case.out_b), backend.to_device(case.lse_b))
     backend.synchronize()
-    out, lse = np.asarray(backend.to_numpy(out)), np.asarray(backend.to_numpy(lse))
-    exact_out, exact_lse = spec_merge_states(case.out_a, case.lse_a, case.out_b, case.lse_b)
-    dtype = dtype_name(case.out_a.dtype)
     T, H, D = case.out_a.shape
+    dtype = dtype_name(case.out_a.dtype)
     call = f"[call: backend={backend.name} merge_states dtype={dtype} shape={[T, H, D]}]"
+    out, lse = np.asarray(backend.to_numpy(out)), np.asarray(backend.to_numpy(lse))
     assert_array_form("out", out, (T, H, D), dtype, call)
     assert_array_form("lse", lse, (T, H), "float32", call)
+    if len(rows) < T:
+        call = call[:-1] + f" rows={rows.tolist() if len(rows) <= 8 else f'{len(rows)} from {rows.min()}'}]"
+        out, lse = out[rows], lse[rows]
+        case = MergeCase(out_a=case.out_a[rows], lse_a=case.lse_a[rows], out_b=case.out_b[rows],
+                         lse_b=case.lse_b[rows])
+    exact_out, exact_lse = spec_merge_states(case.out_a, case.lse_a, case.out_b, case.lse_b)
     tol = merge_tolerance(dtype)
     nonempty = [np.isfinite(x)[..., None] for x in (case.lse_a, case.lse_b)]
     with np.errstate(invalid="ignore"):
@@ -550,8 +571,9 @@ def merge_states_matches_spec(backend: Backend, case: MergeCase) -> float:
             np.where(nonempty[1], np.abs(case.out_b.astype(np.float64)), 0).max(axis=-1))
     score_scale = np.maximum(np.where(np.isfinite(case.lse_a), np.abs(case.lse_a), 0),
                              np.where(np.isfinite(case.lse_b), np.abs(case.lse_b), 0)).astype(np.float64)
-    num_visible = np.full((T, H), 2)
-    problem = _merge_problem(T, H, D, dtype)
+    num_visible = np.full(case.lse_a.shape, 2)
+    rows_kept, heads, head_dim = case.out_a.shape
+    problem = _merge_problem(rows_kept, heads, head_dim, dtype)
     worst = assert_close_to_spec("out", out, exact_out,
                                  tol.out_bound(exact_out, value_scale, score_scale, num_visible), problem, call,
                                  tolerance=tol)
@@ -602,6 +624,31 @@ def far_pool_matches_spec(backend: Backend, case: AttentionCase) -> float:
     tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
                     tf32=backend.capabilities().tf32)
     return assert_attention_matches(result.out, result.lse, exact, tol, problem, call)
+
+
+def far_rows_match_spec(backend: Backend, case: AttentionCase) -> float:
+    """On a query and output past 2**31 elements: the rows of the first sequence, one more, and every
+    sequence past element 2**31 (:func:`~pagedattn.conformance.scale.far_row_sequences`) within the
+    error model; nothing else written. Each is compared with the spec's answer for it alone, so the
+    spec never holds the whole output in float64."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    result = run_checked(backend, case)
+    tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
+                    tf32=backend.capabilities().tf32)
+    row_elements = problem.num_q_heads * problem.head_dim
+    worst = 0.0
+    for seq in far_row_sequences(case.query_start_loc, problem.num_tokens, row_elements, case.seed):
+        seq = int(seq)
+        single = alone(case, seq)
+        single_problem = problem_of(single)
+        exact = exact_attention_problem(single_problem, single.query, single.key_cache, single.value_cache)
+        rows = slice(int(problem.query_start_loc[seq]), int(problem.query_start_loc[seq + 1]))
+        call = _call(backend, case) + (f" (sequence {seq}: rows {rows.start} to {rows.stop - 1}, elements from"
+                                       f" {rows.start * row_elements:,})")
+        lse = None if result.lse is None else result.lse[rows]
+        worst = max(worst, assert_attention_matches(result.out[rows], lse, exact, tol, single_problem, call))
+    return worst
 
 
 def _remapped(ids: np.ndarray, blocks: np.ndarray) -> np.ndarray:

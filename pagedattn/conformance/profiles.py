@@ -41,6 +41,11 @@ def runs_in_interpreter(device: str) -> bool:
     return "interpreter" in device.lower()
 
 
+def runs_on_cpu(device: str) -> bool:
+    """Whether a backend declaring ``device`` computes on the CPU (an interpreter of GPU kernels included)."""
+    return device.lower().startswith("cpu") or runs_in_interpreter(device)
+
+
 def interpreted(backend: Any) -> bool:
     """Whether the backend runs in an interpreter: its declared device names one."""
     return runs_in_interpreter(str(backend.capabilities().device))

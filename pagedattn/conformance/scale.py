@@ -16,6 +16,9 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   of more than 2**31 elements whose blocks in use lie past the 2**31st element, where 32-bit
   offset arithmetic overflows. The caches are lazy (:func:`~pagedattn.spec.pools.lazy_cache`):
   only the blocks a case fills cost memory, and every other block is zero;
+- :func:`far_row_cases`, :func:`far_merge_row_cases`: a query, and so an output, of more than
+  2**31 elements (about 131,072 tokens of 128 query heads of 128), and ``merge_states`` of two
+  such states, where a row's offset ``token * Hq * D`` overflows 32 bits;
 - :func:`wide_group_cases`: GQA ratios from 12 to 128 (:data:`WIDE_GROUPS`), past one row
   tile of a KV head's query heads, where kernels cut a group into tiles;
 - :func:`large_batch_cases`: more than :data:`LARGE_BATCH_PAIRS` (sequence, KV head) pairs of
@@ -44,7 +47,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
-from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, WriteKVCase
+from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, MergeCase, WriteKVCase
 from pagedattn.conformance.strategies import (
     CONTRACT_BLOCK_SIZES,
     GARBAGE_KINDS,
@@ -57,6 +60,9 @@ from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
 
 __all__ = [
+    "FAR_MERGE_SEED",
+    "FAR_ROW_BLOCKS",
+    "FAR_ROW_ELEMENTS",
     "LARGE_BATCH_PAIRS",
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
@@ -73,7 +79,10 @@ __all__ = [
     "WIDE_GROUPS",
     "ScaleLimits",
     "far_copy_blocks_cases",
+    "far_merge_row_cases",
     "far_pool_cases",
+    "far_row_cases",
+    "far_row_sequences",
     "far_write_kv_cases",
     "large_batch_cases",
     "long_prefill_cases",
@@ -173,6 +182,16 @@ MANY_SEQUENCE_MAX_LEN = 24
 MANY_PAIRS = 65_536
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
+#: Elements of one query token (query heads x head_dim) of a far-row batch, at least: about 131,072
+#: tokens of them (a long prefill's, or a large decode batch's) take the query and the output past
+#: 2**31 elements.
+FAR_ROW_ELEMENTS = 2**14
+#: Physical blocks of a far-row batch's pool. Its sequences share them (each table names blocks at
+#: random), so the caches stay small however many sequences the batch holds.
+FAR_ROW_BLOCKS = 257
+#: Which middle row of a far-row merge is compared (:func:`far_row_sequences`' seed): a merge case
+#: carries no seed of its own.
+FAR_MERGE_SEED = 2**16 + 1
 _SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -636,6 +655,116 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
               "queries": "mixed" if mixed else "decode"}
     return _case(query, caches, pool.block_tables, lens.tolist(), q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- far rows: a query and an output past 2**31 elements ---------------------------------------------
+
+def far_row_sequences(query_start_loc: np.ndarray | None, num_tokens: int, row_elements: int,
+                      seed: int) -> np.ndarray:
+    """Sequences whose rows a far-row check compares: the first, one picked by ``seed``, and every
+    sequence holding a token row at or past element 2**31 of the query and the output.
+
+    Row ``r`` holds elements ``r * row_elements`` to ``(r + 1) * row_elements - 1``; the first row
+    with an element past ``INT32_OFFSET_LIMIT - 1`` is ``INT32_OFFSET_LIMIT // row_elements``.
+    """
+    first_far = min(INT32_OFFSET_LIMIT // row_elements, num_tokens - 1)
+    rows = np.concatenate([[0, seed % max(first_far, 1)], np.arange(first_far, num_tokens)])
+    if query_start_loc is None:
+        return np.unique(rows)
+    return np.unique(np.searchsorted(np.asarray(query_start_loc), rows, side="right") - 1)
+
+
+def _far_row_head_dim(caps: Capabilities) -> int:
+    """128 where declared (or any head_dim is), else the backend's largest."""
+    if caps.head_dims is None or 128 in caps.head_dims:
+        return 128
+    return max(caps.head_dims)
+
+
+@st.composite
+def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,
+                  queries: str = "decode", fp8: bool = False) -> AttentionCase:
+    """Return a strategy for a batch whose query and output hold more than 2**31 elements.
+
+    Tokens of :data:`FAR_ROW_ELEMENTS` elements (128 query heads on 8 or 1 KV heads at head_dim
+    128), as many as take the query past ``INT32_OFFSET_LIMIT`` elements and 1 to 64 tokens more.
+    ``queries`` "decode": one query per sequence of 2 keys to a block and one; "prompts": 1 to 4
+    queries after 1 or 2 keys of context each, as a varlen call. The sequences share a pool of
+    :data:`FAR_ROW_BLOCKS` blocks. The query is zero (lazy: it costs no memory) except in the rows
+    of :func:`far_row_sequences`, the ones the check compares, which are standard normal. With
+    ``fp8``, the caches are one of the backend's fp8 dtypes, with scales. A kernel that computes a
+    row's offset ``token * Hq * D`` in 32 bits reads and writes the rows past element 2**31
+    elsewhere.
+    """
+    del limits  # one size for every profile: the limit is the offset type's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((8, 1)), label="num_kv_heads")
+    head_dim = _far_row_head_dim(caps)
+    per_kv_head = -(-FAR_ROW_ELEMENTS // (head_dim * num_kv_heads))
+    num_q_heads = num_kv_heads * per_kv_head
+    row_elements = num_q_heads * head_dim
+    min_tokens = INT32_OFFSET_LIMIT // row_elements + draw(st.integers(1, 64), label="extra_tokens")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    if queries == "decode":
+        q_lens = None
+        lens = rng.integers(2, block_size + 2, min_tokens)
+        num_tokens = min_tokens
+    else:
+        per_seq = rng.integers(1, 5, min_tokens)
+        num_seqs = int(np.searchsorted(np.cumsum(per_seq), min_tokens)) + 1
+        q_lens = per_seq[:num_seqs]
+        lens = q_lens + rng.integers(1, 3, num_seqs)
+        num_tokens = int(q_lens.sum())
+    columns = int(-(-lens.max() // block_size))
+    tables = rng.integers(0, FAR_ROW_BLOCKS, (lens.size, columns)).astype(np.int32)
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    pool_keys = FAR_ROW_BLOCKS * block_size
+    logical = _values(rng, "normal", [pool_keys], num_kv_heads, head_dim)  # every slot of the pool
+    caches = fill_caches(rng, (FAR_ROW_BLOCKS, block_size, num_kv_heads, head_dim),
+                         np.arange(FAR_ROW_BLOCKS, dtype=np.int32)[None, :], np.array([pool_keys]), logical,
+                         "random", cache_dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
+    seed = draw(_SEEDS, label="variant_seed")
+    qsl = None if q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    query = lazy_cache((num_tokens, num_q_heads, head_dim), dtype)
+    for s in far_row_sequences(qsl, num_tokens, row_elements, seed):
+        rows = slice(s, s + 1) if qsl is None else slice(int(qsl[s]), int(qsl[s + 1]))
+        query[rows] = rng.standard_normal((rows.stop - rows.start, num_q_heads, head_dim)).astype(query.dtype)
+    options: dict[str, Any] = dict(scales)
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    labels = {"feature": "far_rows", "tokens": str(num_tokens), "sequences": str(lens.size),
+              "elements": str(num_tokens * row_elements), "queries": queries, "cache_dtype": cache_dtype}
+    return _case(query, caches, tables, lens.tolist(), None if q_lens is None else q_lens.tolist(), kv_layout,
+                 options, seed, labels)
+
+
+@st.composite
+def far_merge_row_cases(draw: st.DrawFn, *, dtype: str) -> MergeCase:
+    """Return a strategy for ``merge_states`` of two states of more than 2**31 elements each.
+
+    ``[T, 128, 128]`` outs, ``T`` as many tokens as take them past ``INT32_OFFSET_LIMIT`` and 1 to 64
+    more (a long prefill's two parts, as chunked prefill merges them). The outs are zero (lazy) and
+    the lses 0 except in the rows the check compares (:func:`far_row_sequences`, seed
+    :data:`FAR_MERGE_SEED`): standard normal outs, lses spread by ``lse_spread``, some of them -inf
+    (an empty side of a head). A kernel that computes ``token * H * D`` in 32 bits merges the rows past
+    element 2**31 from elsewhere.
+    """
+    heads, head_dim = FAR_ROW_ELEMENTS // 128, 128
+    row_elements = heads * head_dim
+    num_tokens = INT32_OFFSET_LIMIT // row_elements + draw(st.integers(1, 64), label="extra_tokens")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    spread = draw(st.sampled_from((1.0, 30.0)), label="lse_spread")
+    rows = far_row_sequences(None, num_tokens, row_elements, FAR_MERGE_SEED)
+    outs = [lazy_cache((num_tokens, heads, head_dim), dtype) for _ in range(2)]
+    lses = [np.zeros((num_tokens, heads), np.float32) for _ in range(2)]
+    for out, lse in zip(outs, lses, strict=True):
+        out[rows] = rng.standard_normal((rows.size, heads, head_dim)).astype(out.dtype)
+        lse_rows = (rng.standard_normal((rows.size, heads)) * spread).astype(np.float32)
+        lse_rows[rng.random(lse_rows.shape) < 0.1] = -np.inf  # an empty side of some heads
+        lse[rows] = lse_rows
+    return MergeCase(out_a=outs[0], lse_a=lses[0], out_b=outs[1], lse_b=lses[1])
 
 
 # -- many query tokens: past a grid's y and z limit ------------------------------------------------

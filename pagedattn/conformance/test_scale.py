@@ -1,5 +1,6 @@
 """Bugs that show only at scale: split-KV on long sequences, long 16-bit rows, pools past 2**31
-elements (attention, write_kv, copy_blocks), and sizes that are no power of two. How kernels
+elements (attention, write_kv, copy_blocks), a query and output past 2**31 elements, and sizes that
+are no power of two. How kernels
 divide their work at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
@@ -21,7 +22,9 @@ from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     far_copy_blocks_cases,
+    far_merge_row_cases,
     far_pool_cases,
+    far_row_cases,
     far_write_kv_cases,
     long_sequence_cases,
     odd_size_cases,
@@ -120,3 +123,38 @@ def test_far_pool_operation(request, backend, operation):
     run_scale_cell(request, backend, cases, check, limits, dtype="float16", feature=f"far_{operation}",
                    max_examples=limits.far_examples,
                    requires={"features": FAR_OPERATION_FEATURES[operation], "pool_elements": limits.pool_elements})
+
+
+#: Which queries the far-row cells draw (decode and prefill are separate kernels in most backends)
+#: and whether their caches are fp8 (a separate kernel in some).
+FAR_ROW_CELLS: dict[str, dict[str, Any]] = {
+    "decode": {"queries": "decode"},
+    "prompts": {"queries": "prompts"},
+    "decode-fp8": {"queries": "decode", "fp8": True},
+    "prompts-fp8": {"queries": "prompts", "fp8": True},
+}
+
+
+@pytest.mark.parametrize("cell", FAR_ROW_CELLS)
+def test_far_rows_match_spec(request, backend, cell):
+    """A query and output past 2**31 elements (about 131,072 tokens of 128 heads of 128): the rows
+    past element 2**31, and the first ones, within the error model; inputs untouched. On a CPU
+    (minutes of work) only under PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    options = FAR_ROW_CELLS[cell]
+    features = tuple(name for name, needed in (("varlen", options["queries"] == "prompts"),
+                                               ("fp8", options.get("fp8", False))) if needed)
+    run_scale_cell(request, backend, partial(far_row_cases, **options), checks.far_rows_match_spec, limits,
+                   dtype="bfloat16", feature="far_rows", max_examples=limits.batch_examples, cell={"cell": cell},
+                   requires={"features": features, "large_arrays": True}, shrink=False)
+
+
+def test_far_rows_of_merge_states(request, backend):
+    """merge_states of two states past 2**31 elements (a long prefill's two parts): the rows past
+    element 2**31, and the first ones, within rounding of the exact merge. On a CPU only under
+    PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, lambda capabilities, dtype, limits: far_merge_row_cases(dtype=dtype),
+                   checks.far_merge_rows_match_spec, limits, dtype="bfloat16", feature="far_rows_merge",
+                   max_examples=limits.batch_examples,
+                   requires={"features": ("merge_states",), "large_arrays": True}, shrink=False)

@@ -1,7 +1,8 @@
 """The scale cells reach what they claim: split plans, pools past 2**31 elements at little memory,
-sizes that are no power of two, groups cut into several tiles, more work than one wave, more
-tokens than a grid's y or z axis, several query tiles per sequence, more keys than 16 bits hold
-and more split parts than 64; a capped backend is unsupported. (That quick kills their mutants
+a query and output past 2**31 elements, sizes that are no power of two, groups cut into several
+tiles, more work than one wave, more tokens than a grid's y or z axis, several query tiles per
+sequence, more keys than 16 bits hold and more split parts than 64; a capped backend is
+unsupported. (That quick kills their mutants
 in a scale cell is in test_mutants.py.)"""
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.backends.triton.backend import _work_list
 from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
 from pagedattn.conformance import checks, scale
+from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import load_case, save_case
 from pagedattn.conformance.runner import Unsupported, require
 from pagedattn.errors import UnsupportedError
+from pagedattn.reference.paged import paged_attention_reference
+from pagedattn.spec.arrays import check_paged_attention
+from pagedattn.spec.online_softmax import merge_states as spec_merge_states
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, lazy_copy, occupied_blocks
 
 ANY = Capabilities()
@@ -160,6 +165,102 @@ def test_a_backend_with_a_smaller_max_pool_is_unsupported_not_passed():
     (case,) = drawn(scale.far_pool_cases(ANY, dtype="float16", limits=scale.scale_limits("quick")), 1)
     with pytest.raises(UnsupportedError, match="max_pool_elements"):
         checks.far_pool_matches_spec(backend, case)
+
+
+class FilledRowsOnly(NumpyBackend):
+    """Attention of the rows whose query is not all zero (the rows a far-row case fills), zero
+    elsewhere; with ``wrap``, none past element 2**31, as a kernel whose row offsets wrap at 32 bits
+    leaves them (it writes them before the output instead)."""
+
+    name = "filled-rows-only"
+
+    def __init__(self, wrap: bool) -> None:
+        self.wrap = wrap
+
+    def _run(self, plan, query, key_cache, value_cache):
+        pr = plan.problem
+        out = np.zeros(query.shape, dtype=query.dtype)  # lazy, as the case's query
+        lse = np.full((pr.num_tokens, pr.num_q_heads), -np.inf, dtype=np.float32)
+        row_elements = pr.num_q_heads * pr.head_dim
+        filled = occupied_blocks(query)
+        for seq in np.unique(np.searchsorted(pr.query_start_loc, filled, side="right") - 1):
+            rows = slice(int(pr.query_start_loc[seq]), int(pr.query_start_loc[seq + 1]))
+            if self.wrap and rows.stop * row_elements > INT32_OFFSET_LIMIT:
+                continue
+            single = check_paged_attention(query[rows], key_cache, value_cache, pr.block_tables[seq:seq + 1],
+                                           pr.seq_lens[seq:seq + 1], np.array([0, rows.stop - rows.start]),
+                                           kv_layout=pr.kv_layout)
+            out[rows], lse[rows] = paged_attention_reference(single, query[rows], key_cache, value_cache)
+        return out, (lse if pr.return_lse else None)
+
+
+@pytest.mark.parametrize("queries", ["decode", "prompts"])
+def test_far_row_cases_take_the_query_past_element_2_31_at_little_memory(queries):
+    before = rss_mib()
+    (case,) = drawn(scale.far_row_cases(DECLARED, dtype="bfloat16", queries=queries), 1)
+    problem = checks.problem_of(case)
+    row_elements = problem.num_q_heads * problem.head_dim
+    assert problem.head_dim == 128 and row_elements >= scale.FAR_ROW_ELEMENTS
+    assert INT32_OFFSET_LIMIT < problem.num_tokens * row_elements <= INT32_OFFSET_LIMIT + 64 * row_elements
+    assert (case.query_start_loc is None) == (queries == "decode") and problem.num_seqs > 2**15
+    checked = scale.far_row_sequences(case.query_start_loc, problem.num_tokens, row_elements, case.seed)
+    first_far = INT32_OFFSET_LIMIT // row_elements
+    assert first_far * row_elements <= INT32_OFFSET_LIMIT < (first_far + 1) * row_elements
+    rows = np.concatenate([np.arange(problem.query_start_loc[s], problem.query_start_loc[s + 1]) for s in checked])
+    assert np.isin(np.arange(first_far, problem.num_tokens), rows).all() and 0 in rows
+    assert np.array_equal(occupied_blocks(case.query), np.sort(rows))  # only the checked rows hold values
+    assert problem.seq_lens.min() >= 2 and np.all(problem.seq_lens > problem.q_lens)  # every query sees 2 keys
+    assert case.key_cache.shape[0] == scale.FAR_ROW_BLOCKS
+    assert rss_mib() - before < 512  # a query of 4 GiB, lazily allocated: only the checked rows cost memory
+
+
+def test_far_rows_check_fails_rows_past_element_2_31_left_unwritten():
+    (case,) = drawn(scale.far_row_cases(ANY, dtype="bfloat16", queries="prompts"), 1)
+    assert checks.far_rows_match_spec(FilledRowsOnly(wrap=False), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match="elements from 2,14"):
+        checks.far_rows_match_spec(FilledRowsOnly(wrap=True), case)
+
+
+class FilledMergeRowsOnly(NumpyBackend):
+    """merge_states of the rows with a non-zero lse (the rows a far-row merge case fills), zero
+    elsewhere; with ``wrap``, none past element 2**31, as a kernel whose offsets wrap at 32 bits."""
+
+    name = "filled-merge-rows-only"
+
+    def __init__(self, wrap: bool) -> None:
+        self.wrap = wrap
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        T, H, D = out_a.shape
+        out, lse = np.zeros_like(out_a), np.zeros_like(lse_a)  # lazy, as the case's outs
+        rows = np.flatnonzero((lse_a != 0).any(axis=1) | (lse_b != 0).any(axis=1))
+        if self.wrap:
+            rows = rows[(rows + 1) * H * D <= INT32_OFFSET_LIMIT]
+        merged_out, merged_lse = spec_merge_states(out_a[rows], lse_a[rows], out_b[rows], lse_b[rows])
+        out[rows], lse[rows] = merged_out.astype(out.dtype), merged_lse
+        return out, lse
+
+
+def test_far_merge_row_cases_take_the_states_past_element_2_31_and_the_check_sees_those_rows():
+    before = rss_mib()
+    (case,) = drawn(scale.far_merge_row_cases(dtype="bfloat16"), 1)
+    T, H, D = case.out_a.shape
+    assert INT32_OFFSET_LIMIT < T * H * D <= INT32_OFFSET_LIMIT + 64 * H * D
+    rows = scale.far_row_sequences(None, T, H * D, scale.FAR_MERGE_SEED)
+    assert np.isin(np.arange(INT32_OFFSET_LIMIT // (H * D), T), rows).all() and 0 in rows
+    assert np.array_equal(occupied_blocks(case.out_a), rows) and np.isneginf(case.lse_a[rows]).any()
+    assert rss_mib() - before < 512
+    assert checks.far_merge_rows_match_spec(FilledMergeRowsOnly(wrap=False), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match="merge_states"):
+        checks.far_merge_rows_match_spec(FilledMergeRowsOnly(wrap=True), case)
+
+
+def test_far_rows_are_unsupported_on_a_cpu_unless_sizes_are_large(monkeypatch):
+    monkeypatch.delenv("PAGEDATTN_SIZE", raising=False)
+    with pytest.raises(Unsupported, match="PAGEDATTN_SIZE=large"):
+        require(NumpyBackend(), large_arrays=True)
+    monkeypatch.setenv("PAGEDATTN_SIZE", "large")
+    require(NumpyBackend(), large_arrays=True)
 
 
 # -- sizes that are no power of two ----------------------------------------------------------
