@@ -82,6 +82,14 @@ def run_case(backend: Backend, case: AttentionCase, *, caches: tuple[Any, Any, A
     return host_result(backend, result, bool(options.get("return_lse")))
 
 
+def _short(index: np.ndarray, most: int = 64) -> str:
+    """An index array as its list, or past ``most`` entries as its size and the entries that are not -1."""
+    if index.size <= most:
+        return str(index.tolist())
+    kept = np.flatnonzero(index.ravel() != -1)
+    return f"{summary(index)} ({kept.size} not -1, from entry {int(kept[0]) if kept.size else '-'})"
+
+
 class _ShortRepr:
     """Hypothesis' and IPython's pretty printers show a case by its short repr."""
 
@@ -103,7 +111,7 @@ class WriteKVCase(_ShortRepr):
 
     def __repr__(self) -> str:
         return (f"WriteKVCase(key={summary(self.key)}, key_cache={summary(self.key_cache)} {self.kv_layout},"
-                f" slot_mapping={self.slot_mapping.tolist()}, k_scale={self.k_scale}, v_scale={self.v_scale})")
+                f" slot_mapping={_short(self.slot_mapping)}, k_scale={self.k_scale}, v_scale={self.v_scale})")
 
 
 @dataclass(frozen=True)

@@ -48,13 +48,14 @@ class Unsupported(Exception):
 def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | None = None,
             block_size: int | None = None, kv_layout: str | None = None, features: tuple[str, ...] = (),
             pool_elements: int | None = None, device: str | None = None, launch_limits: bool = False,
-            large_arrays: bool = False) -> None:
+            large_arrays: bool = False, many_programs: bool = False) -> None:
     """Raise :class:`Unsupported` if the backend's capabilities exclude this combination
     (``pool_elements``: caches of that many elements, against ``max_pool_elements``; ``device``:
     the device the backend must run on; ``launch_limits``: the cell is about a device's launch
     limits, which a backend run in an interpreter does not have; ``large_arrays``: the cell
     computes arrays of more than 2**31 elements, minutes of work on a CPU, which runs it only
-    under ``PAGEDATTN_SIZE=large``)."""
+    under ``PAGEDATTN_SIZE=large``; ``many_programs``: the cell launches hundreds of thousands
+    of programs, which an interpreter runs one at a time, also only under ``large``)."""
     caps = backend.capabilities()
     if device is not None and caps.device != device:
         raise Unsupported(f"{backend.name}: runs on {caps.device}, not {device}")
@@ -64,6 +65,9 @@ def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | No
     if large_arrays and runs_on_cpu(caps.device) and os.environ.get("PAGEDATTN_SIZE") != "large":
         raise Unsupported(f"{backend.name}: runs on {caps.device}, where an output of 2**31 elements costs "
                           "minutes; PAGEDATTN_SIZE=large runs it there")
+    if many_programs and runs_in_interpreter(caps.device) and os.environ.get("PAGEDATTN_SIZE") != "large":
+        raise Unsupported(f"{backend.name}: runs in an interpreter ({caps.device}), where hundreds of thousands of "
+                          "programs cost minutes; PAGEDATTN_SIZE=large runs it there")
     if pool_elements is not None and caps.max_pool_elements is not None and pool_elements > caps.max_pool_elements:
         raise Unsupported(f"{backend.name}: caches of {pool_elements:,} elements exceed max_pool_elements"
                           f" {caps.max_pool_elements:,}")

@@ -16,9 +16,10 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   of more than 2**31 elements whose blocks in use lie past the 2**31st element, where 32-bit
   offset arithmetic overflows. The caches are lazy (:func:`~pagedattn.spec.pools.lazy_cache`):
   only the blocks a case fills cost memory, and every other block is zero;
-- :func:`far_row_cases`, :func:`far_merge_row_cases`: a query, and so an output, of more than
-  2**31 elements (about 131,072 tokens of 128 query heads of 128), and ``merge_states`` of two
-  such states, where a row's offset ``token * Hq * D`` overflows 32 bits;
+- :func:`far_row_cases`, :func:`far_merge_row_cases`, :func:`far_row_write_kv_cases`: a query,
+  and so an output, of more than 2**31 elements (about 131,072 tokens of 128 query heads of
+  128), ``merge_states`` of two such states, and ``write_kv`` of a key and value that large,
+  where a row's offset ``token * heads * D`` overflows 32 bits;
 - :func:`wide_group_cases`: GQA ratios from 12 to 128 (:data:`WIDE_GROUPS`), past one row
   tile of a KV head's query heads, where kernels cut a group into tiles;
 - :func:`large_batch_cases`: more than :data:`LARGE_BATCH_PAIRS` (sequence, KV head) pairs of
@@ -63,6 +64,7 @@ __all__ = [
     "FAR_MERGE_SEED",
     "FAR_ROW_BLOCKS",
     "FAR_ROW_ELEMENTS",
+    "FAR_WRITE_ROW_ELEMENTS",
     "LARGE_BATCH_PAIRS",
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
@@ -83,6 +85,7 @@ __all__ = [
     "far_pool_cases",
     "far_row_cases",
     "far_row_sequences",
+    "far_row_write_kv_cases",
     "far_write_kv_cases",
     "large_batch_cases",
     "long_prefill_cases",
@@ -765,6 +768,47 @@ def far_merge_row_cases(draw: st.DrawFn, *, dtype: str) -> MergeCase:
         lse_rows[rng.random(lse_rows.shape) < 0.1] = -np.inf  # an empty side of some heads
         lse[rows] = lse_rows
     return MergeCase(out_a=outs[0], lse_a=lses[0], out_b=outs[1], lse_b=lses[1])
+
+
+#: Elements of one token (KV heads x head_dim) of a far-row ``write_kv``, at least: 32 KV heads of 128
+#: (a multi-head model's), about 524,288 tokens of them (a long prefill's) past 2**31 elements.
+FAR_WRITE_ROW_ELEMENTS = 2**12
+
+
+@st.composite
+def far_row_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                           limits: ScaleLimits | None = None, fp8: bool = False) -> WriteKVCase:
+    """Return a strategy for ``write_kv`` whose key and value hold more than 2**31 elements each.
+
+    Tokens of :data:`FAR_WRITE_ROW_ELEMENTS` elements, as many as take the inputs past
+    ``INT32_OFFSET_LIMIT`` and 1 to 64 more. Only the tokens of :func:`far_row_sequences` (seed
+    drawn) are written, at shuffled slots of a small pool; every other token is skipped (-1) and
+    zero (lazy: the inputs cost no memory). The pool's other slots hold random values that must
+    survive. With ``fp8``, the caches are one of the backend's fp8 dtypes and the call has scales.
+    A kernel that computes a token's offset ``token * Hkv * D`` in 32 bits reads the tokens past
+    element 2**31 from elsewhere.
+    """
+    del limits  # one size for every profile: the limit is the offset type's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    head_dim = _far_row_head_dim(caps)
+    heads = -(-FAR_WRITE_ROW_ELEMENTS // head_dim)
+    row_elements = heads * head_dim
+    num_tokens = INT32_OFFSET_LIMIT // row_elements + draw(st.integers(1, 64), label="extra_tokens")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    tokens = far_row_sequences(None, num_tokens, row_elements, draw(_SEEDS, label="row_seed"))
+    num_blocks = -(-tokens.size // block_size) + 2  # spare blocks: slots no token writes
+    slots = np.full(num_tokens, -1, dtype=np.int64)
+    slots[tokens] = rng.choice(num_blocks * block_size, size=tokens.size, replace=False)
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), np.arange(num_blocks), cache_dtype,
+                            kv_layout)
+    key, value = (lazy_cache((num_tokens, heads, head_dim), dtype) for _ in range(2))
+    for x in (key, value):
+        x[tokens] = rng.standard_normal((tokens.size, heads, head_dim)).astype(x.dtype)
+    return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1], slot_mapping=slots,
+                       kv_layout=kv_layout, **scales)
 
 
 # -- many query tokens: past a grid's y and z limit ------------------------------------------------

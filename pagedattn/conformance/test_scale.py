@@ -1,6 +1,6 @@
 """Bugs that show only at scale: split-KV on long sequences, long 16-bit rows, pools past 2**31
-elements (attention, write_kv, copy_blocks), a query and output past 2**31 elements, and sizes that
-are no power of two. How kernels
+elements (attention, write_kv, copy_blocks), a query and output (and merge_states' states,
+write_kv's inputs) past 2**31 elements, and sizes that are no power of two. How kernels
 divide their work at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
@@ -25,6 +25,7 @@ from pagedattn.conformance.scale import (
     far_merge_row_cases,
     far_pool_cases,
     far_row_cases,
+    far_row_write_kv_cases,
     far_write_kv_cases,
     long_sequence_cases,
     odd_size_cases,
@@ -158,3 +159,18 @@ def test_far_rows_of_merge_states(request, backend):
                    checks.far_merge_rows_match_spec, limits, dtype="bfloat16", feature="far_rows_merge",
                    max_examples=limits.batch_examples,
                    requires={"features": ("merge_states",), "large_arrays": True}, shrink=False)
+
+
+@pytest.mark.parametrize("cache", ["same", "fp8"])
+def test_far_rows_of_write_kv(request, backend, cache):
+    """write_kv of a key and value past 2**31 elements each (a long prefill's, 32 KV heads of 128),
+    most tokens skipped: the spec's bits at the slots of the first tokens and of every token past
+    element 2**31, every other slot unchanged. A backend run in an interpreter (a program per 64
+    tokens and head: hundreds of thousands) only under PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    fp8 = cache == "fp8"
+    run_scale_cell(request, backend, partial(far_row_write_kv_cases, fp8=fp8), checks.write_kv_matches_spec, limits,
+                   dtype="bfloat16", feature="far_rows_write_kv", max_examples=limits.batch_examples,
+                   cell={"cache": cache},
+                   requires={"features": ("write_kv", "fp8") if fp8 else ("write_kv",), "many_programs": True},
+                   shrink=False)

@@ -231,7 +231,7 @@ class FilledMergeRowsOnly(NumpyBackend):
         self.wrap = wrap
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
-        T, H, D = out_a.shape
+        _, H, D = out_a.shape
         out, lse = np.zeros_like(out_a), np.zeros_like(lse_a)  # lazy, as the case's outs
         rows = np.flatnonzero((lse_a != 0).any(axis=1) | (lse_b != 0).any(axis=1))
         if self.wrap:
@@ -255,12 +255,41 @@ def test_far_merge_row_cases_take_the_states_past_element_2_31_and_the_check_see
         checks.far_merge_rows_match_spec(FilledMergeRowsOnly(wrap=True), case)
 
 
+def test_far_row_write_kv_cases_pass_element_2_31_of_the_inputs_and_write_the_far_tokens():
+    before = rss_mib()
+    (case,) = drawn(scale.far_row_write_kv_cases(DECLARED, dtype="bfloat16"), 1)
+    T, heads, head_dim = case.key.shape
+    row_elements = heads * head_dim
+    assert head_dim == 128 and row_elements >= scale.FAR_WRITE_ROW_ELEMENTS
+    assert INT32_OFFSET_LIMIT < T * row_elements <= INT32_OFFSET_LIMIT + 64 * row_elements
+    written = np.flatnonzero(case.slot_mapping >= 0)
+    assert np.isin(np.arange(INT32_OFFSET_LIMIT // row_elements, T), written).all() and 0 in written
+    assert np.array_equal(occupied_blocks(case.key), written) and np.array_equal(occupied_blocks(case.value), written)
+    assert len(np.unique(case.slot_mapping[written])) == written.size
+    assert rss_mib() - before < 512  # inputs of 4 GiB each, lazily allocated
+    assert checks.write_kv_matches_spec(NumpyBackend(), case) == 0.0
+    assert "not -1" in repr(case) and len(repr(case)) < 400  # the repr names the slots written, not 524,291 of them
+
+
 def test_far_rows_are_unsupported_on_a_cpu_unless_sizes_are_large(monkeypatch):
     monkeypatch.delenv("PAGEDATTN_SIZE", raising=False)
     with pytest.raises(Unsupported, match="PAGEDATTN_SIZE=large"):
         require(NumpyBackend(), large_arrays=True)
+    require(NumpyBackend(), many_programs=True)  # numpy runs its write_kv at once
     monkeypatch.setenv("PAGEDATTN_SIZE", "large")
     require(NumpyBackend(), large_arrays=True)
+
+
+def test_many_programs_are_unsupported_in_an_interpreter_unless_sizes_are_large(monkeypatch):
+    class Interpreted(NumpyBackend):
+        def capabilities(self) -> Capabilities:
+            return Capabilities(device="cpu (Triton interpreter)")
+
+    monkeypatch.delenv("PAGEDATTN_SIZE", raising=False)
+    with pytest.raises(Unsupported, match=r"interpreter.*PAGEDATTN_SIZE=large"):
+        require(Interpreted(), many_programs=True)
+    monkeypatch.setenv("PAGEDATTN_SIZE", "large")
+    require(Interpreted(), many_programs=True)
 
 
 # -- sizes that are no power of two ----------------------------------------------------------

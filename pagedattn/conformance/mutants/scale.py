@@ -115,6 +115,21 @@ class WriteKVInt32Offsets(AddressedKernelBackend):
                         k_scale=problem.k_scale, v_scale=problem.v_scale)
 
 
+class WriteKVInt32TokenOffsets(AddressedKernelBackend):
+    bug = ("write_kv reads a token's key and value at token * (num_kv_heads * head_dim) in int32: tokens past "
+           "element 2**31 of the inputs are read from another row")
+    models = ("32-bit offsets into the key/value inputs of a cache write (vllm-project/vllm-ascend PR 8505 review: "
+              "headId * seqLen * headDim in uint32; SHI-Labs/NATTEN PR 337: token strides widened to 64 bits)")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        row_elements = problem.num_kv_heads * problem.head_dim
+        tokens = np.flatnonzero(problem.slot_mapping >= 0)
+        rows = (_wrap_int32(tokens.astype(np.int64) * row_elements) // row_elements) % problem.num_tokens
+        kv_ops.write_kv(np.asarray(key)[rows], np.asarray(value)[rows], key_cache, value_cache,
+                        problem.slot_mapping[tokens], kv_layout=problem.kv_layout, k_scale=problem.k_scale,
+                        v_scale=problem.v_scale)
+
+
 class CopyBlocksInt32Offsets(AddressedKernelBackend):
     bug = "copy_blocks computes block * block_stride in int32: blocks past element 2**31 are copied from/to others"
     models = "int32 block offsets in copy_blocks / swap_blocks on large caches"
