@@ -144,16 +144,28 @@ def assert_attention_matches(
     return worst
 
 
+#: Elements compared at a time by :func:`first_difference`: a pool of 2**31 elements then needs
+#: a 16 MiB mask, not a 2 GiB one.
+COMPARE_CHUNK_ELEMENTS = 2**24
+
+
 def first_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, ...] | None:
     """Index of the first element whose bits differ (NaN payloads included), or None."""
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return ()
     bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
-    differ = a.view(bits) != b.view(bits)
-    if not differ.any():
-        return None
-    return tuple(int(n) for n in np.argwhere(differ)[0])
+    a_bits, b_bits = a.view(bits), b.view(bits)
+    if a.ndim == 0:
+        return None if a_bits == b_bits else ()
+    row_elements = int(np.prod(a.shape[1:], dtype=np.int64))
+    rows = max(1, COMPARE_CHUNK_ELEMENTS // max(1, row_elements))  # a chunk of the leading axis at a time
+    for start in range(0, a.shape[0], rows):
+        differ = a_bits[start:start + rows] != b_bits[start:start + rows]
+        if differ.any():
+            index = np.argwhere(differ)[0]
+            return (start + int(index[0]), *(int(n) for n in index[1:]))
+    return None
 
 
 def assert_bit_identical(name: str, actual: np.ndarray, expected: np.ndarray, what: str, call: str,
@@ -174,7 +186,9 @@ def assert_bit_identical(name: str, actual: np.ndarray, expected: np.ndarray, wh
         where = _where(problem, index)
     else:
         where = f"{coordinates or 'index'} {index}"
-    count = int(np.count_nonzero(np.ascontiguousarray(actual).view(np.uint8)
-                                 != np.ascontiguousarray(expected).view(np.uint8)))
+    a_bytes = np.ascontiguousarray(actual).reshape(-1).view(np.uint8)
+    b_bytes = np.ascontiguousarray(expected).reshape(-1).view(np.uint8)
+    count = sum(int(np.count_nonzero(a_bytes[i:i + COMPARE_CHUNK_ELEMENTS] != b_bytes[i:i + COMPARE_CHUNK_ELEMENTS]))
+                for i in range(0, a_bytes.size, COMPARE_CHUNK_ELEMENTS))
     _fail([f"{name}: {what} (bit-identical required; {count} byte(s) differ)",
            f"  first at {where}: {actual[index]!r} vs {expected[index]!r}"], call)

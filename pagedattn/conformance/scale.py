@@ -64,6 +64,7 @@ __all__ = [
     "FAR_MERGE_SEED",
     "FAR_ROW_BLOCKS",
     "FAR_ROW_ELEMENTS",
+    "FAR_VIEW_LAYERS",
     "FAR_WRITE_ROW_ELEMENTS",
     "LARGE_BATCH_PAIRS",
     "LONG_FP8_K_SCALES",
@@ -81,6 +82,7 @@ __all__ = [
     "WIDE_GROUPS",
     "ScaleLimits",
     "far_copy_blocks_cases",
+    "far_layer_view_cases",
     "far_merge_row_cases",
     "far_pool_cases",
     "far_row_cases",
@@ -410,6 +412,70 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                          seq_lens=np.array(lens, np.int32), query_start_loc=qsl,
                          options={"kv_layout": kv_layout, **scales},
                          seed=draw(_SEEDS, label="variant_seed"), labels={**labels, "cache_dtype": cache_dtype})
+
+
+#: Layers of a far layer-view pool ``[num_blocks, 2, FAR_VIEW_LAYERS, ...]``: a block's K/V of every
+#: layer lie together, so a layer view's block stride is ``2 * FAR_VIEW_LAYERS`` blocks of it.
+FAR_VIEW_LAYERS = 2
+
+
+@st.composite
+def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                         limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for attention on layer views of a pool of more than ``limits.pool_elements``
+    elements whose views each hold fewer than 2**31: every block in use starts at or past element
+    2**31 of the pool.
+
+    ``key_cache = pool[:, 0, 1]`` and ``value_cache = pool[:, 1, 1]`` of a lazy pool
+    ``[num_blocks, 2, FAR_VIEW_LAYERS, ...]`` (an engine's one pool for all layers, K and V of a
+    block together). A kernel that takes 32-bit offsets because the view holds fewer than 2**31
+    elements computes ``block * block_stride`` past 2**31 and reads other memory. The blocks in
+    use hold the case's values and garbage in their unused slots; the other layer of those blocks
+    holds garbage too. One or two short sequences, decode or a few queries each.
+    """
+    limits = limits or scale_limits()
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
+    head_dim = min(caps.head_dims or (16,))
+    block_elements = block_size * num_kv_heads * head_dim
+    stride_blocks = 2 * FAR_VIEW_LAYERS  # a view's block stride, in blocks of the view
+    num_blocks = blocks_past((limits.pool_elements + FAR_BLOCKS * stride_blocks * block_elements) // stride_blocks,
+                             block_elements)
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
+    num_seqs = draw(st.integers(1, 2), label="num_seqs")
+    lens = [draw(st.integers(1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    q_lens = None if decode else [draw(st.integers(1, min(n, 3)), label=f"q_len[{s}]") for s, n in enumerate(lens)]
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    needed = [-(-n // block_size) for n in lens]
+    ids = _far_block_ids(rng, num_blocks, stride_blocks * block_elements, sum(needed), INT32_OFFSET_LIMIT)
+    compact = np.full((num_seqs, max(needed) + 1), -1, dtype=np.int32)  # tables over the used blocks only
+    used = 0
+    for s, n in enumerate(needed):
+        compact[s, :n] = np.arange(used, used + n)
+        used += n
+    tables = np.where(compact >= 0, ids[np.maximum(compact, 0)], -1).astype(np.int32)
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+    filled = fill_caches(rng, (len(ids), block_size, num_kv_heads, head_dim), compact, np.array(lens), logical,
+                         garbage, dtype, 1.0, 1.0)
+    slot_shape = (block_size, num_kv_heads, head_dim) if kv_layout == "NHD" else (num_kv_heads, block_size, head_dim)
+    pool = lazy_cache((num_blocks, 2, FAR_VIEW_LAYERS, *slot_shape), dtype)
+    layer = FAR_VIEW_LAYERS - 1
+    for which, cache in enumerate(filled):
+        blocks = cache if kv_layout == "NHD" else cache.transpose(0, 2, 1, 3)
+        pool[ids, which, :layer] = rng.standard_normal((len(ids), layer, *slot_shape)).astype(pool.dtype) * 1e3
+        pool[ids, which, layer] = blocks
+    num_tokens = num_seqs if q_lens is None else sum(q_lens)
+    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "far_layer_view", "garbage": garbage, "pool": f"{num_blocks} blocks x 2 x {FAR_VIEW_LAYERS}",
+              "elements": str(pool.size), "layout": kv_layout}
+    qsl = None if q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return AttentionCase(query=query, key_cache=pool[:, 0, layer], value_cache=pool[:, 1, layer], block_tables=tables,
+                         seq_lens=np.array(lens, np.int32), query_start_loc=qsl, options={"kv_layout": kv_layout},
+                         seed=draw(_SEEDS, label="variant_seed"), labels=labels, pool=pool, layer=layer)
 
 
 def _cache_dtype_and_scales(draw: st.DrawFn, caps: Capabilities, dtype: str,

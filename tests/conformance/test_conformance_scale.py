@@ -140,6 +140,34 @@ def test_far_cases_use_blocks_past_element_2_31_at_little_memory():
     assert rss_mib() - before < 512  # pools of 4 GiB each, lazily allocated: only used blocks cost memory
 
 
+def test_far_layer_views_are_small_views_of_a_pool_past_element_2_31_at_little_memory():
+    before = rss_mib()
+    backend = NumpyBackend()
+    for case in drawn(scale.far_layer_view_cases(ANY, dtype="float16", limits=scale.scale_limits("quick")), 3):
+        problem = checks.problem_of(case)
+        assert case.pool is not None and case.pool.size > INT32_OFFSET_LIMIT > case.key_cache.size
+        assert case.key_cache.base is case.pool or case.key_cache.base is case.pool.base
+        block_stride = case.key_cache.strides[0] // case.key_cache.itemsize
+        assert block_stride == 2 * scale.FAR_VIEW_LAYERS * case.key_cache[0].size
+        assert checks.table_blocks(problem).min() * block_stride >= INT32_OFFSET_LIMIT
+        checks.matches_spec(backend, case)
+    assert rss_mib() - before < 512  # pools of 4 GiB, lazily allocated, compared a chunk at a time
+
+
+def test_bit_comparison_goes_a_chunk_at_a_time_and_names_the_first_difference(monkeypatch):
+    from pagedattn.conformance import assertions
+
+    monkeypatch.setattr(assertions, "COMPARE_CHUNK_ELEMENTS", 12)
+    a = np.zeros((10, 2, 3), dtype=np.float16)
+    b = a.copy()
+    assert assertions.first_difference(a, b) is None
+    assert assertions.first_difference(a[:0], b[:0]) is None  # nothing to compare
+    b[7, 1, 2] = np.nan
+    assert assertions.first_difference(a, b) == (7, 1, 2)  # in the fourth chunk of two rows
+    with pytest.raises(ConformanceFailure, match=r"1 byte\(s\) differ"):
+        assertions.assert_bit_identical("pool", b, a, "changed", "[call]")
+
+
 def test_far_case_saves_as_its_blocks_and_replays(tmp_path):
     (case,) = drawn(scale.far_pool_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
     path = save_case(tmp_path / "far.npz", case, check="far_pool_matches_spec")

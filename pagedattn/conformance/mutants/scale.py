@@ -20,6 +20,7 @@ import numpy as np
 from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBackend
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem
+from pagedattn.spec.pools import INT32_OFFSET_LIMIT
 
 #: Sequences from this many keys are split when the batch is small (at most SPLIT_MAX_SEQS).
 SPLIT_MIN_KEYS = 2048
@@ -100,6 +101,26 @@ class Fp8Int32CacheOffsets(AddressedKernelBackend):
 
         offsets = super().block_offsets(blocks, slots, problem)
         return _wrap_int32(offsets) if problem.cache_dtype in FP8_DTYPES else offsets
+
+
+class Int32OffsetsOfSmallViews(AddressedKernelBackend):
+    bug = ("attention takes 32-bit block offsets when the cache view holds fewer than 2**31 elements: in a "
+           "layer view of a larger pool, block * block_stride passes 2**31 and wraps")
+    models = ("vllm-project/vllm issue 50427 (paged K/V offsets overflow int32 once num_gpu_blocks >= 2**31 / "
+              "(block_size * 2 * num_kv_heads * head_size): the block stride holds K and V)")
+
+    def read_block(self, slots, row, j, problem):
+        self.block_stride = slots.strides[0] // slots.itemsize  # elements between blocks of the view
+        self.view_elements = slots.size
+        return super().read_block(slots, row, j, problem)
+
+    def block_offsets(self, blocks, slots, problem):
+        offsets = super().block_offsets(blocks, slots, problem)
+        if self.view_elements >= INT32_OFFSET_LIMIT:  # a large view: 64-bit offsets
+            return offsets
+        block_elements = problem.block_size * problem.num_kv_heads * problem.head_dim
+        read = _wrap_int32(blocks.astype(np.int64) * self.block_stride) // self.block_stride
+        return offsets + (read - blocks) * block_elements
 
 
 class WriteKVInt32Offsets(AddressedKernelBackend):
