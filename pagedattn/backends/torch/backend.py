@@ -22,6 +22,10 @@ from pagedattn.backends.torch.groups import plan_groups
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.dtypes import FP8_DTYPES
 
+#: Elements of the states ``merge_states`` merges at a time: its float64 temporaries then take about
+#: 2 GiB, whatever the batch (two states of 2**31 elements took 16 GiB at once).
+MERGE_CHUNK_ELEMENTS = 2**26
+
 
 def _torch() -> Any:
     import torch
@@ -154,17 +158,30 @@ class TorchBackend(Backend):
             raw[dst] = sources
 
     def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+        """The exact merge in float64, :data:`MERGE_CHUNK_ELEMENTS` elements of the states at a time."""
         torch = _torch()
-        lse_a64, lse_b64 = lse_a.to(torch.float64), lse_b.to(torch.float64)
-        m = torch.maximum(lse_a64, lse_b64)
-        shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-        w_a, w_b = torch.exp(lse_a64 - shift), torch.exp(lse_b64 - shift)
-        zero = torch.zeros((), dtype=torch.float64, device=out_a.device)
-        o_a = torch.where((w_a > 0)[..., None], out_a.to(torch.float64), zero)  # an empty side may be NaN
-        o_b = torch.where((w_b > 0)[..., None], out_b.to(torch.float64), zero)
-        total = w_a + w_b
-        empty = total <= 0
-        safe = torch.where(empty, torch.ones_like(total), total)
-        out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / safe[..., None]
-        lse = torch.where(empty, torch.full_like(total, float("-inf")), shift + torch.log(safe))
-        return out.to(out_a.dtype), lse.to(torch.float32)
+        out = torch.empty_like(out_a)
+        lse = torch.empty(lse_a.shape, dtype=torch.float32, device=out_a.device)
+        row_elements = max(1, int(np.prod(out_a.shape[1:])))
+        rows = max(1, MERGE_CHUNK_ELEMENTS // row_elements)
+        for start in range(0, out_a.shape[0], rows):
+            part = slice(start, start + rows)
+            out[part], lse[part] = _merged(torch, out_a[part], lse_a[part], out_b[part], lse_b[part])
+        return out, lse
+
+
+def _merged(torch: Any, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+    """Merge two states (out [n, H, D], lse [n, H]) in float64; an empty side (lse = -inf) is ignored."""
+    lse_a64, lse_b64 = lse_a.to(torch.float64), lse_b.to(torch.float64)
+    m = torch.maximum(lse_a64, lse_b64)
+    shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w_a, w_b = torch.exp(lse_a64 - shift), torch.exp(lse_b64 - shift)
+    zero = torch.zeros((), dtype=torch.float64, device=out_a.device)
+    o_a = torch.where((w_a > 0)[..., None], out_a.to(torch.float64), zero)  # an empty side may be NaN
+    o_b = torch.where((w_b > 0)[..., None], out_b.to(torch.float64), zero)
+    total = w_a + w_b
+    empty = total <= 0
+    safe = torch.where(empty, torch.ones_like(total), total)
+    out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / safe[..., None]
+    lse = torch.where(empty, torch.full_like(total, float("-inf")), shift + torch.log(safe))
+    return out.to(out_a.dtype), lse.to(torch.float32)

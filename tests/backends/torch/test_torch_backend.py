@@ -246,7 +246,10 @@ def test_copy_blocks_reads_sources_first(backend: TorchBackend) -> None:
     np.testing.assert_array_equal(backend.to_numpy(vc_dev), vc)
 
 
-def test_merge_states_matches_spec(backend: TorchBackend) -> None:
+@pytest.mark.parametrize("chunk_elements", [None, 8])  # None: the module's; 8: a token at a time
+def test_merge_states_matches_spec(backend: TorchBackend, monkeypatch, chunk_elements: int | None) -> None:
+    if chunk_elements is not None:
+        monkeypatch.setattr("pagedattn.backends.torch.backend.MERGE_CHUNK_ELEMENTS", chunk_elements)
     rng = np.random.default_rng(9)
     out_a = rng.standard_normal((3, 2, 4)).astype(np.float32)
     out_b = rng.standard_normal((3, 2, 4)).astype(np.float32)
