@@ -159,7 +159,7 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, ...] | None:
     if a.ndim == 0:
         return None if a_bits == b_bits else ()
     row_elements = int(np.prod(a.shape[1:], dtype=np.int64))
-    rows = max(1, COMPARE_CHUNK_ELEMENTS // max(1, row_elements))  # a chunk of the leading axis at a time
+    rows = max(1, COMPARE_CHUNK_ELEMENTS // max(1, row_elements))  # a chunk of the first axis at a time
     for start in range(0, a.shape[0], rows):
         differ = a_bits[start:start + rows] != b_bits[start:start + rows]
         if differ.any():
