@@ -365,6 +365,19 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits) -> t
                                                            block_elements)
 
 
+def _far_batch(draw: st.DrawFn, caps: Capabilities,
+               block_size: int) -> tuple[str, int, list[int], list[int] | None]:
+    """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool batch: 1 or 2 short sequences,
+    decode (``q_lens`` None) or a few queries each."""
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
+    num_seqs = draw(st.integers(1, 2), label="num_seqs")
+    lens = [draw(st.integers(1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    q_lens = None if decode else [draw(st.integers(1, min(n, 3)), label=f"q_len[{s}]") for s, n in enumerate(lens)]
+    return kv_layout, group, lens, q_lens
+
+
 @st.composite
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                    limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
@@ -379,12 +392,8 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     limits = limits or scale_limits()
     caps = capabilities
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(draw, caps, limits)
-    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
-    num_seqs = draw(st.integers(1, 2), label="num_seqs")
-    lens = [draw(st.integers(1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
-    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
-    q_lens = None if decode else [draw(st.integers(1, min(n, 3)), label=f"q_len[{s}]") for s, n in enumerate(lens)]
+    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
+    num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
     ids = _far_block_ids(rng, num_blocks, block_size * num_kv_heads * head_dim, sum(needed), INT32_OFFSET_LIMIT)
@@ -442,12 +451,8 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     stride_blocks = 2 * FAR_VIEW_LAYERS  # a view's block stride, in blocks of the view
     num_blocks = blocks_past((limits.pool_elements + FAR_BLOCKS * stride_blocks * block_elements) // stride_blocks,
                              block_elements)
-    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
-    num_seqs = draw(st.integers(1, 2), label="num_seqs")
-    lens = [draw(st.integers(1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
-    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
-    q_lens = None if decode else [draw(st.integers(1, min(n, 3)), label=f"q_len[{s}]") for s, n in enumerate(lens)]
+    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
+    num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
     ids = _far_block_ids(rng, num_blocks, stride_blocks * block_elements, sum(needed), INT32_OFFSET_LIMIT)
