@@ -136,15 +136,18 @@ def _cheapness(item: pytest.Item) -> tuple[Any, ...]:
 #: Tests whose cells are cheap (no attention, or no hypothesis): they run right after the first tier.
 CHEAP_TESTS = frozenset({"test_write_kv_writes_only_its_slots", "test_copy_blocks_reads_all_sources_first",
                          "test_merge_states_matches_exact_merge", "test_bad_input_raises_naming_the_argument"})
+#: Tests whose cells cost a CPU backend tens of seconds (a batch of more than 65,535 sequences or
+#: block pairs): they run last, so that a bug any other cell shows is not held up behind them.
+COSTLY_TESTS = frozenset({"test_many_sequences_match_spec", "test_copy_blocks_of_many_pairs"})
 
 
 def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
     """The same cells, ordered so that a bug in any operation or feature shows within seconds.
 
-    First the cheapest cell of each (backend, test, feature) group, so every operation
-    (write_kv, copy_blocks, merge_states, bad input, then each attention feature and rule)
-    runs once early; then the other cells of the cheap tests; then the rest. Each tier keeps
-    the collection order.
+    First the cheapest cell of each (backend, test, feature, operation) group, so every
+    operation (write_kv, copy_blocks, merge_states, bad input, then each attention feature and
+    rule) runs once early; then the other cells of the cheap tests; then the rest; then the
+    cells of :data:`COSTLY_TESTS`. Each tier keeps the collection order.
     """
     firsts: dict[tuple[Any, ...], pytest.Item] = {}
     for item in items:
@@ -153,13 +156,16 @@ def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
         params = _params(item)
         backend = params.get("backend")
         group = (getattr(backend, "name", backend), getattr(item, "originalname", item.name),
-                 params.get("feature"), params.get("cache"))
+                 params.get("feature"), params.get("cache"), params.get("operation"))
         if group not in firsts or _cheapness(item) < _cheapness(firsts[group]):
             firsts[group] = item
     first_ids = {id(item) for item in firsts.values()}
 
     def tier(item: pytest.Item) -> tuple[int, int]:
-        cheap = getattr(item, "originalname", item.name) in CHEAP_TESTS
+        name = getattr(item, "originalname", item.name)
+        if name in COSTLY_TESTS:
+            return (3, 0 if id(item) in first_ids else 1)
+        cheap = name in CHEAP_TESTS
         if id(item) in first_ids:
             return (0, 0 if cheap else 1)  # the other operations first: their bugs hide behind attention's cells
         return (1, 0) if cheap and item.get_closest_marker("pagedattn_conformance") is not None else (2, 0)
