@@ -136,18 +136,20 @@ def _cheapness(item: pytest.Item) -> tuple[Any, ...]:
 #: Tests whose cells are cheap (no attention, or no hypothesis): they run right after the first tier.
 CHEAP_TESTS = frozenset({"test_write_kv_writes_only_its_slots", "test_copy_blocks_reads_all_sources_first",
                          "test_merge_states_matches_exact_merge", "test_bad_input_raises_naming_the_argument"})
-#: Tests whose cells cost a CPU backend tens of seconds (a batch of more than 65,535 sequences or
-#: block pairs): they run last, so that a bug any other cell shows is not held up behind them.
-COSTLY_TESTS = frozenset({"test_many_sequences_match_spec", "test_copy_blocks_of_many_pairs"})
+#: Tests whose cells cost a CPU backend seconds to tens of seconds each (arrays of 2**31 elements built
+#: for the call; batches of more than 65,535 sequences or block pairs): they run last, so that a bug
+#: any other cell shows is not held up behind them.
+COSTLY_TESTS = frozenset({"test_far_layer_views_match_spec", "test_far_rows_of_write_kv",
+                          "test_many_sequences_match_spec", "test_copy_blocks_of_many_pairs"})
 
 
 def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
     """The same cells, ordered so that a bug in any operation or feature shows within seconds.
 
-    First the cheapest cell of each (backend, test, feature, operation) group, so every
-    operation (write_kv, copy_blocks, merge_states, bad input, then each attention feature and
-    rule) runs once early; then the other cells of the cheap tests; then the rest; then the
-    cells of :data:`COSTLY_TESTS`. Each tier keeps the collection order.
+    First the cheapest cell of each (backend, test, feature) group, so every operation
+    (write_kv, copy_blocks, merge_states, bad input, then each attention feature and rule)
+    runs once early; then the other cells of the cheap tests; then the rest; then the cells of
+    :data:`COSTLY_TESTS`. Each tier keeps the collection order.
     """
     firsts: dict[tuple[Any, ...], pytest.Item] = {}
     for item in items:
@@ -156,7 +158,7 @@ def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
         params = _params(item)
         backend = params.get("backend")
         group = (getattr(backend, "name", backend), getattr(item, "originalname", item.name),
-                 params.get("feature"), params.get("cache"), params.get("operation"))
+                 params.get("feature"), params.get("cache"))
         if group not in firsts or _cheapness(item) < _cheapness(firsts[group]):
             firsts[group] = item
     first_ids = {id(item) for item in firsts.values()}

@@ -38,7 +38,7 @@ PLAN_CELLS = tuple(name for name in vars(test_plans) if name.startswith("test_")
 
 
 #: Seconds a mutant may take to die: 60, or 300 for one that only a costly cell kills (the plugin runs
-#: those last, after the whole quick suite: ``plugin.COSTLY_TESTS``).
+#: those last, after the rest of the quick suite: ``plugin.COSTLY_TESTS``).
 KILL_SECONDS, COSTLY_KILL_SECONDS = 60, 300
 
 
