@@ -37,14 +37,15 @@ class ExactResult(NamedTuple):
     num_visible: np.ndarray
 
 
-def gather_kv(
-    problem: AttentionProblem, key_cache: np.ndarray, value_cache: np.ndarray, seq: int
+def gather_kv_of(
+    problem: AttentionProblem, key_cache: np.ndarray, value_cache: np.ndarray, seqs: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return float64 K, V ``[L, Hkv, D]`` of sequence ``seq`` in logical order (scales applied)."""
-    length = int(problem.seq_lens[seq])
+    """Return float64 K, V ``[G, L, Hkv, D]`` of sequences ``seqs`` (all of length L) in logical
+    order, scales applied."""
+    length = int(problem.seq_lens[seqs[0]])
     positions = np.arange(length)
-    blocks = problem.block_tables[seq, positions // problem.block_size]
-    slots = positions % problem.block_size
+    blocks = problem.block_tables[np.asarray(seqs)[:, None], positions // problem.block_size]  # [G, L]
+    slots = np.broadcast_to(positions % problem.block_size, blocks.shape)
     if problem.kv_layout == "NHD":
         k = key_cache[blocks, slots]
         v = value_cache[blocks, slots]
@@ -56,39 +57,63 @@ def gather_kv(
     return k64, v64
 
 
+def gather_kv(
+    problem: AttentionProblem, key_cache: np.ndarray, value_cache: np.ndarray, seq: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return float64 K, V ``[L, Hkv, D]`` of sequence ``seq`` in logical order (scales applied)."""
+    k, v = gather_kv_of(problem, key_cache, value_cache, np.array([seq]))
+    return k[0], v[0]
+
+
 def scores_and_mask(
     problem: AttentionProblem, q: np.ndarray, k: np.ndarray, p_q: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Scores and visibility of one sequence, the contract's steps 1-4 in order.
+    """Scores and visibility of one sequence (or of a batch of them, on leading axes), the
+    contract's steps 1-4 in order.
 
-    q: float64 ``[n, Hq, D]``; k: float64 ``[L, Hkv, D]``; p_q: int ``[n]`` query positions.
-    Returns ``(s, visible, score_scale)``, each ``[n, Hq, L]``; ``s`` is finite where q and k are.
+    q: float64 ``[..., n, Hq, D]``; k: float64 ``[..., L, Hkv, D]``; p_q: int ``[..., n]`` query
+    positions. Returns ``(s, visible, score_scale)``, each ``[..., n, Hq, L]``; ``s`` is finite
+    where q and k are.
     """
-    length = k.shape[0]
+    length = k.shape[-3]
     kv_head = np.arange(problem.num_q_heads) // problem.group_size
-    k_per_q = k[:, kv_head, :]  # [L, Hq, D]
-    s = problem.scale * np.einsum("nhd,lhd->nhl", q, k_per_q)
-    score_scale = abs(problem.scale) * np.einsum("nhd,lhd->nhl", np.abs(q), np.abs(k_per_q))
+    k_per_q = k[..., kv_head, :]  # [..., L, Hq, D]
+    s = problem.scale * np.einsum("...nhd,...lhd->...nhl", q, k_per_q)
+    score_scale = abs(problem.scale) * np.einsum("...nhd,...lhd->...nhl", np.abs(q), np.abs(k_per_q))
     if problem.softcap is not None:
         s = problem.softcap * np.tanh(s / problem.softcap)
     p = np.arange(length)
-    distance = (p[None, :] - p_q[:, None]).astype(np.float64)  # [n, L]: p - p_q
+    distance = (p - np.asarray(p_q)[..., :, None]).astype(np.float64)  # [..., n, L]: p - p_q
     if problem.alibi_slopes is not None:
-        bias = problem.alibi_slopes.astype(np.float64)[None, :, None] * distance[:, None, :]
+        bias = problem.alibi_slopes.astype(np.float64)[:, None] * distance[..., :, None, :]
         s = s + bias
         score_scale = score_scale + np.abs(bias)
-    visible = np.ones((q.shape[0], length), dtype=bool)
+    visible = np.ones(distance.shape, dtype=bool)
     if problem.causal:
         visible &= distance <= 0
     if problem.sliding_window is not None:
         visible &= distance > -problem.sliding_window
-    visible_h = np.broadcast_to(visible[:, None, :], s.shape)
+    visible_h = np.broadcast_to(visible[..., :, None, :], s.shape)
     return s, visible_h, score_scale
 
 
-#: Elements of the float64 ``[rows, Hq, L, D]`` values each row sees, at most, computed at once: a
-#: long prefill's rows are taken in chunks (each row's answer is its own), 64 MiB at a time.
+#: Elements of the float64 ``[rows, Hq, L, D]`` values the rows computed at once see, at most:
+#: a long prefill's rows, or a batch of short sequences, are taken in chunks (each row's answer
+#: is its own), 64 MiB at a time.
 ROW_CHUNK_ELEMENTS = 2**23
+
+
+def sequence_groups(problem: AttentionProblem) -> list[np.ndarray]:
+    """The sequences with queries and keys, grouped by (query count, length): a group's sequences
+    are computed together, each row's answer its own."""
+    q_lens = np.diff(problem.query_start_loc)
+    lens = np.asarray(problem.seq_lens)
+    seqs = np.flatnonzero((q_lens > 0) & (lens > 0))
+    if seqs.size == 0:
+        return []
+    shapes, group_of = np.unique(np.stack([q_lens[seqs], lens[seqs]], axis=1), axis=0, return_inverse=True)
+    group_of = group_of.reshape(-1)
+    return [seqs[group_of == g] for g in range(len(shapes))]
 
 
 def exact_attention_problem(
@@ -104,34 +129,37 @@ def exact_attention_problem(
     q_all = np.asarray(query).astype(np.float64)
     _, p_q_all = problem.token_positions()
     kv_head = np.arange(Hq) // problem.group_size
-    for seq in range(problem.num_seqs):
-        start, stop = int(problem.query_start_loc[seq]), int(problem.query_start_loc[seq + 1])
-        if stop == start or problem.seq_lens[seq] == 0:
-            continue
-        k, v = gather_kv(problem, key_cache, value_cache, seq)
-        v_rows = v[None, :, kv_head, :].transpose(0, 2, 1, 3)  # [1, Hq, L, D]
-        chunk = max(1, ROW_CHUNK_ELEMENTS // (Hq * k.shape[0] * D))
-        for lo in range(start, stop, chunk):
-            rows = slice(lo, min(stop, lo + chunk))
-            with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 and inf - inf are NaN, as IEEE says
-                s, visible, s_abs = scores_and_mask(problem, q_all[rows], k, p_q_all[rows])
-            masked = np.where(visible, s, -np.inf)  # replaced, never added to: invisible data is never read
-            with np.errstate(invalid="ignore", over="ignore"):
-                m = np.max(masked, axis=-1)  # NaN if a visible score is NaN
-                shift = np.where(np.isneginf(m), 0.0, m)  # no visible finite score: every weight is exp(-inf) = 0
-                w = np.exp(masked - shift[..., None])  # NaN for a +inf score (exp(inf - inf))
-                l_sum = w.sum(axis=-1)
-                v_per_q = np.where(visible[..., None], v_rows, 0.0)  # NaN * 0 = NaN: invisible values never enter
-                o = np.einsum("nhl,nhld->nhd", w, v_per_q)
-                no_weight = l_sum == 0  # nothing visible, or every visible score -inf
-                safe = np.where(no_weight, 1.0, l_sum)
-                out[rows] = np.where(no_weight[..., None], 0.0, o / safe[..., None])
-                lse[rows] = np.where(no_weight, -np.inf, shift + np.log(safe))
-            finite_v = np.where(np.isfinite(v_per_q), np.abs(v_per_q), 0.0)
-            value_scale[rows] = np.max(finite_v, axis=(-1, -2), initial=0.0)
-            finite_s = np.where(visible & np.isfinite(s_abs), s_abs, 0.0)
-            score_scale[rows] = np.max(finite_s, axis=-1, initial=0.0)
-            num_visible[rows] = visible.sum(axis=-1)
+    for group in sequence_groups(problem):
+        n = int(problem.query_start_loc[group[0] + 1] - problem.query_start_loc[group[0]])
+        per_row = Hq * int(problem.seq_lens[group[0]]) * D  # values one row sees
+        batch = max(1, ROW_CHUNK_ELEMENTS // per_row)
+        for first in range(0, len(group), batch):
+            seqs = group[first:first + batch]
+            k, v = gather_kv_of(problem, key_cache, value_cache, seqs)  # [G, L, Hkv, D]
+            v_rows = v[:, None, :, kv_head, :].transpose(0, 1, 3, 2, 4)  # [G, 1, Hq, L, D]
+            chunk = max(1, ROW_CHUNK_ELEMENTS // (len(seqs) * per_row))
+            starts = np.asarray(problem.query_start_loc[seqs])
+            for lo in range(0, n, chunk):
+                rows = starts[:, None] + np.arange(lo, min(n, lo + chunk))  # [G, r] tokens
+                with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 and inf - inf are NaN, as IEEE says
+                    s, visible, s_abs = scores_and_mask(problem, q_all[rows], k, p_q_all[rows])
+                masked = np.where(visible, s, -np.inf)  # replaced, never added to: invisible data is never read
+                with np.errstate(invalid="ignore", over="ignore"):
+                    m = np.max(masked, axis=-1)  # NaN if a visible score is NaN
+                    shift = np.where(np.isneginf(m), 0.0, m)  # no visible finite score: every weight is exp(-inf) = 0
+                    w = np.exp(masked - shift[..., None])  # NaN for a +inf score (exp(inf - inf))
+                    l_sum = w.sum(axis=-1)
+                    v_per_q = np.where(visible[..., None], v_rows, 0.0)  # NaN * 0 = NaN: invisible values never enter
+                    o = np.einsum("...hl,...hld->...hd", w, v_per_q)
+                    no_weight = l_sum == 0  # nothing visible, or every visible score -inf
+                    safe = np.where(no_weight, 1.0, l_sum)
+                    out[rows] = np.where(no_weight[..., None], 0.0, o / safe[..., None])
+                    lse[rows] = np.where(no_weight, -np.inf, shift + np.log(safe))
+                finite_v = np.where(np.isfinite(v_per_q), np.abs(v_per_q), 0.0)
+                value_scale[rows] = np.max(finite_v, axis=(-1, -2), initial=0.0)
+                finite_s = np.where(visible & np.isfinite(s_abs), s_abs, 0.0)
+                score_scale[rows] = np.max(finite_s, axis=-1, initial=0.0)
+                num_visible[rows] = visible.sum(axis=-1)
     return ExactResult(out, lse, value_scale, score_scale, num_visible)
 
 
