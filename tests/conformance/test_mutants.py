@@ -35,6 +35,11 @@ SCALE_CELLS = tuple(name for module in (test_scale, test_launch_scale) for name 
                     if name.startswith("test_"))
 #: Where the mutants of ``mutants/plans.py`` must die: only a backend used as an engine uses it shows their bugs.
 PLAN_CELLS = tuple(name for name in vars(test_plans) if name.startswith("test_"))
+#: The suite's modules each family of mutants runs: a scale or plan mutant only the modules of the
+#: cells it must die in (the rest of the quick profile, run on the correct kernel above, adds only
+#: time); every other mutant the whole suite.
+MUTANT_MODULES = {scale.__name__: (test_scale.__name__, test_launch_scale.__name__),
+                  plans.__name__: (test_plans.__name__,)}
 
 
 #: Seconds a mutant may take to die: 60, or 300 for one that only a costly cell kills (the plugin runs
@@ -46,12 +51,13 @@ KILL_SECONDS, COSTLY_KILL_SECONDS = 60, 300
 def test_quick_profile_kills_mutant(name):
     """Killed within KILL_SECONDS (COSTLY_KILL_SECONDS by a costly cell); a scale mutant by a scale
     cell, a plan mutant by a cell of test_plans."""
-    result = run_mutant(name, profile="quick", isolated=True)
+    family = MUTANTS[name].__module__
+    result = run_mutant(name, profile="quick", isolated=True, modules=MUTANT_MODULES.get(family, SUITE_MODULES))
     assert result.killed, f"mutant {name} survived the quick profile ({MUTANTS[name].bug}); exit {result.exit_code}"
     costly = any(f"::{cell}[" in result.killed_by for cell in COSTLY_TESTS)
     bound = COSTLY_KILL_SECONDS if costly else KILL_SECONDS
     assert result.seconds < bound, f"mutant {name} took {result.seconds:.0f} s to kill (by {result.killed_by})"
-    cells = {scale.__name__: SCALE_CELLS, plans.__name__: PLAN_CELLS}.get(MUTANTS[name].__module__)
+    cells = {scale.__name__: SCALE_CELLS, plans.__name__: PLAN_CELLS}.get(family)
     if cells is not None:
         assert any(f"::{cell}[" in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}"
 

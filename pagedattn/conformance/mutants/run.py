@@ -34,8 +34,8 @@ SUITE_MODULES: tuple[str, ...] = (
 )
 
 
-def suite_location() -> list[str]:
-    """pytest arguments that select the suite's modules with node ids that keep the module's path.
+def suite_location(modules: Sequence[str] = SUITE_MODULES) -> list[str]:
+    """pytest arguments that select the suite's ``modules`` with node ids that keep the module's path.
 
     ``--pyargs`` of single modules outside pytest's rootdir gives ids like ``::test_x[...]``;
     a rootdir at the folder holding the package gives ``pagedattn/conformance/test_x.py::...``,
@@ -43,7 +43,7 @@ def suite_location() -> list[str]:
     """
     import pagedattn
 
-    return ["--rootdir", str(Path(pagedattn.__file__).resolve().parent.parent), "--pyargs", *SUITE_MODULES]
+    return ["--rootdir", str(Path(pagedattn.__file__).resolve().parent.parent), "--pyargs", *modules]
 
 
 class MutantResult(NamedTuple):
@@ -82,9 +82,10 @@ def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> i
 
 
 def run_mutant(
-    name: str, *, profile: str = "quick", extra_args: Sequence[str] = (), isolated: bool = False
+    name: str, *, profile: str = "quick", extra_args: Sequence[str] = (), isolated: bool = False,
+    modules: Sequence[str] = SUITE_MODULES,
 ) -> MutantResult:
-    """Run the suite with ``--backend mutant:NAME`` and ``-x`` under ``profile``; report the kill.
+    """Run the suite's ``modules`` with ``--backend mutant:NAME`` and ``-x`` under ``profile``; report the kill.
 
     ``isolated=True`` runs it in a fresh Python process, so nothing an earlier run left in
     this process (imported modules, hypothesis state) can change what is drawn.
@@ -93,7 +94,7 @@ def run_mutant(
     with tempfile.TemporaryDirectory(prefix="pagedattn-mutant-") as cases:
         args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x", "--no-header",
                 "-p", "no:randomly", f"--hypothesis-profile={profile}", "--conformance-cases", cases,
-                "--backend", f"mutant:{name}", *suite_location(), *extra_args]
+                "--backend", f"mutant:{name}", *suite_location(modules), *extra_args]
         start = time.perf_counter()
         if isolated:
             done = subprocess.run([sys.executable, "-m", "pytest", "-rf", *args], capture_output=True, text=True)
