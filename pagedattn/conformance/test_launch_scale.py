@@ -2,7 +2,8 @@
 batches larger than one wave of CTAs, more than 65,535 tokens, sequences or block pairs in one
 call (attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of
 several query tiles per sequence, a sequence of more than 65,536 keys (more split parts than a
-fixed-size merge holds; positions past 16 bits).
+fixed-size merge holds; positions past 16 bits). The cells about a GPU's launch limits (waves,
+grid axes) are unsupported for a backend run in an interpreter, which has none.
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
@@ -66,28 +67,31 @@ LARGE_BATCH_DTYPES = ("bfloat16",)
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
 def test_large_batches_match_spec(request, backend, dtype):
     """More than 600 (sequence, KV head) pairs of short sequences (more than one wave of CTAs on
-    the GPU), decode or mixed, within the error model; inputs untouched."""
+    the GPU), decode or mixed, within the error model; inputs untouched. A backend run in an
+    interpreter (no waves: one program at a time) is unsupported here."""
     limits = scale_limits()
     run_scale_cell(request, backend, large_batch_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="large_batch", max_examples=limits.batch_examples)
+                   feature="large_batch", max_examples=limits.batch_examples, requires={"launch_limits": True})
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
 def test_many_tokens_match_spec(request, backend, dtype):
     """More than 65,535 query tokens in one call (256 prompts of 256 queries under a short window;
-    past a CUDA grid's y and z limit), within the error model; inputs untouched."""
+    past a CUDA grid's y and z limit), within the error model; inputs untouched. A backend run in
+    an interpreter (no grid limits) is unsupported here."""
     limits = scale_limits()
     run_scale_cell(request, backend, many_token_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="many_tokens", max_examples=limits.batch_examples)
+                   feature="many_tokens", max_examples=limits.batch_examples, requires={"launch_limits": True})
 
 
 def test_write_kv_of_many_tokens(request, backend):
     """write_kv of more than 65,535 tokens in one call (a long prefill's keys and values): the spec's
-    bits at every slot written, every other slot unchanged."""
+    bits at every slot written, every other slot unchanged. A backend run in an interpreter (no
+    grid limits) is unsupported here."""
     limits = scale_limits()
     run_scale_cell(request, backend, many_token_write_kv_cases, checks.write_kv_matches_spec, limits,
                    dtype="bfloat16", feature="many_tokens_write_kv", max_examples=limits.batch_examples,
-                   requires={"features": ("write_kv",)})
+                   requires={"features": ("write_kv",), "launch_limits": True})
 
 
 #: The dtype of the very-long cell: float16, whose 10-bit mantissa shows a smaller error than
