@@ -620,6 +620,55 @@ def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                  draw(_SEEDS, label="variant_seed"), labels)
 
 
+#: Block sizes of the large-block cell: pages of more slots than a fixed tile of 128 keys holds
+#: (FlashAttention-2's paged path takes multiples of 256).
+LARGE_BLOCK_SIZES: tuple[int, ...] = (128, 256, 512)
+
+
+@st.composite
+def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                      limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for attention on blocks of 128 slots and more (:data:`LARGE_BLOCK_SIZES`,
+    or the backend's declared sizes from 128; a backend that declares none is unsupported).
+
+    1 to 4 sequences whose lengths sit at block edges (1, a block less one, a block, a block
+    and one, two blocks and one) or anywhere up to three blocks; decode or, with varlen, a few
+    queries each; GQA 1, 4 or 8 on one or two KV heads; a shuffled or interleaved pool with
+    garbage in every unused slot; lse, and a sliding window that ends inside a block, each
+    where declared and drawn.
+    """
+    del limits  # one size for every profile: the threshold is a tile's
+    caps = capabilities
+    declared = tuple(b for b in caps.block_sizes or () if b >= LARGE_BLOCK_SIZES[0])
+    block_size = draw(st.sampled_from(declared or LARGE_BLOCK_SIZES), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
+    group = draw(st.sampled_from((1, 4, 8)), label="gqa_ratio")
+    head_dim = draw(st.sampled_from(tuple(sorted(caps.head_dims or (64, 128)))), label="head_dim")
+    num_seqs = draw(st.integers(1, 4), label="num_seqs")
+    edges = (1, block_size - 1, block_size, block_size + 1, 2 * block_size + 1)
+    lens = [draw(st.one_of(st.sampled_from(edges), st.integers(1, 3 * block_size)), label=f"seq_lens[{s}]")
+            for s in range(num_seqs)]
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    q_lens = None if decode else [min(n, draw(st.sampled_from((1, 2, 5)), label=f"q_len[{s}]"))
+                                  for s, n in enumerate(lens)]
+    pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved")), label="pool")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
+        options["sliding_window"] = draw(st.integers(2, block_size + block_size // 2), label="sliding_window")
+    num_tokens = num_seqs if q_lens is None else sum(q_lens)
+    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "large_blocks", "garbage": garbage, "arrangement": pool.arrangement,
+              "block_size": str(block_size)}
+    return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
 def _sometimes_lse_alibi_softcap(draw: st.DrawFn, caps: Capabilities, num_q_heads: int) -> dict[str, Any]:
     """Options: lse, ALiBi (a slope per query head, not per group) and softcap, each where declared
     and drawn."""

@@ -123,6 +123,17 @@ class Int32OffsetsOfSmallViews(AddressedKernelBackend):
         return offsets + (read - blocks) * block_elements
 
 
+class PageTileOf128Slots(AddressedKernelBackend):
+    bug = ("attention loads a block in a tile of at most 128 slots: in a larger block, slot s is read "
+           "from slot s % 128")
+    models = ("flashinfer-ai/flashinfer issue 4347 (a paged-attention kernel wrong with page sizes over 128; "
+              "its kernels assumed at most 128 tokens per page, issue 1796)")
+
+    def locate(self, p, block_size):
+        columns, slots = super().locate(p, block_size)
+        return columns, slots % 128
+
+
 class WriteKVInt32Offsets(AddressedKernelBackend):
     bug = "write_kv computes slot * (num_kv_heads * head_dim) in int32: slots past element 2**31 land elsewhere"
     models = "int32 slot offsets in reshape_and_cache-style cache writes on large caches"
