@@ -333,6 +333,28 @@ def test_odd_cases_have_no_power_of_two_sizes():
         assert all(odd(int(n)) or n == 1 for n in problem.seq_lens)
 
 
+def test_large_block_cases_take_blocks_past_a_tile_of_128_and_sequences_at_their_edges():
+    cases = drawn(scale.large_block_cases(ANY, dtype="float32"), 12)
+    sizes = {checks.problem_of(case).block_size for case in cases}
+    assert sizes <= set(scale.LARGE_BLOCK_SIZES) and len(sizes) >= 2, sizes
+    for case in cases:
+        problem = checks.problem_of(case)
+        assert problem.seq_lens.max() <= 3 * problem.block_size
+    lengths = [(int(n), checks.problem_of(c).block_size) for c in cases for n in checks.problem_of(c).seq_lens]
+    assert any(n > bs for n, bs in lengths), "some sequence spans two blocks"
+    assert any(n % bs in (0, 1, bs - 1) and n > 1 for n, bs in lengths), "some sequence ends at a block's edge"
+
+
+def test_large_block_cases_of_a_backend_declaring_small_blocks_only_are_unsupported():
+    """cupy's kind (16, 32, 64): every case draws a block size it does not declare; one declaring
+    256 gets 256 only."""
+    (case,) = drawn(scale.large_block_cases(DECLARED, dtype="float32"), 1)
+    assert DECLARED.unsupported_reason(checks.problem_of(case)) is not None
+    declared = Capabilities(block_sizes=(16, 256))
+    assert {checks.problem_of(c).block_size for c in drawn(scale.large_block_cases(declared, dtype="float32"), 4)} \
+        == {256}
+
+
 # -- wide groups and large batches ------------------------------------------------------------
 
 def test_wide_group_cases_cut_a_group_into_several_tiles_of_triton_and_cupy():
