@@ -31,6 +31,7 @@ from pagedattn.backends.interface import Backend
 from pagedattn.conformance.cases import save_case
 from pagedattn.conformance.device_memory import release_cached_device_memory
 from pagedattn.conformance.profiles import examples_per_cell, runs_in_interpreter, runs_on_cpu
+from pagedattn.conformance.strategies import sizes_are_large
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec.dtypes import FP8_DTYPES
 
@@ -62,10 +63,10 @@ def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | No
     if launch_limits and runs_in_interpreter(caps.device):
         raise Unsupported(f"{backend.name}: runs in an interpreter ({caps.device}), which has no grid limits "
                           "to check and runs one program at a time")
-    if large_arrays and runs_on_cpu(caps.device) and os.environ.get("PAGEDATTN_SIZE") != "large":
+    if large_arrays and runs_on_cpu(caps.device) and not sizes_are_large():
         raise Unsupported(f"{backend.name}: runs on {caps.device}, where an output of 2**31 elements costs "
                           "minutes; PAGEDATTN_SIZE=large runs it there")
-    if many_programs and runs_in_interpreter(caps.device) and os.environ.get("PAGEDATTN_SIZE") != "large":
+    if many_programs and runs_in_interpreter(caps.device) and not sizes_are_large():
         raise Unsupported(f"{backend.name}: runs in an interpreter ({caps.device}), where hundreds of thousands of "
                           "programs cost minutes; PAGEDATTN_SIZE=large runs it there")
     if pool_elements is not None and caps.max_pool_elements is not None and pool_elements > caps.max_pool_elements:

@@ -40,7 +40,6 @@ shortest long length, one head, no optional feature.
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -56,6 +55,7 @@ from pagedattn.conformance.strategies import (
     block_tables,
     fill_caches,
     head_dims,
+    sizes_are_large,
 )
 from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
@@ -205,7 +205,7 @@ def scale_limits(profile: str | None = None) -> ScaleLimits:
     widened to :data:`SCALE_LIMITS` ``["large"]`` under ``PAGEDATTN_SIZE=large``."""
     name = profile or settings.get_current_profile_name()
     limits = SCALE_LIMITS.get(name, SCALE_LIMITS["ci"])
-    if os.environ.get("PAGEDATTN_SIZE") == "large":
+    if sizes_are_large():
         large = SCALE_LIMITS["large"]
         limits = limits._replace(max_long=max(limits.max_long, large.max_long),
                                  max_long_seqs=max(limits.max_long_seqs, large.max_long_seqs),

@@ -86,6 +86,11 @@ def _limits_from_env() -> Limits:
     return _SIZES[name]
 
 
+def sizes_are_large() -> bool:
+    """Whether ``PAGEDATTN_SIZE=large``: the widest sizes, and the cells that cost a CPU minutes."""
+    return os.environ.get("PAGEDATTN_SIZE") == "large"
+
+
 #: The size caps of every strategy here (``PAGEDATTN_SIZE=small|large``).
 LIMITS: Limits = _limits_from_env()
 
