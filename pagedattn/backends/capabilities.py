@@ -29,6 +29,7 @@ class Capabilities:
     cache (or of the pool it is a view of) the backend takes without copying all of it to
     host memory: a backend that copies whole caches on a CPU would turn a lazily allocated
     pool of 2**31 elements into gigabytes; ``None`` means no bound short of the device's memory.
+    ``max_head_dim`` bounds the head dims of a backend that takes any up to it (``head_dims`` None).
     """
 
     dtypes: tuple[str, ...] = QUERY_DTYPES
@@ -40,6 +41,7 @@ class Capabilities:
     tf32: bool = False
     device: str = "cpu"
     max_pool_elements: int | None = None
+    max_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.features) - set(ALL_FEATURES)
@@ -60,6 +62,8 @@ class Capabilities:
             return "key_cache", f"block_size {problem.block_size} (supported: {list(self.block_sizes)})"
         if self.head_dims is not None and problem.head_dim not in self.head_dims:
             return "query", f"head_dim {problem.head_dim} (supported: {list(self.head_dims)})"
+        if self.max_head_dim is not None and problem.head_dim > self.max_head_dim:
+            return "query", f"head_dim {problem.head_dim} (supported: <= {self.max_head_dim})"
         if problem.kv_layout not in self.kv_layouts:
             return "kv_layout", f"layout {problem.kv_layout} (supported: {', '.join(self.kv_layouts)})"
         missing = sorted(problem.features - self.features)
@@ -82,7 +86,8 @@ class Capabilities:
     def summary(self) -> str:
         """One line for tables: dtypes, cache dtypes, block sizes, head dims, layouts, features."""
         sizes = "any" if self.block_sizes is None else "/".join(map(str, self.block_sizes))
-        dims = "any" if self.head_dims is None else "/".join(map(str, self.head_dims))
+        dims = "/".join(map(str, self.head_dims)) if self.head_dims is not None else (
+            "any" if self.max_head_dim is None else f"<={self.max_head_dim}")
         return (
             f"dtypes={'/'.join(self.dtypes)} cache={'/'.join(self.cache_dtypes)} block_size={sizes}"
             f" head_dim={dims} layouts={'/'.join(self.kv_layouts)} features={','.join(sorted(self.features))}"

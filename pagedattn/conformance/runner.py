@@ -47,7 +47,8 @@ class Unsupported(Exception):
 
 
 def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | None = None,
-            block_size: int | None = None, kv_layout: str | None = None, features: tuple[str, ...] = (),
+            block_size: int | None = None, head_dim: int | None = None, kv_layout: str | None = None,
+            features: tuple[str, ...] = (),
             pool_elements: int | None = None, device: str | None = None, launch_limits: bool = False,
             large_arrays: bool = False, many_programs: bool = False) -> None:
     """Raise :class:`Unsupported` if the backend's capabilities exclude this combination
@@ -79,6 +80,10 @@ def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | No
     if block_size is not None and caps.block_sizes is not None and block_size not in caps.block_sizes:
         raise Unsupported(f"{backend.name}: block_size {block_size} not declared (block_sizes: "
                           f"{list(caps.block_sizes)})")
+    if head_dim is not None and caps.head_dims is not None and head_dim not in caps.head_dims:
+        raise Unsupported(f"{backend.name}: head_dim {head_dim} not declared (head_dims: {list(caps.head_dims)})")
+    if head_dim is not None and caps.max_head_dim is not None and head_dim > caps.max_head_dim:
+        raise Unsupported(f"{backend.name}: head_dim {head_dim} past max_head_dim {caps.max_head_dim}")
     if kv_layout is not None and kv_layout not in caps.kv_layouts:
         raise Unsupported(f"{backend.name}: kv_layout {kv_layout} not declared")
     for feature in features:

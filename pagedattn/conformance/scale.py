@@ -625,6 +625,13 @@ def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 LARGE_BLOCK_SIZES: tuple[int, ...] = (128, 256, 512)
 
 
+def large_block_sizes(capabilities: Capabilities) -> tuple[int, ...]:
+    """The block sizes the large-block cell draws: the backend's declared ones from 128, else
+    :data:`LARGE_BLOCK_SIZES` (which a backend that declares its sizes does not take)."""
+    declared = tuple(b for b in capabilities.block_sizes or () if b >= LARGE_BLOCK_SIZES[0])
+    return declared or LARGE_BLOCK_SIZES
+
+
 @st.composite
 def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                       limits: ScaleLimits | None = None) -> AttentionCase:
@@ -639,8 +646,7 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     """
     del limits  # one size for every profile: the threshold is a tile's
     caps = capabilities
-    declared = tuple(b for b in caps.block_sizes or () if b >= LARGE_BLOCK_SIZES[0])
-    block_size = draw(st.sampled_from(declared or LARGE_BLOCK_SIZES), label="block_size")
+    block_size = draw(st.sampled_from(large_block_sizes(caps)), label="block_size")
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
     group = draw(st.sampled_from((1, 4, 8)), label="gqa_ratio")
@@ -665,6 +671,53 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
     labels = {"feature": "large_blocks", "garbage": garbage, "arrangement": pool.arrangement,
               "block_size": str(block_size)}
+    return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+#: Head dims of the large-head cell: wider than a 256-wide head tile (models with head_dim 512
+#: exist), one of them no power of two.
+LARGE_HEAD_DIMS: tuple[int, ...] = (384, 512)
+
+
+def large_head_dims(capabilities: Capabilities) -> tuple[int, ...]:
+    """The head dims the large-head cell draws: the backend's declared ones past 256, else
+    :data:`LARGE_HEAD_DIMS` (which a backend that declares its head dims does not take)."""
+    declared = tuple(d for d in capabilities.head_dims or () if d > 256)
+    return declared or LARGE_HEAD_DIMS
+
+
+@st.composite
+def large_head_dim_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                         limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for attention at head_dim 384 or 512 (:data:`LARGE_HEAD_DIMS`, or the
+    backend's declared head dims past 256; a backend that declares none is unsupported).
+
+    1 to 3 sequences of up to 300 keys, decode or a few queries each, GQA 1, 2 or 8 on one or
+    two KV heads, the backend's block sizes, garbage in unused slots; lse, ALiBi and softcap
+    each where declared and drawn.
+    """
+    del limits  # one size for every profile: the threshold is a tile's
+    caps = capabilities
+    head_dim = draw(st.sampled_from(large_head_dims(caps)), label="head_dim")
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
+    group = draw(st.sampled_from((1, 2, 8)), label="gqa_ratio")
+    num_seqs = draw(st.integers(1, 3), label="num_seqs")
+    lens = [draw(st.integers(1, 300), label=f"seq_lens[{s}]") for s in range(num_seqs)]
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    q_lens = None if decode else [min(n, draw(st.sampled_from((1, 3)), label=f"q_len[{s}]"))
+                                  for s, n in enumerate(lens)]
+    pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved")), label="pool")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
+    options = _sometimes_lse_alibi_softcap(draw, caps, num_kv_heads * group)
+    num_tokens = num_seqs if q_lens is None else sum(q_lens)
+    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "large_head_dims", "garbage": garbage, "arrangement": pool.arrangement,
+              "head_dim": str(head_dim)}
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
 

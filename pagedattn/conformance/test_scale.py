@@ -29,6 +29,9 @@ from pagedattn.conformance.scale import (
     far_row_write_kv_cases,
     far_write_kv_cases,
     large_block_cases,
+    large_block_sizes,
+    large_head_dim_cases,
+    large_head_dims,
     long_sequence_cases,
     odd_size_cases,
     scale_limits,
@@ -84,7 +87,8 @@ def test_odd_sizes_match_spec(request, backend, dtype):
                    feature="odd_sizes", max_examples=limits.odd_examples)
 
 
-#: The dtypes of the large-block cell: where a page is cut into tiles does not depend on the dtype.
+#: The dtypes of the large-block and large-head cells: where a page or a head is cut into tiles does
+#: not depend on the dtype.
 LARGE_BLOCK_DTYPES = ("float32", "bfloat16")
 
 
@@ -95,7 +99,18 @@ def test_large_blocks_match_spec(request, backend, dtype):
     block size from 128 is unsupported here."""
     limits = scale_limits()
     run_scale_cell(request, backend, large_block_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="large_blocks", max_examples=limits.odd_examples)
+                   feature="large_blocks", max_examples=limits.odd_examples,
+                   requires={"block_size": large_block_sizes(backend.capabilities())[0]})
+
+
+@pytest.mark.parametrize("dtype", LARGE_BLOCK_DTYPES)
+def test_large_head_dims_match_spec(request, backend, dtype):
+    """head_dim 384 and 512 (wider than a 256-wide head tile), within the error model; inputs
+    untouched. A backend that declares no head_dim past 256, or refuses one, is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, large_head_dim_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="large_head_dims", max_examples=limits.odd_examples,
+                   requires={"head_dim": large_head_dims(backend.capabilities())[0]})
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)

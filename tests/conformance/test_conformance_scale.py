@@ -355,6 +355,39 @@ def test_large_block_cases_of_a_backend_declaring_small_blocks_only_are_unsuppor
         == {256}
 
 
+def test_large_head_dim_cases_pass_a_256_wide_tile():
+    dims = {checks.problem_of(case).head_dim for case in drawn(scale.large_head_dim_cases(ANY, dtype="float32"), 8)}
+    assert dims == set(scale.LARGE_HEAD_DIMS), dims
+    declared = Capabilities(head_dims=(128, 576))
+    assert {checks.problem_of(c).head_dim for c in drawn(scale.large_head_dim_cases(declared, dtype="float32"), 3)} \
+        == {576}
+
+
+class DeclaredNumpy(NumpyBackend):
+    name = "declared-numpy"
+
+    def capabilities(self) -> Capabilities:
+        return DECLARED
+
+
+class UpTo256(NumpyBackend):
+    name = "up-to-256"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(max_head_dim=256)
+
+
+def test_a_backend_capped_below_the_large_head_dims_is_unsupported_before_any_draw():
+    (case,) = drawn(scale.large_head_dim_cases(ANY, dtype="float32"), 1)
+    assert UpTo256().capabilities().unsupported_reason(checks.problem_of(case)) == (
+        "query", f"head_dim {checks.problem_of(case).head_dim} (supported: <= 256)")
+    with pytest.raises(Unsupported, match="max_head_dim 256"):
+        require(UpTo256(), head_dim=scale.large_head_dims(UpTo256().capabilities())[0])
+    with pytest.raises(Unsupported, match="head_dim 384 not declared"):
+        require(DeclaredNumpy(), head_dim=384)
+    require(NumpyBackend(), head_dim=512)
+
+
 # -- wide groups and large batches ------------------------------------------------------------
 
 def test_wide_group_cases_cut_a_group_into_several_tiles_of_triton_and_cupy():

@@ -30,7 +30,7 @@ from pagedattn.backends.triton.launch_config import (
     next_power_of_2,
 )
 from pagedattn.backends.triton.relaunch import ReadyLaunch, Relauncher, launch_hooked
-from pagedattn.errors import PagedAttentionError, UnsupportedError
+from pagedattn.errors import PagedAttentionError
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
@@ -196,7 +196,8 @@ class TritonBackend(Backend):
         return None
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(tf32=False, device="cpu (Triton interpreter)" if interpreter_mode() else "cuda")
+        return Capabilities(tf32=False, device="cpu (Triton interpreter)" if interpreter_mode() else "cuda",
+                            max_head_dim=MAX_HEAD_DIM)
 
     def device_name(self) -> str:
         if interpreter_mode():
@@ -251,9 +252,6 @@ class TritonBackend(Backend):
     # -- paged attention -----------------------------------------------------
     def _plan(self, problem: AttentionProblem, block_tables: Any, seq_lens: Any,
               query_start_loc: Any, alibi_slopes: Any) -> TritonPlanState:
-        if problem.head_dim > MAX_HEAD_DIM:
-            raise UnsupportedError("query", f"head_dim {problem.head_dim} (supported: <= {MAX_HEAD_DIM})",
-                                   backend=self.name, capability="head_dim")
         device = self._device()
         max_q_len = int(problem.q_lens.max(initial=0))
         tiles = self._forced_tiles or choose_tiles(max_q_len, problem.group_size, problem.head_dim, problem.dtype,

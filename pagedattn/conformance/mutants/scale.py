@@ -134,6 +134,21 @@ class PageTileOf128Slots(AddressedKernelBackend):
         return columns, slots % 128
 
 
+class HeadTileOf256(SteppedKernelBackend):
+    bug = ("attention holds q, k and O in a head tile of 256 dims: scores from the first 256 dims only, "
+           "the output's dims past 256 never written")
+    models = ("Dao-AILab/flash-attention issue 805 (head_dim 1024 ran without an error and gave wrong results); "
+              "ROCm/aiter PR 2273 (a paged kernel for one head size called for others: wrong results)")
+
+    def scores(self, q, k, problem):
+        return super().scores(q[..., :256], k[..., :256], problem)
+
+    def weighted_values(self, p_ij, visible, v):
+        out = super().weighted_values(p_ij, visible, v)
+        out[..., 256:] = 0
+        return out
+
+
 class WriteKVInt32Offsets(AddressedKernelBackend):
     bug = "write_kv computes slot * (num_kv_heads * head_dim) in int32: slots past element 2**31 land elsewhere"
     models = "int32 slot offsets in reshape_and_cache-style cache writes on large caches"
