@@ -111,9 +111,10 @@ def sequence_groups(problem: AttentionProblem) -> list[np.ndarray]:
     seqs = np.flatnonzero((q_lens > 0) & (lens > 0))
     if seqs.size == 0:
         return []
-    shapes, group_of = np.unique(np.stack([q_lens[seqs], lens[seqs]], axis=1), axis=0, return_inverse=True)
+    _, group_of = np.unique(np.stack([q_lens[seqs], lens[seqs]], axis=1), axis=0, return_inverse=True)
     group_of = group_of.reshape(-1)
-    return [seqs[group_of == g] for g in range(len(shapes))]
+    in_groups = seqs[np.argsort(group_of, kind="stable")]
+    return np.split(in_groups, np.cumsum(np.bincount(group_of))[:-1])
 
 
 def exact_attention_problem(

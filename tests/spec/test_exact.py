@@ -209,3 +209,29 @@ def test_every_visible_score_minus_inf_is_a_row_without_weight() -> None:
     kc[case.block_tables[0, 0], 0] = -np.inf
     result = exact_attention(q, kc, *case.args()[2:])
     assert np.array_equal(result.out, np.zeros_like(result.out)) and np.isneginf(result.lse).all()
+
+
+@pytest.mark.parametrize("chunk", [None, 4 * 40 * 16 * 2])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_sequences_of_one_shape_computed_together_give_each_its_own_answer(layout, chunk, monkeypatch):
+    """Sequences sharing a query count and a length are computed as one batch (and a batch is cut
+    to ROW_CHUNK_ELEMENTS); each row's answer is the one it gets alone, bit for bit."""
+    from pagedattn.spec import exact
+
+    lens, q_lens = [40, 17, 40, 40, 17, 5], [3, 1, 3, 3, 1, 0]
+    case = random_paged_inputs(lens, q_lens, block_size=16, head_dim=16, seed=5, kv_layout=layout)
+    options = dict(kv_layout=layout, alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625], np.float32),
+                   sliding_window=20)
+    if chunk is not None:  # two rows of a 40-key sequence at a time: batches of two, rows one by one
+        monkeypatch.setattr(exact, "ROW_CHUNK_ELEMENTS", chunk)
+    together = exact_attention(*case.args(), **options)
+    monkeypatch.undo()
+    q, kc, vc, tables, seq_lens, starts = case.args()
+    for s in range(len(lens)):
+        rows = slice(int(starts[s]), int(starts[s + 1]))
+        alone = exact_attention(q[rows], kc, vc, tables[s:s + 1], seq_lens[s:s + 1],
+                                np.array([0, rows.stop - rows.start]), **options)
+        for name in ("out", "lse", "value_scale", "score_scale", "num_visible"):
+            assert np.array_equal(getattr(together, name)[rows], getattr(alone, name), equal_nan=True), (s, name)
+    groups = exact.sequence_groups(exact.check_paged_attention(*case.args(), kv_layout=layout))
+    assert sorted(map(list, groups)) == [[0, 2, 3], [1, 4]]

@@ -1,7 +1,8 @@
 """Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
 sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
 rows, batches larger than one wave of CTAs, more query tokens, sequences or copied blocks than a
-grid's y or z axis takes, prefills of several query tiles, sequences of more than 65,536 keys.
+grid's y or z axis takes, prefills of several query tiles, sequences of more than 65,536 keys,
+blocks and head dims larger than a fixed tile.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
