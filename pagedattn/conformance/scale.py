@@ -655,24 +655,14 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     edges = (1, block_size - 1, block_size, block_size + 1, 2 * block_size + 1)
     lens = [draw(st.one_of(st.sampled_from(edges), st.integers(1, 3 * block_size)), label=f"seq_lens[{s}]")
             for s in range(num_seqs)]
-    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
-    q_lens = None if decode else [min(n, draw(st.sampled_from((1, 2, 5)), label=f"q_len[{s}]"))
-                                  for s, n in enumerate(lens)]
-    pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved")), label="pool")
-    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
-    caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
     if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
         options["sliding_window"] = draw(st.integers(2, block_size + block_size // 2), label="sliding_window")
-    num_tokens = num_seqs if q_lens is None else sum(q_lens)
-    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
-    labels = {"feature": "large_blocks", "garbage": garbage, "arrangement": pool.arrangement,
-              "block_size": str(block_size)}
-    return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
-                 draw(_SEEDS, label="variant_seed"), labels)
+    return _few_sequences_case(draw, caps, dtype=dtype, lens=lens, q_counts=(1, 2, 5), block_size=block_size,
+                               kv_layout=kv_layout, heads=(num_kv_heads, group), head_dim=head_dim, options=options,
+                               labels={"feature": "large_blocks", "block_size": str(block_size)})
 
 
 #: Head dims of the large-head cell: wider than a 256-wide head tile (models with head_dim 512
@@ -706,20 +696,31 @@ def large_head_dim_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     group = draw(st.sampled_from((1, 2, 8)), label="gqa_ratio")
     num_seqs = draw(st.integers(1, 3), label="num_seqs")
     lens = [draw(st.integers(1, 300), label=f"seq_lens[{s}]") for s in range(num_seqs)]
+    options = _sometimes_lse_alibi_softcap(draw, caps, num_kv_heads * group)
+    return _few_sequences_case(draw, caps, dtype=dtype, lens=lens, q_counts=(1, 3), block_size=block_size,
+                               kv_layout=kv_layout, heads=(num_kv_heads, group), head_dim=head_dim, options=options,
+                               labels={"feature": "large_head_dims", "head_dim": str(head_dim)})
+
+
+def _few_sequences_case(draw: st.DrawFn, caps: Capabilities, *, dtype: str, lens: list[int],
+                        q_counts: tuple[int, ...], block_size: int, kv_layout: str, heads: tuple[int, int],
+                        head_dim: int, options: dict[str, Any], labels: dict[str, str]) -> AttentionCase:
+    """Sequences of ``lens`` keys on ``heads`` (KV heads, GQA ratio): decode, or with varlen one of
+    ``q_counts`` queries each (at most its length); a shuffled or interleaved pool with garbage in
+    every unused slot; standard normal K, V and query."""
+    num_kv_heads, group = heads
     decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
-    q_lens = None if decode else [min(n, draw(st.sampled_from((1, 3)), label=f"q_len[{s}]"))
+    q_lens = None if decode else [min(n, draw(st.sampled_from(q_counts), label=f"q_len[{s}]"))
                                   for s, n in enumerate(lens)]
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved")), label="pool")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
-    options = _sometimes_lse_alibi_softcap(draw, caps, num_kv_heads * group)
-    num_tokens = num_seqs if q_lens is None else sum(q_lens)
+    num_tokens = len(lens) if q_lens is None else sum(q_lens)
     query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
-    labels = {"feature": "large_head_dims", "garbage": garbage, "arrangement": pool.arrangement,
-              "head_dim": str(head_dim)}
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
-                 draw(_SEEDS, label="variant_seed"), labels)
+                 draw(_SEEDS, label="variant_seed"),
+                 {"garbage": garbage, "arrangement": pool.arrangement, **labels})
 
 
 def _sometimes_lse_alibi_softcap(draw: st.DrawFn, caps: Capabilities, num_q_heads: int) -> dict[str, Any]:

@@ -128,7 +128,7 @@ class PageTileOf128Slots(AddressedKernelBackend):
     bug = ("attention loads a block in a tile of at most 128 slots: in a larger block, slot s is read "
            "from slot s % 128")
     models = ("flashinfer-ai/flashinfer issue 4347 (a paged-attention kernel wrong with page sizes over 128; "
-              "its kernels assumed at most 128 tokens per page, issue 1796)")
+              "its kernels assumed at most 128 tokens per page: flashinfer-ai/flashinfer issue 1796)")
 
     def locate(self, p, block_size):
         columns, slots = super().locate(p, block_size)
