@@ -623,6 +623,9 @@ def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 #: Block sizes of the large-block cell: pages of more slots than a fixed tile of 128 keys holds
 #: (FlashAttention-2's paged path takes multiples of 256).
 LARGE_BLOCK_SIZES: tuple[int, ...] = (128, 256, 512)
+#: The large-block cell's first sequence passes this many keys by a block and more: a public kernel
+#: with pages over 128 slots saw only the first 4,096 keys and the last page.
+LARGE_BLOCK_FAR_KEYS = 4096
 
 
 def large_block_sizes(capabilities: Capabilities) -> tuple[int, ...]:
@@ -638,8 +641,9 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     """Return a strategy for attention on blocks of 128 slots and more (:data:`LARGE_BLOCK_SIZES`,
     or the backend's declared sizes from 128; a backend that declares none is unsupported).
 
-    1 to 4 sequences whose lengths sit at block edges (1, a block less one, a block, a block
-    and one, two blocks and one) or anywhere up to three blocks; decode or, with varlen, a few
+    1 to 4 sequences: the first past :data:`LARGE_BLOCK_FAR_KEYS` keys by more than a block (to
+    2,048 keys more), the others at block edges (1, a block less one, a block, a block and one,
+    two blocks and one) or anywhere up to three blocks; decode or, with varlen, a few
     queries each; GQA 1, 4 or 8 on one or two KV heads; a shuffled or interleaved pool with
     garbage in every unused slot; lse, and a sliding window that ends inside a block, each
     where declared and drawn.
@@ -653,8 +657,10 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     head_dim = draw(st.sampled_from(tuple(sorted(caps.head_dims or (64, 128)))), label="head_dim")
     num_seqs = draw(st.integers(1, 4), label="num_seqs")
     edges = (1, block_size - 1, block_size, block_size + 1, 2 * block_size + 1)
-    lens = [draw(st.one_of(st.sampled_from(edges), st.integers(1, 3 * block_size)), label=f"seq_lens[{s}]")
-            for s in range(num_seqs)]
+    far = LARGE_BLOCK_FAR_KEYS + block_size
+    lens = [draw(st.integers(far + 1, far + 2048), label="seq_lens[0]")]
+    lens += [draw(st.one_of(st.sampled_from(edges), st.integers(1, 3 * block_size)), label=f"seq_lens[{s}]")
+             for s in range(1, num_seqs)]
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True

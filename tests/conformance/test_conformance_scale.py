@@ -339,8 +339,10 @@ def test_large_block_cases_take_blocks_past_a_tile_of_128_and_sequences_at_their
     assert sizes <= set(scale.LARGE_BLOCK_SIZES) and len(sizes) >= 2, sizes
     for case in cases:
         problem = checks.problem_of(case)
-        assert problem.seq_lens.max() <= 3 * problem.block_size
-    lengths = [(int(n), checks.problem_of(c).block_size) for c in cases for n in checks.problem_of(c).seq_lens]
+        far = scale.LARGE_BLOCK_FAR_KEYS + problem.block_size
+        assert far < problem.seq_lens[0] <= far + 2048, "the first sequence passes 4,096 keys by more than a block"
+        assert problem.seq_lens[1:].max(initial=1) <= 3 * problem.block_size
+    lengths = [(int(n), checks.problem_of(c).block_size) for c in cases for n in checks.problem_of(c).seq_lens[1:]]
     assert any(n > bs for n, bs in lengths), "some sequence spans two blocks"
     assert any(n % bs in (0, 1, bs - 1) and n > 1 for n, bs in lengths), "some sequence ends at a block's edge"
 

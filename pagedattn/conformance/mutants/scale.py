@@ -135,6 +135,19 @@ class PageTileOf128Slots(AddressedKernelBackend):
         return columns, slots % 128
 
 
+class LargePagesSeeFirst4096Keys(SteppedKernelBackend):
+    bug = ("with blocks of more than 128 slots, attention sees only the keys of the first 4,096 positions and "
+           "the last block: the blocks between are skipped")
+    models = ("flashinfer-ai/flashinfer issue 4347 (trtllm-gen context attention with pages of 256: right to "
+              "4,096 keys, wrong from 6,144, as if it saw only the first 4,096 keys and the last page)")
+
+    def logical_blocks(self, length, block_size, p_q, problem):
+        blocks = super().logical_blocks(length, block_size, p_q, problem)
+        if block_size <= 128 or not blocks:
+            return blocks
+        return [j for j in blocks if (j + 1) * block_size <= 4096 or j == blocks[-1]]
+
+
 class HeadTileOf256(SteppedKernelBackend):
     bug = ("attention holds q, k and O in a head tile of 256 dims: scores from the first 256 dims only, "
            "the output's dims past 256 never written")
