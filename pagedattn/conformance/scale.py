@@ -53,9 +53,11 @@ from pagedattn.conformance.strategies import (
     GARBAGE_KINDS,
     alibi_slopes,
     block_tables,
+    copy_blocks_cases,
     fill_caches,
     head_dims,
     sizes_are_large,
+    write_kv_cases,
 )
 from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
@@ -669,6 +671,20 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     return _few_sequences_case(draw, caps, dtype=dtype, lens=lens, q_counts=(1, 2, 5), block_size=block_size,
                                kv_layout=kv_layout, heads=(num_kv_heads, group), head_dim=head_dim, options=options,
                                labels={"feature": "large_blocks", "block_size": str(block_size)})
+
+
+@st.composite
+def large_block_operation_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                                limits: ScaleLimits | None = None, operation: str = "write_kv") -> Any:
+    """Return a strategy for ``operation`` (``write_kv`` or ``copy_blocks``) on blocks of 128 slots and
+    more (:func:`large_block_sizes`): the operation's own cases (slots or pairs anywhere in a small
+    pool, garbage around them) at that block size."""
+    del limits  # one size for every profile: the threshold is a tile's
+    block_size = draw(st.sampled_from(large_block_sizes(capabilities)), label="block_size")
+    kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
+    if operation == "write_kv":
+        return draw(write_kv_cases(dtype=dtype, cache_dtype=dtype, block_size=block_size, kv_layout=kv_layout))
+    return draw(copy_blocks_cases(dtype=dtype, block_size=block_size, kv_layout=kv_layout))
 
 
 #: Head dims of the large-head cell: wider than a 256-wide head tile (models with head_dim 512

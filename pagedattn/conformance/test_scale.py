@@ -29,6 +29,7 @@ from pagedattn.conformance.scale import (
     far_row_write_kv_cases,
     far_write_kv_cases,
     large_block_cases,
+    large_block_operation_cases,
     large_block_sizes,
     large_head_dim_cases,
     large_head_dims,
@@ -101,6 +102,22 @@ def test_large_blocks_match_spec(request, backend, dtype):
     run_scale_cell(request, backend, large_block_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="large_blocks", max_examples=limits.odd_examples,
                    requires={"block_size": large_block_sizes(backend.capabilities())[0]})
+
+
+#: The check of each operation of the large-block operation cell.
+LARGE_BLOCK_OPERATIONS: dict[str, Callable[[Backend, Any], float]] = {
+    "write_kv": checks.write_kv_matches_spec, "copy_blocks": checks.copy_blocks_matches_spec}
+
+
+@pytest.mark.parametrize("operation", sorted(LARGE_BLOCK_OPERATIONS))
+def test_large_block_operations_match_spec(request, backend, operation):
+    """write_kv and copy_blocks on blocks of 128, 256 and 512 slots: the spec's bits in every slot.
+    A backend that declares no block size from 128, or not the operation, is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, partial(large_block_operation_cases, operation=operation),
+                   LARGE_BLOCK_OPERATIONS[operation], limits, dtype="bfloat16", feature=f"large_blocks_{operation}",
+                   max_examples=limits.odd_examples, cell={"operation": operation},
+                   requires={"features": (operation,), "block_size": large_block_sizes(backend.capabilities())[0]})
 
 
 @pytest.mark.parametrize("dtype", LARGE_BLOCK_DTYPES)

@@ -357,6 +357,17 @@ def test_large_block_cases_of_a_backend_declaring_small_blocks_only_are_unsuppor
         == {256}
 
 
+def test_large_block_operation_cases_write_past_the_128th_slot_of_a_block():
+    write_cases = drawn(scale.large_block_operation_cases(ANY, dtype="bfloat16", operation="write_kv"), 6)
+    block_sizes = {case.key_cache.shape[1 if case.kv_layout == "NHD" else 2] for case in write_cases}
+    assert block_sizes <= set(scale.LARGE_BLOCK_SIZES), block_sizes
+    offsets = [int(slot) % bs for case, bs in ((c, c.key_cache.shape[1 if c.kv_layout == "NHD" else 2])
+                                                for c in write_cases) for slot in case.slot_mapping if slot >= 0]
+    assert any(offset >= 128 for offset in offsets), "some token lands past a block's 128th slot"
+    (copy,) = drawn(scale.large_block_operation_cases(ANY, dtype="bfloat16", operation="copy_blocks"), 1)
+    assert copy.key_cache.shape[1 if copy.kv_layout == "NHD" else 2] in scale.LARGE_BLOCK_SIZES
+
+
 def test_large_head_dim_cases_pass_a_256_wide_tile():
     dims = {checks.problem_of(case).head_dim for case in drawn(scale.large_head_dim_cases(ANY, dtype="float32"), 8)}
     assert dims == set(scale.LARGE_HEAD_DIMS), dims

@@ -148,6 +148,20 @@ class LargePagesSeeFirst4096Keys(SteppedKernelBackend):
         return [j for j in blocks if (j + 1) * block_size <= 4096 or j == blocks[-1]]
 
 
+class WriteKVSlotsOfA128Tile(SteppedKernelBackend):
+    bug = ("write_kv finds a token's slot within its block modulo 128: in a block of more than 128 slots, "
+           "slot s lands at s % 128")
+    models = ("a cache write whose in-block offset holds pages of at most 128 tokens (the page limit of "
+              "flashinfer-ai/flashinfer issue 1796)")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        bs = problem.block_size
+        slots = problem.slot_mapping.astype(np.int64)
+        moved = np.where(slots >= 0, slots // bs * bs + slots % bs % 128, -1)
+        kv_ops.write_kv(key, value, key_cache, value_cache, moved, kv_layout=problem.kv_layout,
+                        k_scale=problem.k_scale, v_scale=problem.v_scale)
+
+
 class HeadTileOf256(SteppedKernelBackend):
     bug = ("attention holds q, k and O in a head tile of 256 dims: scores from the first 256 dims only, "
            "the output's dims past 256 never written")
