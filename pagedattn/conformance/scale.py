@@ -40,6 +40,7 @@ shortest long length, one head, no optional feature.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -631,10 +632,11 @@ LARGE_BLOCK_FAR_KEYS = 4096
 
 
 def large_block_sizes(capabilities: Capabilities) -> tuple[int, ...]:
-    """The block sizes the large-block cell draws: the backend's declared ones from 128, else
-    :data:`LARGE_BLOCK_SIZES` (which a backend that declares its sizes does not take)."""
-    declared = tuple(b for b in capabilities.block_sizes or () if b >= LARGE_BLOCK_SIZES[0])
-    return declared or LARGE_BLOCK_SIZES
+    """The block sizes the large-block cells draw, largest first (the first example takes it): the
+    backend's declared ones from 128, else :data:`LARGE_BLOCK_SIZES` (which a backend that declares
+    its sizes does not take)."""
+    declared = tuple(b for b in capabilities.block_sizes or () if b >= min(LARGE_BLOCK_SIZES))
+    return tuple(sorted(declared or LARGE_BLOCK_SIZES, reverse=True))
 
 
 @st.composite
@@ -645,7 +647,8 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
 
     1 to 4 sequences: the first past :data:`LARGE_BLOCK_FAR_KEYS` keys by more than a block (to
     2,048 keys more), the others at block edges (1, a block less one, a block, a block and one,
-    two blocks and one) or anywhere up to three blocks; decode or, with varlen, a few
+    two blocks and one) or anywhere up to three blocks; "trend" or normal values (in a trend, which
+    keys a row sees shows even in 16-bit outputs); decode or, with varlen, a few
     queries each; GQA 1, 4 or 8 on one or two KV heads; a shuffled or interleaved pool with
     garbage in every unused slot; lse, and a sliding window that ends inside a block, each
     where declared and drawn.
@@ -668,9 +671,11 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
         options["return_lse"] = True
     if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
         options["sliding_window"] = draw(st.integers(2, block_size + block_size // 2), label="sliding_window")
+    kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")  # "trend": which keys are seen shows
     return _few_sequences_case(draw, caps, dtype=dtype, lens=lens, q_counts=(1, 2, 5), block_size=block_size,
                                kv_layout=kv_layout, heads=(num_kv_heads, group), head_dim=head_dim, options=options,
-                               labels={"feature": "large_blocks", "block_size": str(block_size)})
+                               labels={"feature": "large_blocks", "block_size": str(block_size), "values": kind},
+                               kind=kind)
 
 
 @st.composite
@@ -683,8 +688,23 @@ def large_block_operation_cases(draw: st.DrawFn, capabilities: Capabilities, *, 
     block_size = draw(st.sampled_from(large_block_sizes(capabilities)), label="block_size")
     kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
     if operation == "write_kv":
-        return draw(write_kv_cases(dtype=dtype, cache_dtype=dtype, block_size=block_size, kv_layout=kv_layout))
+        case = draw(write_kv_cases(dtype=dtype, cache_dtype=dtype, block_size=block_size, kv_layout=kv_layout))
+        return _with_a_last_slot(case, block_size)
     return draw(copy_blocks_cases(dtype=dtype, block_size=block_size, kv_layout=kv_layout))
+
+
+def _with_a_last_slot(case: WriteKVCase, block_size: int) -> WriteKVCase:
+    """``case`` with its first token written to the last slot of a block no other token writes,
+    unless a token already writes a block's last slot."""
+    slots = np.array(case.slot_mapping)
+    if any(int(s) % block_size == block_size - 1 for s in slots if s >= 0):
+        return case
+    taken = {int(s) for s in slots}
+    free = [b * block_size + block_size - 1 for b in range(case.key_cache.shape[0])
+            if b * block_size + block_size - 1 not in taken]
+    if free:
+        slots[0] = free[0]
+    return replace(case, slot_mapping=slots)
 
 
 #: Head dims of the large-head cell: wider than a 256-wide head tile (models with head_dim 512
@@ -726,10 +746,11 @@ def large_head_dim_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
 
 def _few_sequences_case(draw: st.DrawFn, caps: Capabilities, *, dtype: str, lens: list[int],
                         q_counts: tuple[int, ...], block_size: int, kv_layout: str, heads: tuple[int, int],
-                        head_dim: int, options: dict[str, Any], labels: dict[str, str]) -> AttentionCase:
+                        head_dim: int, options: dict[str, Any], labels: dict[str, str],
+                        kind: str = "normal") -> AttentionCase:
     """Sequences of ``lens`` keys on ``heads`` (KV heads, GQA ratio): decode, or with varlen one of
     ``q_counts`` queries each (at most its length); a shuffled or interleaved pool with garbage in
-    every unused slot; standard normal K, V and query."""
+    every unused slot; K and V of ``kind`` (:data:`LONG_VALUE_KINDS`), a standard normal query."""
     num_kv_heads, group = heads
     decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
     q_lens = None if decode else [min(n, draw(st.sampled_from(q_counts), label=f"q_len[{s}]"))
@@ -737,7 +758,7 @@ def _few_sequences_case(draw: st.DrawFn, caps: Capabilities, *, dtype: str, lens
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved")), label="pool")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
-    caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
+    caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype, kind)
     num_tokens = len(lens) if q_lens is None else sum(q_lens)
     query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
@@ -759,10 +780,11 @@ def _sometimes_lse_alibi_softcap(draw: st.DrawFn, caps: Capabilities, num_q_head
 
 
 def _normal_caches(rng: np.random.Generator, pool: Any, block_size: int, lens: list[int], num_kv_heads: int,
-                   head_dim: int, garbage: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """NHD caches of ``pool`` (a :class:`~pagedattn.conformance.strategies.PoolLayout`) holding standard
-    normal K and V of sequences of ``lens`` keys, ``garbage`` in every other slot."""
-    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+                   head_dim: int, garbage: str, dtype: str, kind: str = "normal") -> tuple[np.ndarray, np.ndarray]:
+    """NHD caches of ``pool`` (a :class:`~pagedattn.conformance.strategies.PoolLayout`) holding K and
+    V of sequences of ``lens`` keys (standard normal, or another of :data:`LONG_VALUE_KINDS`),
+    ``garbage`` in every other slot."""
+    logical = _values(rng, kind, lens, num_kv_heads, head_dim)
     return fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
                        np.array(lens), logical, garbage, dtype, 1.0, 1.0)
 
