@@ -13,6 +13,7 @@ small batch into parts of :data:`PART_KEYS` keys whose states it merges (:meth:`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +34,14 @@ PART_KEYS = 1024
 def _wrap_int32(values: np.ndarray) -> np.ndarray:
     """``values`` (int64) as a 32-bit register holds them: two's complement wrap-around."""
     return ((values + 2**31) % 2**32 - 2**31).astype(np.int64)
+
+
+def _write_kv_landing(problem: Any, key: Any, value: Any, key_cache: Any, value_cache: Any,
+                      land: Callable[[np.ndarray], np.ndarray]) -> None:
+    """The spec's write_kv with each written slot s (int64) landing at ``land(s)``; skipped tokens stay -1."""
+    slots = problem.slot_mapping.astype(np.int64)
+    kv_ops.write_kv(key, value, key_cache, value_cache, np.where(slots >= 0, land(slots), -1),
+                    kv_layout=problem.kv_layout, k_scale=problem.k_scale, v_scale=problem.v_scale)
 
 
 class AddressedKernelBackend(SteppedKernelBackend):
@@ -156,10 +165,7 @@ class WriteKVSlotsOfA128Tile(SteppedKernelBackend):
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         bs = problem.block_size
-        slots = problem.slot_mapping.astype(np.int64)
-        moved = np.where(slots >= 0, slots // bs * bs + slots % bs % 128, -1)
-        kv_ops.write_kv(key, value, key_cache, value_cache, moved, kv_layout=problem.kv_layout,
-                        k_scale=problem.k_scale, v_scale=problem.v_scale)
+        _write_kv_landing(problem, key, value, key_cache, value_cache, lambda s: s // bs * bs + s % bs % 128)
 
 
 class HeadTileOf256(SteppedKernelBackend):
@@ -184,10 +190,8 @@ class WriteKVInt32Offsets(AddressedKernelBackend):
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         slot_elements = problem.num_kv_heads * problem.head_dim
         total = problem.num_blocks * problem.block_size
-        slots = problem.slot_mapping.astype(np.int64)
-        wrapped = np.where(slots >= 0, (_wrap_int32(slots * slot_elements) // slot_elements) % total, -1)
-        kv_ops.write_kv(key, value, key_cache, value_cache, wrapped, kv_layout=problem.kv_layout,
-                        k_scale=problem.k_scale, v_scale=problem.v_scale)
+        _write_kv_landing(problem, key, value, key_cache, value_cache,
+                          lambda s: (_wrap_int32(s * slot_elements) // slot_elements) % total)
 
 
 class WriteKVInt32TokenOffsets(AddressedKernelBackend):
