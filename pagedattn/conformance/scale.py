@@ -22,8 +22,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   where a row's offset ``token * heads * D`` overflows 32 bits;
 - :func:`wide_group_cases`: GQA ratios from 12 to 128 (:data:`WIDE_GROUPS`), past one row
   tile of a KV head's query heads, where kernels cut a group into tiles;
-- :func:`large_batch_cases`: more than :data:`LARGE_BATCH_PAIRS` (sequence, KV head) pairs of
-  short sequences, more work than one wave of CTAs on the GPU;
+- :func:`large_batch_cases`: more than :data:`MAX_RESIDENT_CTAS` short sequences, more work
+  than one wave of CTAs on the GPU;
 - :func:`many_token_cases`, :func:`many_token_write_kv_cases`: more than 65,535 query tokens
   (or tokens written) in one call, past a CUDA grid's y and z limit;
 - :func:`many_sequence_cases`: more than 65,536 sequences in one call (decode, or prompts of
@@ -69,7 +69,7 @@ __all__ = [
     "FAR_ROW_ELEMENTS",
     "FAR_VIEW_LAYERS",
     "FAR_WRITE_ROW_ELEMENTS",
-    "LARGE_BATCH_PAIRS",
+    "LARGE_BATCH_SEQS",
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
     "LONG_PREFILL_ROWS",
@@ -78,6 +78,7 @@ __all__ = [
     "MANY_PAIRS",
     "MANY_SEQUENCES",
     "MANY_TOKENS",
+    "MAX_RESIDENT_CTAS",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
     "VERY_LONG_KEYS",
@@ -161,10 +162,12 @@ LONG_ALIBI_HEADS = 8
 #: kernels fill with one KV head's query heads (16 rows: one MMA tile; 64 and 128: prefill
 #: tiles), powers of two and not; the shrink target is 71 (an MQA model's 71 heads), past both.
 WIDE_GROUPS: tuple[int, ...] = (71, 16, 12, 17, 24, 32, 48, 64, 65, 96, 128)
-#: (sequence, KV head) pairs of a large batch, at least: more than 132 SMs hold at 4 CTAs each
-#: (triton's decode programs on an H200; cupy's decode kernel holds 2), so a kernel's work runs
-#: in more than one wave (a persistent kernel loops over its list).
-LARGE_BATCH_PAIRS = 600
+#: The most CTAs an H200 (or H100 SXM) runs at once: 32 a multiprocessor, sm_90's limit, on 132.
+MAX_RESIDENT_CTAS = 32 * 132
+#: Sequences, and so (sequence, KV head) pairs, of a large batch, at least: more than any kernel
+#: of one CTA per sequence or per pair holds resident, however small its footprint, so its work
+#: runs in more than one wave (a persistent kernel loops over its list).
+LARGE_BATCH_SEQS = MAX_RESIDENT_CTAS + 1
 #: Keys of a sequence in a large batch, at most (many short sequences: the engine's decode batch).
 LARGE_BATCH_MAX_LEN = 80
 #: Rows (queries x query heads of a KV head) of each sequence of a long prefill, at least: 4 of
@@ -837,7 +840,7 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 @st.composite
 def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                       limits: ScaleLimits | None = None) -> AttentionCase:
-    """Return a strategy for a batch of more than :data:`LARGE_BATCH_PAIRS` (sequence, KV head) pairs.
+    """Return a strategy for a batch of at least :data:`LARGE_BATCH_SEQS` sequences (and more pairs).
 
     1, 2 or 4 KV heads with GQA 1, 4 or 8; short sequences (1 to :data:`LARGE_BATCH_MAX_LEN`
     keys, block edges among them) in an interleaved or shuffled pool; decode, or a mixed batch
@@ -851,7 +854,7 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     num_kv_heads = draw(st.sampled_from((1, 2, 4)), label="num_kv_heads")
     group = draw(st.sampled_from((1, 4, 8)), label="gqa_ratio")
     head_dim = min(caps.head_dims or (16,))
-    num_seqs = -(-LARGE_BATCH_PAIRS // num_kv_heads) + draw(st.integers(0, 64), label="extra_seqs")
+    num_seqs = LARGE_BATCH_SEQS + draw(st.integers(0, 64), label="extra_seqs")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     edges = np.array([1, block_size - 1, block_size, block_size + 1, LARGE_BATCH_MAX_LEN])
     lens = np.where(rng.random(num_seqs) < 0.25, rng.choice(edges, num_seqs),
