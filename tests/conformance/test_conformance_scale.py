@@ -93,7 +93,8 @@ def test_long_cases_reach_split_plans_of_triton_and_cupy(profile):
             # the H200 splits every case; the interpreter's 4 "SMs" are filled by a batch of a few heads,
             # so there only the first case (one sequence, one KV head) is sure to split
             for sms in (H200_SMS,) if index else (INTERPRETER_SMS, H200_SMS):
-                assert choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident) > 1, (case, sms)
+                splits = choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident, tiles.saturation)
+                assert splits > 1, (case, sms)
             if caps is DECLARED:
                 assert build_work(problem).num_partials > 0, case
 
@@ -114,7 +115,7 @@ def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_p
     work_seq, _, key_tiles = _work_list(problem, tiles)
     programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
     for sms in (INTERPRETER_SMS, H200_SMS):  # triton: resident x 132 slots on the H200
-        assert choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident) > 1, sms
+        assert choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident, tiles.saturation) > 1, sms
 
 
 # -- pools past 2**31 elements ----------------------------------------------------------------
@@ -423,7 +424,7 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
 
     for case in drawn(scale.large_batch_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 3):
         problem = checks.problem_of(case)
-        assert problem.num_seqs * problem.num_kv_heads >= scale.LARGE_BATCH_PAIRS
+        assert problem.num_seqs > scale.MAX_RESIDENT_CTAS  # one CTA per sequence: more than one wave
         assert int(problem.seq_lens.max()) <= scale.LARGE_BATCH_MAX_LEN
         tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
                              problem.block_size)
@@ -503,6 +504,8 @@ def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_trito
                              problem.block_size)
         work_seq, _, key_tiles = _work_list(problem, tiles)
         programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
-        assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident) == MAX_SPLITS
+        longest = int(key_tiles.max())
+        splits = choose_num_splits(programs, longest, H200_SMS, tiles.resident, tiles.saturation)
+        assert -(-longest // splits) == -(-longest // MAX_SPLITS)  # parts as short as MAX_SPLITS makes them
         work = build_work(problem, slots=H200_CUPY_DECODE_SLOTS)
         assert int(work.merges[:, 6].max()) > MERGE_MAX_PARTS, work.merges  # more parts than a fixed merge holds

@@ -263,7 +263,7 @@ class TritonBackend(Backend):
             num_splits = self._forced_splits
         else:
             num_splits = choose_num_splits(num_programs, int(key_tiles.max(initial=0)), self._num_sms(),
-                                           tiles.resident)
+                                           tiles.resident, tiles.saturation)
 
         def upload(values: np.ndarray, dtype: Any = np.int32) -> Any:
             return numpy_to_torch(np.ascontiguousarray(values, dtype=dtype), device)

@@ -4,15 +4,16 @@ Pure Python, no triton import: the plan calls these once per batch.
 
 - :func:`choose_tiles`: tile shape and warps from the batch's longest ``q_len``, the GQA
   group size, head_dim, dtype and (decode only) the block size.
-- :func:`choose_num_splits`: the split-KV heuristic. Splitting the key range of each
-  program only pays when the grid is too small to fill the GPU: with fewer than half of
-  ``resident * num_sms`` programs (``resident``: programs of the chosen tiles that fit on
-  one multiprocessor at once), each program's key range is cut into
-  ``floor(resident * num_sms / num_programs)`` splits (rounded down, so the grid
-  never exceeds that many programs: a few extra programs would cost a whole extra round),
-  but never into splits of fewer than ``MIN_TILES_PER_SPLIT`` key tiles (each split adds
-  partials to merge), and never more than ``MAX_SPLITS``. Splits only partition the key
-  range: which keys count never depends on the choice.
+- :func:`choose_num_splits`: the split-KV count, from a wave model of the grid. A program
+  streams its key range; the programs on one multiprocessor share its bandwidth, which they
+  reach in full from ``saturation`` programs on (past it, contention costs
+  ``OVERSUBSCRIBED``), and at most ``resident`` fit there at once. So a wave of ``c``
+  programs a multiprocessor, each over ``1/s`` of its range (in whole tiles), takes
+  ``max(c, saturation) / s``, and the grid the sum over its waves (:func:`estimated_waves`).
+  The count is the fastest so estimated (the smallest of equals), among counts that leave
+  every split ``MIN_TILES_PER_SPLIT`` key tiles and the grid ``MAX_SPLIT_WAVES`` waves, up to
+  ``MAX_SPLITS``. Splits only partition
+  the key range: which keys count never depends on the choice.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import NamedTuple
 PROGRAMS_PER_SM = 2  # resident programs per multiprocessor assumed when the tiles do not say
 MIN_TILES_PER_SPLIT = 4  # key tiles a split must have for the extra merge to pay
 MAX_SPLITS = 64  # bound on the partial buffers: [num_splits, T, Hq, D] float32
+MAX_SPLIT_WAVES = 4  # split grids of more waves than this: each program's start costs more than the tail saves
+OVERSUBSCRIBED = 0.05  # a wave past saturation runs this much slower than its bytes say (contention)
 MAX_GROUP_TILE = 64  # query heads of one KV head served by one program at most
 MAX_HEAD_DIM = 256  # larger head_dims exceed registers/shared memory: reported unsupported
 
@@ -37,15 +40,18 @@ class DecodeTiles(NamedTuple):
     keys_major: bool  # scores as [keys, rows]: K and V feed warpgroup MMA from shared memory
     table_by_block: bool = True  # one block-table read per tile or per block, not per key (Tiles.table_mode)
     pick_in_registers: bool = False  # a tile of one whole block still reads its entry per block (Tiles.table_mode)
+    saturation: int | None = None  # programs per multiprocessor that reach its full bandwidth (None: resident)
 
 
 # Decode tiles (16-bit, head_dim <= 128, 16 rows: up to 16 query heads per KV head), by block
 # size (None: any other). Picked on an H200 by `tools/triton-tile-sweep --decode`: per block
 # size the least t(64 x 4096) + 2 t(2 x 65536) with the perf suite's timer. 16-key tiles of 2
 # warps read the block table once per tile and keep 3 K/V buffers in flight (7 stages); 152
-# registers, 29 KB of shared memory. ``resident`` 4 (the registers allow 6) is what the split
-# heuristic was measured with: 33 splits at 2 x 65,536, 134 us.
-DECODE_TILES = DecodeTiles(16, 2, 7, 4, False)
+# registers, 29 KB of shared memory: 6 programs a multiprocessor. 4 of them already reach its
+# bandwidth: llama3-8b 64 x 4,096 (512 programs, 3.9 a multiprocessor) runs at 98% of the read
+# ceiling unsplit and no faster split, while 40 x 4,096 (320 programs) takes 167 us in 2 splits
+# against 205 us unsplit (H200, graph replay).
+DECODE_TILES = DecodeTiles(16, 2, 7, 6, False, saturation=4)
 # A decode tile streams the same bytes whatever head_dim and cache dtype: a tile's keys x
 # row bytes is the table's keys x 256 (head_dim 128, 16 bits). Each tile costs about the same
 # issue time (scores, softmax, table lookup), so half the bytes per tile would halve the
@@ -59,6 +65,12 @@ DECODE_TILE_ROW_BYTES = 256
 # 16 / 32 / 64): 149 / 150 / 152 us, against 169 / 180 / 188 us for 32-key tiles of 7 stages;
 # 4 stages took 192 us, a register cap of 168 or 128 spilled (266-370 us).
 FP8_DECODE_TILES = DecodeTiles(64, 2, 5, 4, False, True, True)
+# 16-bit decode at head_dim 256 (32-key tiles of 4 warps, 2 stages, 16 rows): 168 registers and
+# 41 KB of shared memory on the sm_90a build, 3 programs a multiprocessor, none of them idle
+# waiting: gemma3-12b heads 32 x 4,096 (256 programs) took 275 us unsplit, 327 us in 2 splits
+# (a wave and a third) and 258 us in 3 (two full waves); 64 x 4,096 631 us unsplit, 500 us in 3
+# (H200, graph replay).
+WIDE_DECODE_RESIDENT = 3
 DECODE_TABLE: dict[int | None, DecodeTiles] = {None: DECODE_TILES, 16: DECODE_TILES, 32: DECODE_TILES,
                                                64: DECODE_TILES}
 
@@ -95,6 +107,7 @@ class Tiles:
     max_registers: int | None = None  # register cap per thread passed to the compiler (maxnreg)
     table_by_block: bool = True  # one block-table read per tile or per block, not per key (see table_mode)
     pick_in_registers: bool = False  # mode 2 where a tile is exactly one block (see table_mode)
+    saturation: int | None = None  # programs per multiprocessor that reach its bandwidth (None: resident)
 
     def table_mode(self, block_size: int) -> int:
         """The kernel's ``TABLE_MODE`` at ``block_size``: with ``table_by_block``, 1 (one block-table
@@ -145,13 +158,16 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 3 if head_dim_pad <= 128 else 2
     resident, keys_major, max_registers, table_by_block, pick_in_registers = PROGRAMS_PER_SM, False, None, True, False
+    saturation: int | None = None
     if decode and not wide and block_m == 16:
         fp8_tiles = decode_table is None and cache_bytes == 1 and head_dim_pad == 128
         table = DECODE_TABLE if decode_table is None else decode_table
         entry = FP8_DECODE_TILES if fp8_tiles else table.get(block_size, table[None])
-        block_n, num_warps, num_stages, resident, keys_major, table_by_block, pick_in_registers = entry
+        block_n, num_warps, num_stages, resident, keys_major, table_by_block, pick_in_registers, saturation = entry
         if head_dim_pad >= 64 and not fp8_tiles:  # fp8 tiles are sized as they are; below 64 unmeasured
             block_n *= max(1, DECODE_TILE_ROW_BYTES // (head_dim_pad * cache_bytes))
+    elif decode and dtype != "float32" and head_dim_pad == 256 and cache_bytes == 2 and block_m == 16:
+        resident = WIDE_DECODE_RESIDENT
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
                                                          PREFILL_MAX_REGISTERS)
@@ -161,16 +177,35 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     # consecutive programs take consecutive work items of one head (L2 reuse)
     return Tiles(block_m, block_n, group_tile, num_group_tiles, head_dim_pad, num_warps, num_stages,
                  heads_fastest=decode, resident=resident, keys_major=keys_major, max_registers=max_registers,
-                 table_by_block=table_by_block, pick_in_registers=pick_in_registers)
+                 table_by_block=table_by_block, pick_in_registers=pick_in_registers, saturation=saturation)
 
 
-def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resident: int = PROGRAMS_PER_SM) -> int:
+def estimated_waves(num_programs: int, splits: int, key_tiles: int, num_sms: int, resident: int,
+                    saturation: int) -> float:
+    """Time of a grid of ``num_programs`` programs, each over ``key_tiles`` tiles cut into ``splits``
+    parts of ``ceil(key_tiles / splits)``, in tile times at full bandwidth: per wave of ``c``
+    programs a multiprocessor, ``saturation`` programs' parts, or ``c`` and ``OVERSUBSCRIBED`` more
+    past saturation."""
+    left, slots, time = num_programs * splits, resident * num_sms, 0.0
+    per_split = -(-max(key_tiles, 1) // splits)
+    while left > 0:
+        wave = min(left, slots)
+        per_sm = wave / num_sms
+        time += (per_sm * (1 + OVERSUBSCRIBED) if per_sm > saturation else saturation) * per_split
+        left -= wave
+    return time
+
+
+def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resident: int = PROGRAMS_PER_SM,
+                      saturation: int | None = None) -> int:
     """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles,
-    ``resident`` programs fitting on each of ``num_sms`` multiprocessors."""
-    target = resident * num_sms
+    at most ``resident`` programs fitting on each of ``num_sms`` multiprocessors and ``saturation``
+    (default ``resident``) reaching its bandwidth: the smallest count estimated within
+    ``SPLIT_TOLERANCE`` of the fastest (:func:`estimated_waves`)."""
     if num_programs <= 0:
         return 1
-    wanted = target // num_programs
-    affordable = max_key_tiles // MIN_TILES_PER_SPLIT
-    splits = min(wanted, affordable, MAX_SPLITS)
-    return splits if splits >= 2 else 1
+    saturation = resident if saturation is None else min(saturation, resident)
+    waves = MAX_SPLIT_WAVES * resident * num_sms // num_programs
+    counts = range(1, max(1, min(max_key_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS, waves)) + 1)
+    times = [estimated_waves(num_programs, splits, max_key_tiles, num_sms, resident, saturation) for splits in counts]
+    return min(zip(times, counts, strict=True))[1]

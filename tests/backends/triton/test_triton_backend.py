@@ -255,14 +255,16 @@ def test_register_cap_and_short_tiles_match_spec() -> None:
 
 
 def test_split_heuristic_from_batch_shape() -> None:
-    # 2 sequences x 8 KV heads on 132 SMs: split; 64 x 8 programs already fill the GPU: no split
+    # 2 sequences x 8 KV heads on 132 SMs of 2 slots: one wave of 16 splits; 64 x 8 programs
+    # already fill every slot: no split
     assert choose_num_splits(16, 512, 132) == 16
     assert choose_num_splits(512, 32, 132) == 1
-    assert choose_num_splits(150, 64, 132) == 1  # a second split would overfill the grid
+    assert choose_num_splits(150, 64, 132) == 5  # 1.1 programs a multiprocessor; 5 splits: 3 waves, nearly full
+    assert choose_num_splits(150, 64, 132, saturation=1) == 1  # one program already reaches the bandwidth
     assert choose_num_splits(16, 8, 132) == 2  # at least MIN_TILES_PER_SPLIT tiles per split
     assert choose_num_splits(16, 7, 132) == 1
     assert choose_num_splits(1, 10_000, 132) == 64  # bounded
-    assert choose_num_splits(16, 512, 132, resident=4) == 33  # more resident programs, more splits
+    assert choose_num_splits(16, 512, 132, resident=4) == 32  # more resident programs, more splits
     decode = choose_tiles(1, 4, 128, "bfloat16")
     prefill = choose_tiles(4096, 4, 128, "bfloat16")
     assert (decode.block_m, decode.block_q, decode.group_tile) == (16, 1, 16) and decode.heads_fastest
