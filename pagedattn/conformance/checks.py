@@ -39,7 +39,7 @@ from pagedattn.conformance.cases import (
     host_result,
     run_case,
 )
-from pagedattn.conformance.scale import FAR_MERGE_SEED, far_row_sequences
+from pagedattn.conformance.scale import FAR_MERGE_SEED, FAR_PARTIAL_PART_KEYS, far_partial_sequences, far_row_sequences
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
@@ -633,19 +633,42 @@ def far_rows_match_spec(backend: Backend, case: AttentionCase) -> float:
     spec never holds the whole output in float64."""
     __tracebackhide__ = True
     problem = problem_of(case)
+    row_elements = problem.num_q_heads * problem.head_dim
+    seqs = far_row_sequences(case.query_start_loc, problem.num_tokens, row_elements, case.seed)
+    return _sequences_match_spec(backend, case, seqs, lambda seq, rows: f"elements from {rows.start * row_elements:,}")
+
+
+def far_partials_match_spec(backend: Backend, case: AttentionCase) -> float:
+    """On a batch whose split-KV partials, laid out by sequence, pass 2**31 elements: the rows of the
+    first sequence, one more, the longest, and every sequence whose partials start past element
+    2**31 (:func:`~pagedattn.conformance.scale.far_partial_sequences`) within the error model;
+    nothing else written. Each is compared with the spec's answer for it alone."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    row_elements = int(problem.num_q_heads) * int(problem.head_dim)
+    seqs = far_partial_sequences(case.seq_lens, row_elements, case.seed)
+    parts = -(-int(max(case.seq_lens)) // FAR_PARTIAL_PART_KEYS)
+    return _sequences_match_spec(backend, case, seqs,
+                                 lambda seq, rows: f"partials from element {seq * row_elements * parts:,}")
+
+
+def _sequences_match_spec(backend: Backend, case: AttentionCase, seqs: np.ndarray,
+                          where: Callable[[int, slice], str]) -> float:
+    """Run ``case`` once; the rows of each of ``seqs`` within the error model of the spec's answer
+    for that sequence alone (``where(seq, rows)`` says where its data lies, for the message)."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
     result = run_checked(backend, case)
     tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
                     tf32=backend.capabilities().tf32)
-    row_elements = problem.num_q_heads * problem.head_dim
     worst = 0.0
-    for seq in far_row_sequences(case.query_start_loc, problem.num_tokens, row_elements, case.seed):
+    for seq in seqs:
         seq = int(seq)
         single = alone(case, seq)
         single_problem = problem_of(single)
         exact = exact_attention_problem(single_problem, single.query, single.key_cache, single.value_cache)
         rows = slice(int(problem.query_start_loc[seq]), int(problem.query_start_loc[seq + 1]))
-        call = _call(backend, case) + (f" (sequence {seq}: rows {rows.start} to {rows.stop - 1}, elements from"
-                                       f" {rows.start * row_elements:,})")
+        call = _call(backend, case) + f" (sequence {seq}: rows {rows.start} to {rows.stop - 1}, {where(seq, rows)})"
         lse = None if result.lse is None else result.lse[rows]
         worst = max(worst, assert_attention_matches(result.out[rows], lse, exact, tol, single_problem, call))
     return worst

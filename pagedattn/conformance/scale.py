@@ -24,6 +24,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   tile of a KV head's query heads, where kernels cut a group into tiles;
 - :func:`large_batch_cases`: more than :data:`MAX_RESIDENT_CTAS` short sequences, more work
   than one wave of CTAs on the GPU;
+- :func:`far_partial_cases`: as many short sequences beside one of 2**17 keys, so that split-KV
+  partials laid out by sequence, as many parts each as the longest has, pass 2**31 elements;
 - :func:`many_token_cases`, :func:`many_token_write_kv_cases`: more than 65,535 query tokens
   (or tokens written) in one call, past a CUDA grid's y and z limit;
 - :func:`many_sequence_cases`: more than 65,536 sequences in one call (decode, or prompts of
@@ -65,6 +67,9 @@ from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
 
 __all__ = [
     "FAR_MERGE_SEED",
+    "FAR_PARTIAL_KEYS",
+    "FAR_PARTIAL_PART_KEYS",
+    "FAR_PARTIAL_ROW",
     "FAR_ROW_BLOCKS",
     "FAR_ROW_ELEMENTS",
     "FAR_VIEW_LAYERS",
@@ -88,6 +93,8 @@ __all__ = [
     "far_copy_blocks_cases",
     "far_layer_view_cases",
     "far_merge_row_cases",
+    "far_partial_cases",
+    "far_partial_sequences",
     "far_pool_cases",
     "far_row_cases",
     "far_row_sequences",
@@ -879,6 +886,71 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
               "queries": "mixed" if mixed else "decode"}
     return _case(query, caches, pool.block_tables, lens.tolist(), q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- far partials: split-KV partials past 2**31 elements ---------------------------------------------
+
+#: Keys of the one long sequence of a far-partials batch: 32 split parts of 1,024 keys, 64 of 512.
+FAR_PARTIAL_KEYS = 2**15
+#: Keys of a split part, at most, of the kernels a far-partials batch is sized for.
+FAR_PARTIAL_PART_KEYS = 1024
+#: Query heads x head_dim of a far-partials batch: the floats of one token's partial of one part.
+FAR_PARTIAL_ROW = 4096
+
+
+@st.composite
+def far_partial_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                      limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for a decode batch whose split-KV partials, laid out by sequence, pass 2**31 elements.
+
+    A kernel that cuts every sequence's keys into parts of at most :data:`FAR_PARTIAL_PART_KEYS`
+    and keeps their partials as ``[sequence, head, part, head_dim]``, as many parts for each
+    sequence as the longest needs, holds the partials of sequence ``s`` from element
+    ``s * FAR_PARTIAL_ROW * parts`` on: here one sequence of :data:`FAR_PARTIAL_KEYS` keys, first
+    or last, among 16,384 and 1 to 64 more of 1 to two blocks and one keys, 32 query heads of
+    128 (or as many of the backend's largest head_dim as make :data:`FAR_PARTIAL_ROW`) on 1 or 4
+    KV heads, so that the partials of the last sequences start past element 2**31
+    (:func:`far_partial_sequences`). A kernel that addresses them in 32 bits merges those rows
+    from elsewhere.
+    """
+    del limits  # one size for every profile: the limit is the offset type's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    head_dim = _far_row_head_dim(caps)
+    num_q_heads = FAR_PARTIAL_ROW // head_dim
+    num_kv_heads = draw(st.sampled_from((1, 4)), label="num_kv_heads")
+    parts = FAR_PARTIAL_KEYS // FAR_PARTIAL_PART_KEYS
+    num_seqs = INT32_OFFSET_LIMIT // (FAR_PARTIAL_ROW * parts) + draw(st.integers(1, 64), label="extra_seqs")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    lens = rng.integers(1, 2 * block_size + 2, num_seqs)
+    # first: the sequences past element 2**31 are then short ones, whose rows a few keys decide
+    long_at = draw(st.sampled_from((0, num_seqs - 1)), label="long_sequence")
+    lens[long_at] = FAR_PARTIAL_KEYS
+    pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
+    logical = _values(rng, "normal", lens.tolist(), num_kv_heads, head_dim)
+    caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables, lens,
+                         logical, "random", dtype, 1.0, 1.0)
+    query = rng.standard_normal((num_seqs, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    labels = {"feature": "far_partials", "sequences": str(num_seqs), "long_sequence": str(long_at),
+              "heads": f"{num_q_heads}/{num_kv_heads}",
+              "partial_elements": str(num_seqs * num_q_heads * parts * head_dim)}
+    return _case(query, caches, pool.block_tables, lens.tolist(), None, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+def far_partial_sequences(seq_lens: np.ndarray, row_elements: int, seed: int) -> np.ndarray:
+    """Sequences a far-partials check compares: the first, one picked by ``seed``, the longest, and
+    every sequence whose partials, laid out ``[sequence, head, part, head_dim]`` with parts of
+    :data:`FAR_PARTIAL_PART_KEYS` keys, start at or past element 2**31."""
+    lens = np.asarray(seq_lens)
+    parts = -(-int(lens.max(initial=1)) // FAR_PARTIAL_PART_KEYS)
+    first_far = min(INT32_OFFSET_LIMIT // (row_elements * parts), lens.size - 1)
+    picks = [0, seed % max(first_far, 1), int(np.argmax(lens))]
+    return np.unique(np.concatenate([picks, np.arange(first_far, lens.size)]))
 
 
 # -- far rows: a query and an output past 2**31 elements ---------------------------------------------

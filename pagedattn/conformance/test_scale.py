@@ -24,6 +24,7 @@ from pagedattn.conformance.scale import (
     far_copy_blocks_cases,
     far_layer_view_cases,
     far_merge_row_cases,
+    far_partial_cases,
     far_pool_cases,
     far_row_cases,
     far_row_write_kv_cases,
@@ -233,3 +234,15 @@ def test_far_rows_of_write_kv(request, backend, cache):
                    cell={"cache": cache},
                    requires={"features": ("write_kv", "fp8") if fp8 else ("write_kv",), "many_programs": True},
                    shrink=False)
+
+
+def test_far_partials_match_spec(request, backend):
+    """Decode of more than 16,384 short sequences beside one of 2**15 keys, 32 query heads of 128:
+    split-KV partials laid out by sequence and sized by the longest (parts of up to 1,024 keys)
+    pass 2**31 elements. The rows of the sequences whose partials start past element 2**31, of
+    the longest and of the first ones within the error model, inputs untouched. On a CPU (minutes
+    of work) only under PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, far_partial_cases, checks.far_partials_match_spec, limits, dtype="bfloat16",
+                   feature="far_partials", max_examples=limits.batch_examples,
+                   requires={"large_arrays": True}, shrink=False)
