@@ -66,6 +66,7 @@ from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
 
 __all__ = [
+    "FAR_BYTE_LIMIT",
     "FAR_MERGE_SEED",
     "FAR_PARTIAL_KEYS",
     "FAR_PARTIAL_PART_KEYS",
@@ -96,6 +97,7 @@ __all__ = [
     "far_partial_cases",
     "far_partial_sequences",
     "far_pool_cases",
+    "far_pool_limit",
     "far_row_cases",
     "far_row_sequences",
     "far_row_write_kv_cases",
@@ -355,6 +357,18 @@ def very_long_sequence_cases(capabilities: Capabilities, *, dtype: str,
 
 # -- pools above 2**31 elements ------------------------------------------------------------
 
+#: Bytes of a cache past which a far pool's blocks in use lie: a 32-bit unsigned byte offset (a
+#: buffer load's offset register) wraps there.
+FAR_BYTE_LIMIT = 2**32
+
+
+def far_pool_limit(cache_dtype: str) -> int:
+    """Element of a ``cache_dtype`` cache at or past which a far pool's blocks in use lie: 2**31
+    (a signed 32-bit element offset wraps there) or byte 2**32, whichever comes later (element
+    2**32 of a one-byte fp8 cache)."""
+    return max(INT32_OFFSET_LIMIT, FAR_BYTE_LIMIT // numpy_dtype(cache_dtype).itemsize)
+
+
 def _far_block_ids(rng: np.random.Generator, num_blocks: int, block_elements: int, count: int,
                    limit: int) -> np.ndarray:
     """``count`` distinct block ids whose first element lies at or past element ``limit`` (the
@@ -395,7 +409,8 @@ def _far_batch(draw: st.DrawFn, caps: Capabilities,
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                    limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
     """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
-    every block in use at or past element 2**31 (also the pool's last block).
+    every block in use at or past element 2**31 and byte 2**32 (:func:`far_pool_limit`; also the
+    pool's last block).
 
     The caches are zero outside the blocks in use (lazy: they cost only those blocks), and
     the unused slots of those blocks hold garbage. One or two short sequences, decode or a
@@ -404,19 +419,21 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     """
     limits = limits or scale_limits()
     caps = capabilities
-    block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(draw, caps, limits)
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    far = far_pool_limit(cache_dtype)
+    block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
+        draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)))
     kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
     num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
-    ids = _far_block_ids(rng, num_blocks, block_size * num_kv_heads * head_dim, sum(needed), INT32_OFFSET_LIMIT)
+    ids = _far_block_ids(rng, num_blocks, block_size * num_kv_heads * head_dim, sum(needed), far)
     tables = np.full((num_seqs, max(needed) + 1), -1, dtype=np.int32)
     used = 0
     for s, n in enumerate(needed):
         tables[s, :n] = ids[used:used + n]
         used += n
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
-    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), tables, np.array(lens), logical,
                          garbage, cache_dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))

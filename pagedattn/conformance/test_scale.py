@@ -21,6 +21,7 @@ from pagedattn.backends.interface import Backend
 from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
+    FAR_BYTE_LIMIT,
     far_copy_blocks_cases,
     far_layer_view_cases,
     far_merge_row_cases,
@@ -143,13 +144,15 @@ def test_far_pool_attention_matches_spec(request, backend, dtype):
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype):
-    """The far-pool attention cases with fp8 caches and scales: the fp8 paths' offsets past element
-    2**31, within the error model; the blocks in use unchanged."""
+    """The far-pool attention cases with fp8 caches and scales, every block in use past byte 2**32
+    (element 2**32 of a one-byte cache): the fp8 paths' element offsets past 2**31 and byte
+    offsets past 2**32, within the error model; the blocks in use unchanged."""
     limits = scale_limits()
+    pool_elements = max(limits.pool_elements, FAR_BYTE_LIMIT)
     run_scale_cell(request, backend, partial(far_pool_cases, fp8=True), checks.far_pool_matches_spec, limits,
                    dtype=dtype, feature="far_pool_fp8", max_examples=limits.far_examples,
-                   cell={"pool_elements": limits.pool_elements},
-                   requires={"features": ("fp8",), "pool_elements": limits.pool_elements})
+                   cell={"pool_elements": pool_elements},
+                   requires={"features": ("fp8",), "pool_elements": pool_elements})
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)

@@ -169,6 +169,17 @@ def test_bit_comparison_goes_a_chunk_at_a_time_and_names_the_first_difference(mo
         assertions.assert_bit_identical("pool", b, a, "changed", "[call]")
 
 
+def test_far_fp8_pools_put_every_block_in_use_past_byte_2_32():
+    before = rss_mib()
+    for case in drawn(scale.far_pool_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick"), fp8=True), 2):
+        problem = checks.problem_of(case)
+        assert case.key_cache.itemsize == 1 and case.key_cache.size > scale.FAR_BYTE_LIMIT
+        assert checks.table_blocks(problem).min() * case.key_cache[0].size >= scale.FAR_BYTE_LIMIT
+        checks.far_pool_matches_spec(NumpyBackend(), case)
+    assert scale.far_pool_limit("bfloat16") == INT32_OFFSET_LIMIT  # byte 2**32 of a 16-bit cache
+    assert rss_mib() - before < 512
+
+
 def test_far_case_saves_as_its_blocks_and_replays(tmp_path):
     (case,) = drawn(scale.far_pool_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
     path = save_case(tmp_path / "far.npz", case, check="far_pool_matches_spec")

@@ -113,6 +113,21 @@ class Fp8Int32CacheOffsets(AddressedKernelBackend):
         return _wrap_int32(offsets) if problem.cache_dtype in FP8_DTYPES else offsets
 
 
+class Fp8ByteOffsetsIn32Bits(AddressedKernelBackend):
+    bug = ("the fp8-cache attention path addresses K/V by byte offsets in an unsigned 32-bit register (a "
+           "buffer load's offset): blocks past byte 2**32, element 2**32 of a one-byte cache, read from byte "
+           "offset mod 2**32")
+    models = ("ROCm/aiter PR 2893 (batch prefill overflowed 32-bit byte offsets once the KV cache passed 4 GB) "
+              "and PR 4575 (buffer descriptors' 32-bit offsets on a KV cache past 4 GB, fp8 prefill kernels "
+              "among those fixed)")
+
+    def block_offsets(self, blocks, slots, problem):
+        from pagedattn.spec.dtypes import FP8_DTYPES
+
+        offsets = super().block_offsets(blocks, slots, problem)
+        return offsets % 2**32 if problem.cache_dtype in FP8_DTYPES else offsets  # one byte an element
+
+
 class Int32OffsetsOfSmallViews(AddressedKernelBackend):
     bug = ("attention takes 32-bit block offsets when the cache view holds fewer than 2**31 elements: in a "
            "layer view of a larger pool, block * block_stride passes 2**31 and wraps")
