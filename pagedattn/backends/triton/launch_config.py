@@ -12,8 +12,8 @@ Pure Python, no triton import: the plan calls these once per batch.
   ``max(c, saturation) / s``, and the grid the sum over its waves (:func:`estimated_waves`).
   The count is the fastest so estimated (the smallest of equals), among counts that leave
   every split ``MIN_TILES_PER_SPLIT`` key tiles and the grid ``MAX_SPLIT_WAVES`` waves, up to
-  ``MAX_SPLITS``. Splits only partition
-  the key range: which keys count never depends on the choice.
+  ``MAX_SPLITS``. Splits only partition the key range: which keys count never depends on the
+  choice.
 """
 
 from __future__ import annotations
@@ -66,10 +66,10 @@ DECODE_TILE_ROW_BYTES = 256
 # 4 stages took 192 us, a register cap of 168 or 128 spilled (266-370 us).
 FP8_DECODE_TILES = DecodeTiles(64, 2, 5, 4, False, True, True)
 # 16-bit decode at head_dim 256 (32-key tiles of 4 warps, 2 stages, 16 rows): 168 registers and
-# 41 KB of shared memory on the sm_90a build, 3 programs a multiprocessor, none of them idle
-# waiting: gemma3-12b heads 32 x 4,096 (256 programs) took 275 us unsplit, 327 us in 2 splits
-# (a wave and a third) and 258 us in 3 (two full waves); 64 x 4,096 631 us unsplit, 500 us in 3
-# (H200, graph replay).
+# 41 KB of shared memory on the sm_90a build: 3 programs a multiprocessor, and no fewer reach
+# its bandwidth (saturation = resident). gemma3-12b heads 32 x 4,096 (256 programs) took 272 us
+# unsplit, 327 us in 2 splits (a wave and a third) and 253 us in 3 (two full waves); 64 x 4,096
+# 609 us unsplit, 493 us in 3 (H200, graph replay; docs/backends/triton.md).
 WIDE_DECODE_RESIDENT = 3
 DECODE_TABLE: dict[int | None, DecodeTiles] = {None: DECODE_TILES, 16: DECODE_TILES, 32: DECODE_TILES,
                                                64: DECODE_TILES}
@@ -200,8 +200,8 @@ def choose_num_splits(num_programs: int, max_key_tiles: int, num_sms: int, resid
                       saturation: int | None = None) -> int:
     """Split-KV count for a grid of ``num_programs`` whose longest key range has ``max_key_tiles`` tiles,
     at most ``resident`` programs fitting on each of ``num_sms`` multiprocessors and ``saturation``
-    (default ``resident``) reaching its bandwidth: the smallest count estimated within
-    ``SPLIT_TOLERANCE`` of the fastest (:func:`estimated_waves`)."""
+    (default ``resident``) reaching its bandwidth: the count :func:`estimated_waves` holds fastest,
+    the smallest of equals, in at most ``MAX_SPLIT_WAVES`` waves."""
     if num_programs <= 0:
         return 1
     saturation = resident if saturation is None else min(saturation, resident)
