@@ -70,12 +70,13 @@ def compile_module(
     return [reports[name] for name in name_expressions]
 
 
-def compile_all(arch: str = ARCH, only: str | None = None) -> list[CompiledKernel]:
-    """Compile every declared specialization (those containing ``only``, if given), each for
-    its own ``arch`` when it names one (wgmma: sm_90a), else for ``arch``."""
+def compile_all(arch: str = ARCH, only: str | None = None, module: str | None = None) -> list[CompiledKernel]:
+    """Compile every declared specialization (those containing ``only``, those of kernel module
+    ``module``, if given), each for its own ``arch`` when it names one (wgmma: sm_90a), else for
+    ``arch``."""
     by_module: dict[tuple[str, str], list[str]] = defaultdict(list)
     for spec in all_specializations():
-        if only is None or only in spec.name_expression:
+        if (only is None or only in spec.name_expression) and (module is None or spec.module == module):
             by_module[(spec.module, spec.arch or arch)].append(spec.name_expression)
     results: list[CompiledKernel] = []
     for (module, module_arch), names in by_module.items():

@@ -13,22 +13,39 @@ HAVE_NVRTC = importlib.util.find_spec("cupy") is not None
 
 
 # -- compile check (CPU, CI) ----------------------------------------------------------------
-@pytest.mark.skipif(
+#: The kernel modules, each compiled by a test of its own (so that pytest-xdist spreads them).
+KERNEL_MODULES = ("paged_attention", "paged_attention_decode", "paged_attention_mma", "paged_attention_wgmma",
+                  "kv_ops")
+needs_nvrtc = pytest.mark.skipif(
     not HAVE_NVRTC and not os.environ.get("CI"),
     reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
 )
-def test_every_declared_specialization_compiles_for_sm90() -> None:
-    from pagedattn.backends.cupy.compile_check import compile_all
-    from pagedattn.backends.cupy.specializations import all_specializations
 
-    results = compile_all("sm_90")
-    compiled = {r.name_expression for r in results}
-    assert compiled == {s.name_expression for s in all_specializations()}
-    assert all(0 < r.registers <= 255 for r in results)
-    decode = next(
-        r for r in results if r.name_expression == "paged_attention<bfloat16_t, 128, 16, 4>"
-    )
+
+def _simple_kernels(results: list) -> None:
+    decode = next(r for r in results if r.name_expression == "paged_attention<bfloat16_t, 128, 16, 4>")
     assert decode.spill_store_bytes <= 64, f"decode kernel spills {decode.spill_store_bytes} bytes"
+
+
+def _tensor_core_decode(results: list) -> None:
+    """Every decode specialization, head_dim 256 (O split between warp pairs) included, keeps
+    its state in registers: no spills, no stack, at most 255 registers (two 128-thread CTAs
+    per SM; fp8 caches: 168, three CTAs)."""
+    results = [r for r in results if r.name_expression.startswith("paged_attention_decode<")]
+    at_256 = {r.name_expression for r in results if ", 256, " in r.name_expression}
+    assert at_256 == {
+        f"paged_attention_decode<{t}, 256, {bs}, {t}>" for t in ("half_t", "bfloat16_t") for bs in (16, 32, 64)
+    }
+    # 2 dtypes x 3 block sizes x (head_dim 64, 128: 3 caches; 256: the 16-bit cache)
+    assert len(results) == 2 * 3 * (2 * 3 + 1), [r.name_expression for r in results]
+    for r in results:
+        assert (r.spill_store_bytes, r.spill_load_bytes, r.stack_bytes) == (0, 0, 0), r
+    # fp8: at most 168 registers, so that three 128-thread CTAs share an SM's 64 K registers
+    fp8 = [r for r in results if "fp8" in r.name_expression]
+    assert len(fp8) == 24 and all(r.registers <= 168 for r in fp8), fp8
+
+
+def _wgmma(results: list) -> None:
     wgmma = [r for r in results if r.name_expression.startswith("paged_attention_wgmma")]
     # 2 dtypes x block sizes 16, 32, 64 x (1 CTA/SM: head_dim 64 serial, 128 serial and
     # overlap; 2 CTAs/SM: serial at both head dims)
@@ -41,35 +58,31 @@ def test_every_declared_specialization_compiles_for_sm90() -> None:
     assert all(r.spill_store_bytes <= 64 for r in two_cta), two_cta
 
 
-@pytest.mark.skipif(
-    not HAVE_NVRTC and not os.environ.get("CI"),
-    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
-)
-def test_tensor_core_decode_kernel_never_spills() -> None:
-    """Every decode specialization, head_dim 256 (O split between warp pairs) included, keeps
-    its state in registers: no spills, no stack, at most 255 registers (two 128-thread CTAs
-    per SM; fp8 caches: 168, three CTAs)."""
+#: What each module's kernels must keep beyond compiling (registers, spills), where it says more.
+MODULE_CHECKS = {"paged_attention": _simple_kernels, "paged_attention_decode": _tensor_core_decode,
+                 "paged_attention_wgmma": _wgmma}
+
+
+def test_the_kernel_modules_are_those_of_the_declared_specializations() -> None:
+    from pagedattn.backends.cupy.specializations import all_specializations
+
+    assert set(KERNEL_MODULES) == {s.module for s in all_specializations()}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("module", KERNEL_MODULES)
+def test_every_declared_specialization_compiles_for_sm90(module: str) -> None:
     from pagedattn.backends.cupy.compile_check import compile_all
+    from pagedattn.backends.cupy.specializations import all_specializations
 
-    results = compile_all("sm_90", only="paged_attention_decode<")
-    at_256 = {r.name_expression for r in results if ", 256, " in r.name_expression}
-    assert at_256 == {
-        f"paged_attention_decode<{t}, 256, {bs}, {t}>" for t in ("half_t", "bfloat16_t") for bs in (16, 32, 64)
-    }
-    # 2 dtypes x 3 block sizes x (head_dim 64, 128: 3 caches; 256: the 16-bit cache)
-    assert len(results) == 2 * 3 * (2 * 3 + 1), [r.name_expression for r in results]
-    for r in results:
-        assert (r.spill_store_bytes, r.spill_load_bytes, r.stack_bytes) == (0, 0, 0), r
-        assert r.registers <= 255, r
-    # fp8: at most 168 registers, so that three 128-thread CTAs share an SM's 64 K registers
-    fp8 = [r for r in results if "fp8" in r.name_expression]
-    assert len(fp8) == 24 and all(r.registers <= 168 for r in fp8), fp8
+    results = compile_all("sm_90", module=module)
+    assert {r.name_expression for r in results} == {s.name_expression for s in all_specializations()
+                                                    if s.module == module}
+    assert all(0 < r.registers <= 255 for r in results)
+    MODULE_CHECKS.get(module, lambda _: None)(results)
 
 
-@pytest.mark.skipif(
-    not HAVE_NVRTC and not os.environ.get("CI"),
-    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
-)
+@needs_nvrtc
 def test_host_and_kernel_agree_on_the_decode_kernels_shared_memory() -> None:
     """The bytes the host asks for (specializations.decode_smem_bytes) are those the kernel
     checks for (decode_smem_bytes in the .cu, which traps on fewer), at every head_dim and
@@ -93,10 +106,7 @@ def test_host_and_kernel_agree_on_the_decode_kernels_shared_memory() -> None:
         compile_check.compile_module("paged_attention_decode", ["smem_probe"], text=wrong)
 
 
-@pytest.mark.skipif(
-    not HAVE_NVRTC and not os.environ.get("CI"),
-    reason="cupy (NVRTC binding) not installed: pip install 'pagedattn[cupy]'",
-)
+@needs_nvrtc
 def test_compile_check_fails_on_a_compile_error() -> None:
     from pagedattn.backends.cupy import compile_check
 
