@@ -13,9 +13,10 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
 - :func:`long_prefill_cases`: 1 or 2 sequences of hundreds of queries (512 rows and up each),
   after up to 1,000 keys of context: several query tiles per sequence, causal diagonals;
 - :func:`far_pool_cases`, :func:`far_write_kv_cases`, :func:`far_copy_blocks_cases`: caches
-  of more than 2**31 elements whose blocks in use lie past the 2**31st element, where 32-bit
-  offset arithmetic overflows. The caches are lazy (:func:`~pagedattn.spec.pools.lazy_cache`):
-  only the blocks a case fills cost memory, and every other block is zero;
+  of more than 2**31 elements whose blocks in use lie past the 2**31st element and byte 2**32
+  (element 2**32 of an fp8 cache), where 32-bit offset arithmetic overflows. The caches are
+  lazy (:func:`~pagedattn.spec.pools.lazy_cache`): only the blocks a case fills cost memory,
+  and every other block is zero;
 - :func:`far_row_cases`, :func:`far_merge_row_cases`, :func:`far_row_write_kv_cases`: a query,
   and so an output, of more than 2**31 elements (about 131,072 tokens of 128 query heads of
   128), ``merge_states`` of two such states, and ``write_kv`` of a key and value that large,
@@ -24,8 +25,9 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   tile of a KV head's query heads, where kernels cut a group into tiles;
 - :func:`large_batch_cases`: more than :data:`MAX_RESIDENT_CTAS` short sequences, more work
   than one wave of CTAs on the GPU;
-- :func:`far_partial_cases`: as many short sequences beside one of 2**17 keys, so that split-KV
-  partials laid out by sequence, as many parts each as the longest has, pass 2**31 elements;
+- :func:`far_partial_cases`: more than 16,384 short sequences beside one of 2**15 keys, so that
+  split-KV partials laid out by sequence, as many parts each as the longest has, pass 2**31
+  elements;
 - :func:`many_token_cases`, :func:`many_token_write_kv_cases`: more than 65,535 query tokens
   (or tokens written) in one call, past a CUDA grid's y and z limit;
 - :func:`many_sequence_cases`: more than 65,536 sequences in one call (decode, or prompts of
