@@ -295,33 +295,22 @@ def test_far_merge_row_cases_take_the_states_past_element_2_31_and_the_check_see
         checks.far_merge_rows_match_spec(FilledMergeRowsOnly(wrap=True), case)
 
 
-class ComparedSequencesOnly(NumpyBackend):
-    """Attention of the sequences a far-partials check compares, zero elsewhere; with ``wrap``, none
-    whose partials (laid out by sequence) start past element 2**31, as a kernel that addresses them
-    in 32 bits merges those rows from elsewhere."""
+class LastSequenceUnwritten(NumpyBackend):
+    """The numpy reference, but the last sequence's rows left zero (the sequence a far-partials
+    check compares whose partials lie furthest)."""
 
-    name = "compared-sequences-only"
-
-    def __init__(self, wrap: bool, seed: int) -> None:
-        self.wrap, self.seed = wrap, seed
+    name = "last-sequence-unwritten"
 
     def _run(self, plan, query, key_cache, value_cache):
-        pr = plan.problem
-        out = np.zeros(query.shape, dtype=query.dtype)
-        lse = np.full((pr.num_tokens, pr.num_q_heads), -np.inf, dtype=np.float32)
-        row_elements = pr.num_q_heads * pr.head_dim
-        parts = -(-int(pr.seq_lens.max()) // scale.FAR_PARTIAL_PART_KEYS)
-        for seq in scale.far_partial_sequences(pr.seq_lens, row_elements, self.seed):
-            if self.wrap and seq * row_elements * parts >= INT32_OFFSET_LIMIT:
-                continue
-            single = check_paged_attention(query[seq:seq + 1], key_cache, value_cache, pr.block_tables[seq:seq + 1],
-                                           pr.seq_lens[seq:seq + 1], np.array([0, 1]), kv_layout=pr.kv_layout)
-            out[seq:seq + 1], lse[seq:seq + 1] = paged_attention_reference(single, query[seq:seq + 1], key_cache,
-                                                                         value_cache)
-        return out, (lse if pr.return_lse else None)
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        last = slice(int(plan.problem.query_start_loc[-2]), None)
+        out[last] = 0
+        if lse is not None:
+            lse[last] = -np.inf
+        return out, lse
 
 
-def test_far_partial_cases_take_partials_laid_out_by_sequence_past_element_2_31_and_the_check_sees_them():
+def test_far_partial_cases_take_partials_laid_out_by_sequence_past_element_2_31():
     (case,) = drawn(scale.far_partial_cases(DECLARED, dtype="bfloat16"), 1)
     problem = checks.problem_of(case)
     row_elements = problem.num_q_heads * problem.head_dim
@@ -333,9 +322,17 @@ def test_far_partial_cases_take_partials_laid_out_by_sequence_past_element_2_31_
     assert 64 * problem.num_tokens * row_elements > INT32_OFFSET_LIMIT  # triton's [splits, T, Hq, D] at 64 splits
     seqs = scale.far_partial_sequences(problem.seq_lens, row_elements, case.seed)
     assert np.isin(np.arange(INT32_OFFSET_LIMIT // per_seq, problem.num_seqs), seqs).all() and 0 in seqs
-    assert checks.far_partials_match_spec(ComparedSequencesOnly(wrap=False, seed=case.seed), case) <= 1.0
-    with pytest.raises(ConformanceFailure, match="partials from element 2,14"):
-        checks.far_partials_match_spec(ComparedSequencesOnly(wrap=True, seed=case.seed), case)
+
+
+def test_far_partials_check_compares_the_far_sequences_alone():
+    # a batch far smaller than the limit: its last sequence stands for the first one past it
+    (case,) = drawn(scale.odd_size_cases(ANY, dtype="float32", limits=scale.scale_limits("quick")), 1)
+    problem = checks.problem_of(case)
+    seqs = scale.far_partial_sequences(problem.seq_lens, problem.num_q_heads * problem.head_dim, case.seed)
+    assert problem.num_seqs - 1 in seqs and int(np.argmax(problem.seq_lens)) in seqs
+    assert checks.far_partials_match_spec(NumpyBackend(), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match=f"sequence {problem.num_seqs - 1}: .*partials from element"):
+        checks.far_partials_match_spec(LastSequenceUnwritten(), case)
 
 
 def test_far_row_write_kv_cases_pass_element_2_31_of_the_inputs_and_write_the_far_tokens():
