@@ -1,6 +1,7 @@
 """Bugs that show only at scale: split-KV on long sequences, long 16-bit rows, pools past 2**31
-elements (attention, write_kv, copy_blocks), a query and output (and merge_states' states,
-write_kv's inputs) past 2**31 elements, and sizes that are no power of two. How kernels
+elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output
+(and merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out
+by sequence past 2**31 elements, and sizes that are no power of two. How kernels
 divide their work at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
@@ -243,8 +244,8 @@ def test_far_partials_match_spec(request, backend):
     """Decode of more than 16,384 short sequences beside one of 2**15 keys, 32 query heads of 128:
     split-KV partials laid out by sequence and sized by the longest (parts of up to 1,024 keys)
     pass 2**31 elements. The rows of the sequences whose partials start past element 2**31, of
-    the longest and of the first ones within the error model, inputs untouched. On a CPU (minutes
-    of work) only under PAGEDATTN_SIZE=large."""
+    the longest and of the first ones within the error model, inputs untouched. On a CPU (half a
+    minute of arithmetic) only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
     run_scale_cell(request, backend, far_partial_cases, checks.far_partials_match_spec, limits, dtype="bfloat16",
                    feature="far_partials", max_examples=limits.batch_examples,
