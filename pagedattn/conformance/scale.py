@@ -926,7 +926,7 @@ def far_partial_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     and keeps their partials as ``[sequence, head, part, head_dim]``, as many parts for each
     sequence as the longest needs, holds the partials of sequence ``s`` from element
     ``s * FAR_PARTIAL_ROW * parts`` on: here one sequence of :data:`FAR_PARTIAL_KEYS` keys, first
-    or last, among 16,384 and 1 to 64 more of 1 to two blocks and one keys, 32 query heads of
+    or last, among 16,384 to 16,447 more of 1 to two blocks and one keys, 32 query heads of
     128 (or as many of the backend's largest head_dim as make :data:`FAR_PARTIAL_ROW`) on 1 or 4
     KV heads, so that the partials of the last sequences start past element 2**31
     (:func:`far_partial_sequences`). A kernel that addresses them in 32 bits merges those rows

@@ -241,7 +241,7 @@ def test_far_rows_of_write_kv(request, backend, cache):
 
 
 def test_far_partials_match_spec(request, backend):
-    """Decode of more than 16,384 short sequences beside one of 2**15 keys, 32 query heads of 128:
+    """Decode of 16,384 or more short sequences beside one of 2**15 keys, 32 query heads of 128:
     split-KV partials laid out by sequence and sized by the longest (parts of up to 1,024 keys)
     pass 2**31 elements. The rows of the sequences whose partials start past element 2**31, of
     the longest and of the first ones within the error model, inputs untouched. On a CPU (half a
