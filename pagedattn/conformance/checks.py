@@ -39,7 +39,7 @@ from pagedattn.conformance.cases import (
     host_result,
     run_case,
 )
-from pagedattn.conformance.scale import FAR_MERGE_SEED, FAR_PARTIAL_PART_KEYS, far_partial_sequences, far_row_sequences
+from pagedattn.conformance.scale import FAR_MERGE_SEED, far_partial_parts, far_partial_sequences, far_row_sequences
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
@@ -647,7 +647,7 @@ def far_partials_match_spec(backend: Backend, case: AttentionCase) -> float:
     problem = problem_of(case)
     row_elements = int(problem.num_q_heads) * int(problem.head_dim)
     seqs = far_partial_sequences(case.seq_lens, row_elements, case.seed)
-    parts = -(-int(max(case.seq_lens)) // FAR_PARTIAL_PART_KEYS)
+    parts = far_partial_parts(np.asarray(case.seq_lens))
     return _sequences_match_spec(backend, case, seqs,
                                  lambda seq, rows: f"partials from element {seq * row_elements * parts:,}")
 

@@ -97,6 +97,7 @@ __all__ = [
     "far_layer_view_cases",
     "far_merge_row_cases",
     "far_partial_cases",
+    "far_partial_parts",
     "far_partial_sequences",
     "far_pool_cases",
     "far_pool_limit",
@@ -939,7 +940,7 @@ def far_partial_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     head_dim = _far_row_head_dim(caps)
     num_q_heads = FAR_PARTIAL_ROW // head_dim
     num_kv_heads = draw(st.sampled_from((1, 4)), label="num_kv_heads")
-    parts = FAR_PARTIAL_KEYS // FAR_PARTIAL_PART_KEYS
+    parts = far_partial_parts(np.array([FAR_PARTIAL_KEYS]))
     num_seqs = INT32_OFFSET_LIMIT // (FAR_PARTIAL_ROW * parts) + draw(st.integers(1, 64), label="extra_seqs")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     lens = rng.integers(1, 2 * block_size + 2, num_seqs)
@@ -961,12 +962,18 @@ def far_partial_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
                  draw(_SEEDS, label="variant_seed"), labels)
 
 
+def far_partial_parts(seq_lens: np.ndarray) -> int:
+    """Split parts of every sequence in a far-partials layout: as many parts of
+    :data:`FAR_PARTIAL_PART_KEYS` keys as the longest sequence needs."""
+    return -(-int(np.max(seq_lens, initial=1)) // FAR_PARTIAL_PART_KEYS)
+
+
 def far_partial_sequences(seq_lens: np.ndarray, row_elements: int, seed: int) -> np.ndarray:
     """Sequences a far-partials check compares: the first, one picked by ``seed``, the longest, and
     every sequence whose partials, laid out ``[sequence, head, part, head_dim]`` with parts of
     :data:`FAR_PARTIAL_PART_KEYS` keys, start at or past element 2**31."""
     lens = np.asarray(seq_lens)
-    parts = -(-int(lens.max(initial=1)) // FAR_PARTIAL_PART_KEYS)
+    parts = far_partial_parts(lens)
     first_far = min(INT32_OFFSET_LIMIT // (row_elements * parts), lens.size - 1)
     picks = [0, seed % max(first_far, 1), int(np.argmax(lens))]
     return np.unique(np.concatenate([picks, np.arange(first_far, lens.size)]))

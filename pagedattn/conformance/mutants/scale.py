@@ -101,16 +101,20 @@ class Int32CacheOffsets(AddressedKernelBackend):
         return _wrap_int32(super().block_offsets(blocks, slots, problem))
 
 
+def _on_fp8_caches(offsets, problem, wrap):
+    """``wrap(offsets)`` where the problem's caches are fp8 (the faulty path), else ``offsets``."""
+    from pagedattn.spec.dtypes import FP8_DTYPES
+
+    return wrap(offsets) if problem.cache_dtype in FP8_DTYPES else offsets
+
+
 class Fp8Int32CacheOffsets(AddressedKernelBackend):
     bug = ("the fp8-cache attention path computes a block's element offset in int32 (the 16-bit path in 64-bit): "
            "wraps past 2**31 elements")
     models = "int32 offsets in a separate fp8 KV-cache kernel on caches past 2**31 elements"
 
     def block_offsets(self, blocks, slots, problem):
-        from pagedattn.spec.dtypes import FP8_DTYPES
-
-        offsets = super().block_offsets(blocks, slots, problem)
-        return _wrap_int32(offsets) if problem.cache_dtype in FP8_DTYPES else offsets
+        return _on_fp8_caches(super().block_offsets(blocks, slots, problem), problem, _wrap_int32)
 
 
 class Fp8ByteOffsetsIn32Bits(AddressedKernelBackend):
@@ -122,10 +126,8 @@ class Fp8ByteOffsetsIn32Bits(AddressedKernelBackend):
               "among those fixed)")
 
     def block_offsets(self, blocks, slots, problem):
-        from pagedattn.spec.dtypes import FP8_DTYPES
-
-        offsets = super().block_offsets(blocks, slots, problem)
-        return offsets % 2**32 if problem.cache_dtype in FP8_DTYPES else offsets  # one byte an element
+        return _on_fp8_caches(super().block_offsets(blocks, slots, problem), problem,
+                              lambda offsets: offsets % 2**32)  # one byte an element
 
 
 class Int32OffsetsOfSmallViews(AddressedKernelBackend):
