@@ -53,6 +53,8 @@ MODELS: dict[str, Model] = {
         Model("gemma3-12b", 16, 8, 256, source="Gemma 3 12B's global layers: 16/8 heads at head_dim 256, no softcap"),
         Model("qwen2-7b", 28, 4, 128, source="Qwen2 7B: GQA 7, 28 query / 4 KV heads"),
         Model("llama3-70b", 64, 8, 128, source="Llama 3 70B on one GPU: GQA 8, 64 query / 8 KV heads"),
+        Model("gemma4-26b", 8, 4, 512,
+              source="Gemma 4 26B-A4B's global layers (per Dao-AILab/flash-attention issue 2427): 8/4 heads at 512"),
     )
 }
 
@@ -246,9 +248,14 @@ SETS: dict[str, list[Case]] = {
     "small-batch": [c for batch, context in SMALL_BATCH_DECODE for c in cases(["llama3-8b"], ["decode"], [batch],
                                                                              [context])],
     "kernel-gaps": _kernel_gaps(),
+    # head_dim 512 (Gemma 4's global layers): past the 256 of the other sets and of flash SDPA
+    "wide-heads": [
+        *cases(["gemma4-26b"], ["decode"], [32], [4096]),
+        *cases(["gemma4-26b"], ["prefill"], [4], [4096], [16]),
+    ],
 }
 SETS["full"] = list(dict.fromkeys(SETS["decode"] + SETS["prefill"] + SETS["mixed"] + SETS["targets"]
-                                  + SETS["small-batch"] + SETS["kernel-gaps"]))
+                                  + SETS["small-batch"] + SETS["kernel-gaps"] + SETS["wide-heads"]))
 
 
 #: ``kv_dtype`` of :func:`resolve` that keeps the cache in the query's dtype

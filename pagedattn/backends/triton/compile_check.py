@@ -59,6 +59,11 @@ CONFIGS: tuple[Config, ...] = (
            options=(("causal", False), ("return_lse", True), ("alibi", True))),
     Config("prefill float32 (ieee)", (96,), (96,), dtype="float32", head_dim=64),
     Config("prefill bf16 head_dim 256", (96,), (96,), head_dim=256),
+    Config("decode bf16 head_dim 512 + split-KV merge", (4000, 40), None, num_q_heads=8, num_kv_heads=4, head_dim=512),
+    Config("decode fp16 fp8-e5m2 cache head_dim 384", (300,), None, dtype="float16", head_dim=384,
+           cache_dtype="float8_e5m2"),
+    Config("prefill bf16 head_dim 512", (96,), (96,), num_q_heads=8, num_kv_heads=4, head_dim=512),
+    Config("prefill float32 head_dim 512", (96,), (96,), dtype="float32", head_dim=512),
 )
 
 

@@ -27,7 +27,7 @@ MAX_SPLITS = 64  # bound on the partial buffers: [num_splits, T, Hq, D] float32
 MAX_SPLIT_WAVES = 4  # split grids of more waves than this: each program's start costs more than the tail saves
 OVERSUBSCRIBED = 0.05  # a wave past saturation runs this much slower than its bytes say (contention)
 MAX_GROUP_TILE = 64  # query heads of one KV head served by one program at most
-MAX_HEAD_DIM = 256  # larger head_dims exceed registers/shared memory: reported unsupported
+MAX_HEAD_DIM = 512  # larger head_dims exceed registers/shared memory: reported unsupported
 
 
 class DecodeTiles(NamedTuple):
@@ -83,6 +83,12 @@ PREFILL_WARPS = 8
 PREFILL_STAGES = 3
 PREFILL_MAX_REGISTERS: int | None = 128  # two programs per multiprocessor: 0.71x against 0.54x cuDNN
 PREFILL_TABLE_BY_BLOCK = True  # one block-table read per block (Tiles.table_mode)
+
+# Head dims past 256 (head_dim_pad 512: Gemma 4's global layers): at most 32 rows, 16-key
+# tiles of 8 warps, HUGE_STAGES stages.
+HUGE_ROWS = 32
+HUGE_BLOCK_N = 16
+HUGE_STAGES = 2
 
 
 def next_power_of_2(n: int) -> int:
@@ -151,12 +157,13 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     num_group_tiles = -(-group_size // group_tile)
     head_dim_pad = max(16, next_power_of_2(head_dim))
     wide = dtype == "float32" or head_dim_pad > 128
-    max_rows = 64 if wide else max(PREFILL_ROWS, group_tile)
+    huge = head_dim_pad > 256
+    max_rows = HUGE_ROWS if huge else 64 if wide else max(PREFILL_ROWS, group_tile)
     block_q = max(1, min(next_power_of_2(max_q_len), max_rows // group_tile))
     block_m = max(16, block_q * group_tile)
-    block_n = 32 if wide else (128 if decode else 64)
-    num_warps = 8 if block_m >= 128 else 4
-    num_stages = 3 if head_dim_pad <= 128 else 2
+    block_n = HUGE_BLOCK_N if huge else 32 if wide else (128 if decode else 64)
+    num_warps = 8 if block_m >= 128 or huge else 4
+    num_stages = 3 if head_dim_pad <= 128 else HUGE_STAGES if huge else 2
     resident, keys_major, max_registers, table_by_block, pick_in_registers = PROGRAMS_PER_SM, False, None, True, False
     saturation: int | None = None
     if decode and not wide and block_m == 16:

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedattn.backends.triton.backend import TritonBackend, interpreter_mode
-from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
+from pagedattn.backends.triton.launch_config import MAX_HEAD_DIM, choose_num_splits, choose_tiles
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec import exact_attention, kv_ops, tolerance
 from pagedattn.spec.case import AttentionCase
@@ -135,6 +135,21 @@ def test_table_reads_by_block_match_per_key(block_size: int, block_n: int, pick_
 def test_head_dims(head_dim: int) -> None:
     case = random_paged_inputs([20, 45], [20, 2], head_dim=head_dim, dtype="float16", seed=4)
     assert_within_model(case)
+
+
+@pytest.mark.parametrize("head_dim", [384, 512])
+def test_head_dims_past_256_take_the_huge_tiles(head_dim: int) -> None:
+    # Gemma 4's global layers (head_dim 512): 16-key tiles of 8 warps, at most 32 rows
+    for max_q_len in (1, 40):
+        tiles = choose_tiles(max_q_len, 2, head_dim, "bfloat16", 16)
+        assert (tiles.head_dim_pad, tiles.block_n, tiles.num_warps) == (512, 16, 8)
+        assert tiles.block_m <= 32
+    case = random_paged_inputs([40, 7], [9, 1], head_dim=head_dim, dtype="bfloat16", num_q_heads=4,
+                               num_kv_heads=2, seed=5)
+    assert_within_model(case)  # out and lse
+    decode = random_paged_inputs([100, 3], None, head_dim=head_dim, dtype="bfloat16", num_q_heads=4,
+                                 num_kv_heads=2, seed=6)
+    assert_within_model(decode, backend=TritonBackend(num_splits=3))
 
 
 @pytest.mark.parametrize("options", [
@@ -398,7 +413,7 @@ def test_bad_input_raises_before_any_kernel() -> None:
         BACKEND.paged_attention(*[BACKEND.to_device(a) for a in (case.query, case.key_cache, case.value_cache,
                                                                   tables, case.seq_lens)])
     with pytest.raises(UnsupportedError, match="head_dim"):
-        big = random_paged_inputs([3], None, head_dim=320, dtype="float16")
+        big = random_paged_inputs([3], None, head_dim=MAX_HEAD_DIM + 64, dtype="float16")
         BACKEND.paged_attention(*[BACKEND.to_device(a) for a in big.args()[:5]])
     with pytest.raises(PagedAttentionError, match="num_splits"):
         TritonBackend(num_splits=0)

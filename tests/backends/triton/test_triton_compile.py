@@ -50,7 +50,18 @@ def test_every_config_compiles_for_sm90a(reports: list[dict[str, object]]) -> No
 
     assert {r["config"] for r in reports} == {c.name for c in CONFIGS}
     assert {r["kernel"] for r in reports} == {"paged_attention_kernel", "merge_splits_kernel"}
-    assert all(int(str(r["registers"])) > 0 and int(str(r["shared_bytes"])) > 0 for r in reports)
+    assert all(int(str(r["registers"])) > 0 for r in reports)
+    # the attention kernel stages K/V in shared memory (a merge of few splits may need none)
+    assert all(int(str(r["shared_bytes"])) > 0 for r in reports if r["kernel"] == "paged_attention_kernel")
+
+
+#: Shared memory a block may hold on sm_90 (227 KB): a kernel past it fails to launch.
+SM90_SHARED_BYTES = 227 * 1024
+
+
+def test_every_config_fits_an_sm90_block(reports: list[dict[str, object]]) -> None:
+    too_big = [(r["config"], r["shared_bytes"]) for r in reports if int(str(r["shared_bytes"])) > SM90_SHARED_BYTES]
+    assert not too_big, too_big
 
 
 #: Spill bytes the fp8 decode tiles (FP8_DECODE_TILES: 255 registers) may take: 16 measured with

@@ -95,6 +95,12 @@ CASES = [
                                sliding_window=600), marks=sanitize, num_splits=4),
     with_backend(gpu_case("prefill bs64", [300, 33, 1], [100, 33, 1], block_size=64), marks=sanitize),
     with_backend(gpu_case("strided pool view", [300, 120], [10, 1], kv_layout="HND", pool=True)),
+    with_backend(gpu_case("decode d512 GQA 2 split", [5000, 40], num_q_heads=8, num_kv_heads=4, head_dim=512),
+                 marks=sanitize),
+    with_backend(gpu_case("prefill d384 causal", [300, 90], [100, 90], num_q_heads=4, num_kv_heads=2,
+                          head_dim=384)),
+    with_backend(gpu_case("prefill fp32 d512", [120], [120], dtype="float32", num_q_heads=2, num_kv_heads=1,
+                          head_dim=512)),
 ]
 
 
