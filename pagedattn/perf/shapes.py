@@ -251,7 +251,7 @@ SETS: dict[str, list[Case]] = {
     # head_dim 512 (Gemma 4's global layers): past the 256 of the other sets and of flash SDPA
     "wide-heads": [
         *cases(["gemma4-26b"], ["decode"], [32], [4096]),
-        *cases(["gemma4-26b"], ["prefill"], [4], [4096], [16]),
+        *cases(["gemma4-26b"], ["prefill"], [4], [4096]),
     ],
 }
 SETS["full"] = list(dict.fromkeys(SETS["decode"] + SETS["prefill"] + SETS["mixed"] + SETS["targets"]

@@ -84,11 +84,17 @@ PREFILL_STAGES = 3
 PREFILL_MAX_REGISTERS: int | None = 128  # two programs per multiprocessor: 0.71x against 0.54x cuDNN
 PREFILL_TABLE_BY_BLOCK = True  # one block-table read per block (Tiles.table_mode)
 
-# Head dims past 256 (head_dim_pad 512: Gemma 4's global layers): at most 32 rows, 16-key
-# tiles of 8 warps, HUGE_STAGES stages.
-HUGE_ROWS = 32
-HUGE_BLOCK_N = 16
-HUGE_STAGES = 2
+# Head dims past 256 (head_dim_pad 512: Gemma 4's global layers). Picked on an H200 with the perf
+# suite's timer (gemma4-26b heads 8/4, bf16, block sizes 16 / 32 / 64; read ceiling 4,385 GB/s):
+# decode 32 x 4,096 in 16-key tiles of 2 warps and 6 stages, 4 programs an SM, 265.5 / 269.8 /
+# 267.3 us (92 %), against 298.8-307.1 us for 4 warps and 3 stages and 402.8-421.4 us for 8
+# warps and 2; causal prefill 4 x 4,096 in 64 x 32 tiles of 8 warps and 3 stages, 3.20 / 3.19 /
+# 3.22 ms (172 TFLOP/s), against 10.4-10.6 ms for 32 x 16 tiles. float32 keeps 32 x 16 tiles of 8
+# warps and 2 stages: its K and V tiles are twice as large, and 64 x 32 ones pass 227 KB of
+# shared memory.
+HUGE_DECODE_TILES = DecodeTiles(16, 2, 6, 4, False)
+HUGE_PREFILL = (64, 32, 8, 3)  # rows, keys per tile, warps, stages
+HUGE_FLOAT32 = (32, 16, 8, 2)
 
 
 def next_power_of_2(n: int) -> int:
@@ -148,7 +154,8 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     caches take :data:`FP8_DECODE_TILES` unless a ``decode_table`` is given; otherwise 128 keys,
     4 warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
     128), 64 keys per tile, 8 warps at 128 rows, and the ``PREFILL_*`` entries (register cap)
-    at the full height. float32 or head_dim > 128: 32 keys per tile.
+    at the full height. float32 or head_dim > 128: 32 keys per tile. head_dim > 256: the
+    ``HUGE_*`` entries (16-bit decode of 16 rows: :data:`HUGE_DECODE_TILES`).
     """
     decode = max_q_len <= 1
     # decode: one query per sequence, so the rows are heads; a group tile of at least 16 (the
@@ -158,12 +165,13 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     head_dim_pad = max(16, next_power_of_2(head_dim))
     wide = dtype == "float32" or head_dim_pad > 128
     huge = head_dim_pad > 256
-    max_rows = HUGE_ROWS if huge else 64 if wide else max(PREFILL_ROWS, group_tile)
+    huge_rows, huge_block_n, huge_warps, huge_stages = HUGE_FLOAT32 if dtype == "float32" else HUGE_PREFILL
+    max_rows = huge_rows if huge else 64 if wide else max(PREFILL_ROWS, group_tile)
     block_q = max(1, min(next_power_of_2(max_q_len), max_rows // group_tile))
     block_m = max(16, block_q * group_tile)
-    block_n = HUGE_BLOCK_N if huge else 32 if wide else (128 if decode else 64)
-    num_warps = 8 if block_m >= 128 or huge else 4
-    num_stages = 3 if head_dim_pad <= 128 else HUGE_STAGES if huge else 2
+    block_n = huge_block_n if huge else 32 if wide else (128 if decode else 64)
+    num_warps = huge_warps if huge else 8 if block_m >= 128 else 4
+    num_stages = huge_stages if huge else 3 if head_dim_pad <= 128 else 2
     resident, keys_major, max_registers, table_by_block, pick_in_registers = PROGRAMS_PER_SM, False, None, True, False
     saturation: int | None = None
     if decode and not wide and block_m == 16:
@@ -175,6 +183,8 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
             block_n *= max(1, DECODE_TILE_ROW_BYTES // (head_dim_pad * cache_bytes))
     elif decode and dtype != "float32" and head_dim_pad == 256 and cache_bytes == 2 and block_m == 16:
         resident = WIDE_DECODE_RESIDENT
+    elif decode and dtype != "float32" and huge and block_m == 16:
+        block_n, num_warps, num_stages, resident = HUGE_DECODE_TILES[:4]
     elif not decode and not wide and block_m == PREFILL_ROWS:
         block_n, num_warps, num_stages, max_registers = (PREFILL_BLOCK_N, PREFILL_WARPS, PREFILL_STAGES,
                                                          PREFILL_MAX_REGISTERS)

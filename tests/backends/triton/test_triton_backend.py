@@ -139,11 +139,15 @@ def test_head_dims(head_dim: int) -> None:
 
 @pytest.mark.parametrize("head_dim", [384, 512])
 def test_head_dims_past_256_take_the_huge_tiles(head_dim: int) -> None:
-    # Gemma 4's global layers (head_dim 512): 16-key tiles of 8 warps, at most 32 rows
-    for max_q_len in (1, 40):
-        tiles = choose_tiles(max_q_len, 2, head_dim, "bfloat16", 16)
-        assert (tiles.head_dim_pad, tiles.block_n, tiles.num_warps) == (512, 16, 8)
-        assert tiles.block_m <= 32
+    # Gemma 4's global layers (head_dim 512): decode in 16-key tiles of 2 warps, prefill in 64 x 32
+    # tiles of 8 warps, float32 in 32 x 16 ones (larger ones pass an SM's shared memory)
+    decode = choose_tiles(1, 2, head_dim, "bfloat16", 16)
+    assert (decode.head_dim_pad, decode.block_m, decode.block_n, decode.num_warps) == (512, 16, 16, 2)
+    assert decode.resident == 4
+    prefill = choose_tiles(40, 2, head_dim, "float16", 16)
+    assert (prefill.block_m, prefill.block_n, prefill.num_warps) == (64, 32, 8)
+    wide = choose_tiles(40, 2, head_dim, "float32", 16)
+    assert (wide.block_m, wide.block_n, wide.num_warps) == (32, 16, 8)
     case = random_paged_inputs([40, 7], [9, 1], head_dim=head_dim, dtype="bfloat16", num_q_heads=4,
                                num_kv_heads=2, seed=5)
     assert_within_model(case)  # out and lse
