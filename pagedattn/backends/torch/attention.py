@@ -14,7 +14,7 @@ in what a row sees propagates as IEEE arithmetic says.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,6 +37,19 @@ class GroupTensors:
     max_length: int  # gathered positions: L_max - offset (>= 1)
     offset: int  # position of the first gathered key (a multiple of block_size)
     pattern: str  # "all", "causal" or "mask" (see groups.sdpa_pattern)
+
+    def row_chunks(self, num_q_heads: int, elements: int) -> list[GroupTensors]:
+        """The group's query rows in chunks whose scores ``[S, Hq, rows, keys]`` hold at most
+        ``elements`` (at least one row each): a long prefill's scores never exist whole. A
+        chunk of a top-left causal group is masked (its first query is no longer position 0)."""
+        S = int(self.tokens.shape[0])
+        rows = max(1, elements // max(1, S * num_q_heads * self.max_length))
+        if rows >= self.q_len:
+            return [self]
+        pattern = "mask" if self.pattern == "causal" else self.pattern
+        return [replace(self, q_len=min(rows, self.q_len - a), tokens=self.tokens[:, a:a + rows],
+                        p_q=self.p_q[:, a:a + rows], pattern=pattern)
+                for a in range(0, self.q_len, rows)]
 
 
 def gather(cache: torch.Tensor, kv_layout: str, group: GroupTensors) -> torch.Tensor:

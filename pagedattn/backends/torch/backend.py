@@ -18,6 +18,7 @@ import numpy as np
 from pagedattn.backends.bitviews import numpy_to_torch, torch_to_numpy
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.interface import Backend, Plan
+from pagedattn.backends.torch import groups
 from pagedattn.backends.torch.groups import plan_groups
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.dtypes import FP8_DTYPES
@@ -86,7 +87,7 @@ class TorchBackend(Backend):
         def upload(x: np.ndarray) -> Any:
             return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
 
-        groups = [
+        planned = [
             GroupTensors(
                 q_len=g.q_len, blocks=upload(g.blocks), valid=upload(g.valid),
                 tokens=upload(g.tokens), p_q=upload(g.p_q), lengths=upload(g.lengths),
@@ -100,7 +101,7 @@ class TorchBackend(Backend):
             problem.softcap is not None or problem.alibi_slopes is not None or problem.return_lse
             or problem.dtype == "float32" or (scaled and problem.cache_dtype not in FP8_DTYPES)
         )
-        return {"groups": groups, "alibi_slopes": slopes, "explicit": explicit}
+        return {"groups": planned, "alibi_slopes": slopes, "explicit": explicit}
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
         from pagedattn.backends.torch.attention import explicit_attention, gather, sdpa_attention
@@ -112,20 +113,22 @@ class TorchBackend(Backend):
         lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32, device=query.device)
         fp8 = problem.cache_dtype in FP8_DTYPES
         for group in state["groups"]:
-            q = query[group.tokens]  # [S, q_len, Hq, D]
             k = gather(key_cache, problem.kv_layout, group)
             v = gather(value_cache, problem.kv_layout, group)
             if state["explicit"]:
-                k32 = k.to(torch.float32) * problem.k_scale
-                v32 = v.to(torch.float32) * problem.v_scale
-                o, lse_g = explicit_attention(problem, q.to(torch.float32), k32, v32, group, state["alibi_slopes"])
-                lse[group.tokens.reshape(-1)] = lse_g.reshape(-1, Hq)
-            else:
-                if fp8:  # upcast: the value used is cache * scale, rounded to the query's dtype
-                    k = (k.to(torch.float32) * problem.k_scale).to(query.dtype)
-                    v = (v.to(torch.float32) * problem.v_scale).to(query.dtype)
-                o = sdpa_attention(problem, q, k, v, group)
-            out[group.tokens.reshape(-1)] = o.reshape(-1, Hq, D).to(query.dtype)
+                k = k.to(torch.float32) * problem.k_scale
+                v = v.to(torch.float32) * problem.v_scale
+            elif fp8:  # upcast: the value used is cache * scale, rounded to the query's dtype
+                k = (k.to(torch.float32) * problem.k_scale).to(query.dtype)
+                v = (v.to(torch.float32) * problem.v_scale).to(query.dtype)
+            for rows in group.row_chunks(Hq, groups.GROUP_ELEMENTS):
+                q = query[rows.tokens]  # [S, rows, Hq, D]
+                if state["explicit"]:
+                    o, lse_g = explicit_attention(problem, q.to(torch.float32), k, v, rows, state["alibi_slopes"])
+                    lse[rows.tokens.reshape(-1)] = lse_g.reshape(-1, Hq)
+                else:
+                    o = sdpa_attention(problem, q, k, v, rows)
+                out[rows.tokens.reshape(-1)] = o.reshape(-1, Hq, D).to(query.dtype)
         return out, (lse if problem.return_lse else None)
 
     # -- other operations ------------------------------------------------------

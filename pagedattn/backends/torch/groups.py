@@ -20,8 +20,10 @@ from pagedattn.spec.arrays import AttentionProblem
 #: causal pattern, or an explicit boolean mask.
 SDPA_PATTERNS: tuple[str, ...] = ("all", "causal", "mask")
 #: Elements one group's gathered tensors hold, at most (its queries, keys, values and scores;
-#: a group of one sequence may hold more): a batch of a million tokens then costs the device
-#: a few GiB at a time, not several times its own size.
+#: a group of one sequence may hold more keys and values, and attends its query rows in chunks
+#: whose scores hold at most this many: ``GroupTensors.row_chunks``): a batch of a million
+#: tokens, or one prefill of 65,536 queries over as many keys, then costs the device a few GiB
+#: at a time, not several times its own size.
 GROUP_ELEMENTS = 2**28
 
 

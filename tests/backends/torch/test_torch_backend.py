@@ -139,6 +139,34 @@ def test_groups_hold_a_bounded_number_of_elements(backend: TorchBackend, monkeyp
     check_against_spec(backend, batch)
 
 
+@pytest.mark.parametrize("options", [{}, {"softcap": 5.0, "return_lse": True}, {"sliding_window": 30}],
+                         ids=["causal", "explicit", "window"])
+def test_a_long_prefill_attends_its_rows_in_chunks(backend: TorchBackend, monkeypatch, options: dict) -> None:
+    """One sequence whose scores pass GROUP_ELEMENTS is attended in row chunks, each within it
+    (a top-left causal prefill's chunks masked), and the answer is the spec's."""
+    from pagedattn.backends.torch import groups
+    from pagedattn.backends.torch.attention import GroupTensors
+
+    elements = 4 * 90 * 20  # 20 rows of 4 query heads over 90 keys
+    monkeypatch.setattr(groups, "GROUP_ELEMENTS", elements)
+    rng = np.random.default_rng(11)
+    batch = make_batch(rng, seq_lens=[90], q_lens=[90], num_q_heads=4, num_kv_heads=2, head_dim=8, block_size=16,
+                       dtype="bfloat16")
+    chunks = []
+    original = GroupTensors.row_chunks
+
+    def recorded(self: GroupTensors, num_q_heads: int, limit: int) -> list[GroupTensors]:
+        result = original(self, num_q_heads, limit)
+        chunks.extend(result)
+        return result
+
+    monkeypatch.setattr(GroupTensors, "row_chunks", recorded)
+    check_against_spec(backend, batch, **options)
+    assert [c.q_len for c in chunks] == [20, 20, 20, 20, 10]
+    assert all(c.tokens.shape[0] * 4 * c.q_len * c.max_length <= elements for c in chunks)
+    assert {c.pattern for c in chunks} == {"mask"}  # a causal chunk's first query is not position 0
+
+
 OPTION_CASES = {
     "varlen_causal": {},
     "non_causal": {"causal": False},
