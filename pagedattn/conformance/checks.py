@@ -39,7 +39,13 @@ from pagedattn.conformance.cases import (
     host_result,
     run_case,
 )
-from pagedattn.conformance.scale import FAR_MERGE_SEED, far_partial_parts, far_partial_sequences, far_row_sequences
+from pagedattn.conformance.scale import (
+    FAR_MERGE_SEED,
+    far_partial_parts,
+    far_partial_sequences,
+    far_row_sequences,
+    far_score_rows,
+)
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
@@ -650,6 +656,42 @@ def far_partials_match_spec(backend: Backend, case: AttentionCase) -> float:
     parts = far_partial_parts(np.asarray(case.seq_lens))
     return _sequences_match_spec(backend, case, seqs,
                                  lambda seq, rows: f"partials from element {seq * row_elements * parts:,}")
+
+
+def row_alone(case: AttentionCase, token: int) -> AttentionCase:
+    """Query row ``token`` of a causal batch as a decode of its own: the same caches, its sequence's
+    table row, the sequence cut after the row's position. The contract gives it the same answer:
+    a causal row sees ``p <= p_q`` (a window, ALiBi and softcap measured from ``p_q`` alike)."""
+    problem = problem_of(case)
+    if not problem.causal:
+        raise ValueError("row_alone needs a causal batch: a non-causal row sees keys past its position")
+    seq = int(np.searchsorted(problem.query_start_loc, token, side="right")) - 1
+    p_q = int(problem.seq_lens[seq]) - int(problem.q_lens[seq]) + token - int(problem.query_start_loc[seq])
+    return case.replace(query=case.query[token:token + 1].copy(), block_tables=case.block_tables[seq:seq + 1].copy(),
+                        seq_lens=np.array([p_q + 1], dtype=case.seq_lens.dtype), query_start_loc=None,
+                        options=dict(case.options))
+
+
+def far_scores_match_spec(backend: Backend, case: AttentionCase) -> float:
+    """On one causal prefill whose scores, queries x keys of a head, pass 2**31 elements: the first
+    and last rows, one more, and rows whose scores start past element 2**31
+    (:func:`~pagedattn.conformance.scale.far_score_rows`) within the error model, each against
+    the spec's answer for it alone (:func:`row_alone`); nothing else written."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    length, q_len = int(problem.seq_lens[0]), int(problem.q_lens[0])
+    result = run_checked(backend, case)
+    tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
+                    tf32=backend.capabilities().tf32)
+    worst = 0.0
+    for token in far_score_rows(q_len, length, case.seed):
+        single = row_alone(case, int(token))
+        single_problem = problem_of(single)
+        exact = exact_attention_problem(single_problem, single.query, single.key_cache, single.value_cache)
+        call = _call(backend, case) + f" (row {token}: its scores from element {int(token) * length:,})"
+        lse = None if result.lse is None else result.lse[token:token + 1]
+        worst = max(worst, assert_attention_matches(result.out[token:token + 1], lse, exact, tol, single_problem, call))
+    return worst
 
 
 def _sequences_match_spec(backend: Backend, case: AttentionCase, seqs: np.ndarray,

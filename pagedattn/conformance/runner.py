@@ -65,8 +65,8 @@ def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | No
         raise Unsupported(f"{backend.name}: runs in an interpreter ({caps.device}), which has no grid limits "
                           "to check and runs one program at a time")
     if large_arrays and runs_on_cpu(caps.device) and not sizes_are_large():
-        raise Unsupported(f"{backend.name}: runs on {caps.device}, where an output of 2**31 elements costs "
-                          "minutes; PAGEDATTN_SIZE=large runs it there")
+        raise Unsupported(f"{backend.name}: runs on {caps.device}, where arrays of 2**31 elements (an output, "
+                          "partials, a head's scores) cost minutes; PAGEDATTN_SIZE=large runs it there")
     if many_programs and runs_in_interpreter(caps.device) and not sizes_are_large():
         raise Unsupported(f"{backend.name}: runs in an interpreter ({caps.device}), where hundreds of thousands of "
                           "programs cost minutes; PAGEDATTN_SIZE=large runs it there")

@@ -28,6 +28,9 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
 - :func:`far_partial_cases`: more than 16,384 short sequences beside one of 2**15 keys, so that
   split-KV partials laid out by sequence, as many parts each as the longest has, pass 2**31
   elements;
+- :func:`far_score_cases`: one causal prefill of 47,000 queries and more, so that one head's
+  scores, queries x keys, pass 2**31 elements, where a per-(query, key) offset in 32 bits wraps
+  and a kernel holding a head's scores whole runs out of memory;
 - :func:`many_token_cases`, :func:`many_token_write_kv_cases`: more than 65,535 query tokens
   (or tokens written) in one call, past a CUDA grid's y and z limit;
 - :func:`many_sequence_cases`: more than 65,536 sequences in one call (decode, or prompts of
@@ -75,6 +78,9 @@ __all__ = [
     "FAR_PARTIAL_ROW",
     "FAR_ROW_BLOCKS",
     "FAR_ROW_ELEMENTS",
+    "FAR_SCORE_HEADS",
+    "FAR_SCORE_QUERIES",
+    "FAR_SCORE_ROWS",
     "FAR_VIEW_LAYERS",
     "FAR_WRITE_ROW_ELEMENTS",
     "LARGE_BATCH_SEQS",
@@ -104,6 +110,8 @@ __all__ = [
     "far_row_cases",
     "far_row_sequences",
     "far_row_write_kv_cases",
+    "far_score_cases",
+    "far_score_rows",
     "far_write_kv_cases",
     "large_batch_cases",
     "long_prefill_cases",
@@ -1312,3 +1320,60 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
               "context": "+".join(map(str, contexts))}
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- far scores: one prefill whose queries x keys pass 2**31 -------------------------------------
+
+#: Queries of a far-scores prefill, at least: with its keys (as many and more) a head's scores
+#: ``[queries, keys]`` pass 2**31 elements (46,341**2 already does).
+FAR_SCORE_QUERIES = 47_000
+#: Query heads of a far-scores prefill: all of one head's scores in float32 would take 8.6 GiB
+#: a head, 69 GiB for the eight.
+FAR_SCORE_HEADS = 8
+#: Query rows whose scores start past element 2**31 that a far-scores check compares, besides the
+#: first of them, the first and last rows and one more.
+FAR_SCORE_ROWS = 4
+
+
+@st.composite
+def far_score_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                    limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for one causal prefill whose scores, queries x keys of one head, pass 2**31.
+
+    A kernel that addresses an array of one entry per (query, key), a materialized mask or bias
+    or a scratch of scores, as ``query * keys + key`` in 32 bits wraps past it; one that holds a
+    head's scores whole runs out of memory. One sequence of :data:`FAR_SCORE_QUERIES` to 1,000
+    more queries after 0 to 2,048 keys of context, :data:`FAR_SCORE_HEADS` query heads on 1 or 2
+    KV heads, the smallest declared head_dim of at most 128; lse, ALiBi and softcap each
+    sometimes. The check compares a few rows past element 2**31 (:func:`far_score_rows`).
+    """
+    del limits  # one size for every profile: the limit is the offset type's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
+    declared = tuple(d for d in (caps.head_dims or (64, 128)) if d <= 128) or (min(caps.head_dims or (64,)),)
+    head_dim = min(declared)
+    q_len = draw(st.integers(FAR_SCORE_QUERIES, FAR_SCORE_QUERIES + 1000), label="q_len")
+    length = q_len + draw(st.one_of(st.just(0), st.integers(1, 2048)), label="context")
+    pool = draw(block_tables(np.array([length]), block_size, ("shuffled", "interleaved")), label="pool")
+    options = _sometimes_lse_alibi_softcap(draw, caps, FAR_SCORE_HEADS)
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    caches = _normal_caches(rng, pool, block_size, [length], num_kv_heads, head_dim, "nan", dtype)
+    query = rng.standard_normal((q_len, FAR_SCORE_HEADS, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "far_scores", "arrangement": pool.arrangement,
+              "heads": f"{FAR_SCORE_HEADS}/{num_kv_heads}", "queries": str(q_len), "keys": str(length),
+              "score_elements": str(q_len * length)}
+    return _case(query, caches, pool.block_tables, [length], [q_len], kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+def far_score_rows(q_len: int, length: int, seed: int) -> np.ndarray:
+    """Query rows (of one sequence) a far-scores check compares: the first and the last, one picked
+    by ``seed``, and the first of the rows whose scores, laid out ``[queries, keys]``, start at or
+    past element 2**31, with :data:`FAR_SCORE_ROWS` more of them picked by ``seed``."""
+    first_far = min(-(-INT32_OFFSET_LIMIT // max(length, 1)), q_len - 1)
+    rng = np.random.default_rng(seed)
+    picks = [0, q_len - 1, int(rng.integers(0, q_len)), first_far,
+             *rng.integers(first_far, q_len, FAR_SCORE_ROWS).tolist()]
+    return np.unique(np.array(picks, dtype=np.int64))

@@ -1,7 +1,8 @@
 """Bugs that show only at scale: split-KV on long sequences, long 16-bit rows, pools past 2**31
 elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output
 (and merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out
-by sequence past 2**31 elements, and sizes that are no power of two. How kernels
+by sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
+and sizes that are no power of two. How kernels
 divide their work at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
@@ -30,6 +31,7 @@ from pagedattn.conformance.scale import (
     far_pool_cases,
     far_row_cases,
     far_row_write_kv_cases,
+    far_score_cases,
     far_write_kv_cases,
     large_block_cases,
     large_block_operation_cases,
@@ -250,3 +252,14 @@ def test_far_partials_match_spec(request, backend):
     run_scale_cell(request, backend, far_partial_cases, checks.far_partials_match_spec, limits, dtype="bfloat16",
                    feature="far_partials", max_examples=limits.batch_examples,
                    requires={"large_arrays": True}, shrink=False)
+
+
+def test_far_scores_match_spec(request, backend):
+    """One causal prefill of 47,000 queries or more over as many keys and more, 8 query heads: a
+    head's scores, queries x keys, pass 2**31 elements. The rows whose scores start past element
+    2**31, the first and the last within the error model, inputs untouched. On a CPU (a
+    prefill of hundreds of GFLOP) only under PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, far_score_cases, checks.far_scores_match_spec, limits, dtype="bfloat16",
+                   feature="far_scores", max_examples=limits.batch_examples,
+                   requires={"features": ("varlen",), "large_arrays": True}, shrink=False)

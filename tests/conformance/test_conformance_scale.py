@@ -23,7 +23,7 @@ from pagedattn.errors import UnsupportedError
 from pagedattn.reference.paged import paged_attention_reference
 from pagedattn.spec.arrays import check_paged_attention
 from pagedattn.spec.online_softmax import merge_states as spec_merge_states
-from pagedattn.spec.pools import INT32_OFFSET_LIMIT, lazy_copy, occupied_blocks
+from pagedattn.spec.pools import INT32_OFFSET_LIMIT, lazy_copy, occupied_blocks, random_paged_inputs
 
 ANY = Capabilities()
 #: A GPU backend's envelope (cupy's kind): declared head dims and block sizes.
@@ -333,6 +333,52 @@ def test_far_partials_check_compares_the_far_sequences_alone():
     assert checks.far_partials_match_spec(NumpyBackend(), case) <= 1.0
     with pytest.raises(ConformanceFailure, match=f"sequence {problem.num_seqs - 1}: .*partials from element"):
         checks.far_partials_match_spec(LastSequenceUnwritten(), case)
+
+
+def test_far_score_cases_pass_element_2_31_of_a_heads_scores():
+    (case,) = drawn(scale.far_score_cases(DECLARED, dtype="bfloat16"), 1)
+    problem = checks.problem_of(case)
+    q_len, length = int(problem.q_lens[0]), int(problem.seq_lens[0])
+    assert problem.num_seqs == 1 and problem.causal and problem.num_q_heads == scale.FAR_SCORE_HEADS
+    assert scale.FAR_SCORE_QUERIES <= q_len <= length and q_len * length > INT32_OFFSET_LIMIT
+    rows = scale.far_score_rows(q_len, length, case.seed)
+    first_far = -(-INT32_OFFSET_LIMIT // length)
+    assert first_far < q_len - scale.FAR_SCORE_ROWS and {0, first_far, q_len - 1} <= set(rows.tolist())
+    assert (rows >= first_far).sum() >= 2 and rows.max() < q_len
+
+
+class LastRowWrong(NumpyBackend):
+    """The numpy reference, but the last query row's output negated (the row a far-scores check
+    compares whose scores lie furthest)."""
+
+    name = "last-row-wrong"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        out[-1] = -out[-1]
+        return out, lse
+
+
+SLOPES = np.linspace(0.1, 0.4, 4, dtype=np.float32)
+
+
+@pytest.mark.parametrize("options", [{}, {"softcap": 5.0, "return_lse": True},
+                                     {"sliding_window": 40, "alibi_slopes": SLOPES}],
+                         ids=["causal", "softcap-lse", "window-alibi"])
+def test_far_scores_check_compares_rows_alone(options):
+    # a prefill far smaller than the limit: its last row stands for the first one past it
+    case = random_paged_inputs([300], [200], num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="bfloat16",
+                               garbage="nan", seed=3, **options)
+    for token in (0, 57, 199):  # a decode of the row's sequence cut after its position
+        single = checks.row_alone(case, token)
+        assert int(single.seq_lens[0]) == 300 - 200 + token + 1 and single.query_start_loc is None
+        assert np.array_equal(single.query[0], case.query[token])
+    # the reference's rows of the whole prefill against the spec's answer for each row alone
+    assert checks.far_scores_match_spec(NumpyBackend(), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match="row 199: its scores from element 59,700"):
+        checks.far_scores_match_spec(LastRowWrong(), case)
+    with pytest.raises(ValueError, match="causal"):
+        checks.row_alone(case.replace(options={**case.options, "causal": False}), 0)
 
 
 def test_far_row_write_kv_cases_pass_element_2_31_of_the_inputs_and_write_the_far_tokens():
