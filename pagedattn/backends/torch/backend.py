@@ -34,6 +34,14 @@ def _torch() -> Any:
     return torch
 
 
+def holds_scores(explicit: bool, device_type: str, pattern: str) -> bool:
+    """Whether attending a group materializes its scores (or a mask as large), so that a long
+    prefill takes its rows in chunks: the explicit path, SDPA's math kernel (any device but
+    CUDA) and an explicit mask do; on CUDA, SDPA's flash and memory-efficient kernels with their
+    own causal or full pattern do not (a chunk would need a mask and a slower kernel)."""
+    return explicit or device_type != "cuda" or pattern == "mask"
+
+
 class TorchBackend(Backend):
     """Paged attention in PyTorch: gather blocks, then SDPA (or explicit float32 softmax)."""
 
@@ -104,6 +112,7 @@ class TorchBackend(Backend):
         return {"groups": planned, "alibi_slopes": slopes, "explicit": explicit}
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
+        """Attend each group, in row chunks where its scores would exist whole (:func:`holds_scores`)."""
         from pagedattn.backends.torch.attention import explicit_attention, gather, sdpa_attention
 
         torch = _torch()
@@ -121,7 +130,9 @@ class TorchBackend(Backend):
             elif fp8:  # upcast: the value used is cache * scale, rounded to the query's dtype
                 k = (k.to(torch.float32) * problem.k_scale).to(query.dtype)
                 v = (v.to(torch.float32) * problem.v_scale).to(query.dtype)
-            for rows in group.row_chunks(Hq, groups.GROUP_ELEMENTS):
+            chunks = (group.row_chunks(Hq, groups.GROUP_ELEMENTS)
+                      if holds_scores(state["explicit"], query.device.type, group.pattern) else [group])
+            for rows in chunks:
                 q = query[rows.tokens]  # [S, rows, Hq, D]
                 if state["explicit"]:
                     o, lse_g = explicit_attention(problem, q.to(torch.float32), k, v, rows, state["alibi_slopes"])

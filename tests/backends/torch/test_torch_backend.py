@@ -167,6 +167,14 @@ def test_a_long_prefill_attends_its_rows_in_chunks(backend: TorchBackend, monkey
     assert {c.pattern for c in chunks} == {"mask"}  # a causal chunk's first query is not position 0
 
 
+def test_only_paths_that_hold_scores_take_row_chunks() -> None:
+    from pagedattn.backends.torch.backend import holds_scores
+
+    assert holds_scores(True, "cuda", "causal") and holds_scores(False, "cpu", "all")  # explicit; SDPA's math
+    assert holds_scores(False, "cuda", "mask")  # a mask of queries x keys
+    assert not holds_scores(False, "cuda", "causal") and not holds_scores(False, "cuda", "all")  # flash, no mask
+
+
 OPTION_CASES = {
     "varlen_causal": {},
     "non_causal": {"causal": False},
