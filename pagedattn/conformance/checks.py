@@ -661,7 +661,8 @@ def far_partials_match_spec(backend: Backend, case: AttentionCase) -> float:
 def row_alone(case: AttentionCase, token: int) -> AttentionCase:
     """Query row ``token`` of a causal batch as a decode of its own: the same caches, its sequence's
     table row, the sequence cut after the row's position. The contract gives it the same answer:
-    a causal row sees ``p <= p_q`` (a window, ALiBi and softcap measured from ``p_q`` alike)."""
+    a causal row sees ``p <= p_q``, and a decode's query sits at ``p_q`` too (from where a window
+    and ALiBi's distances are measured)."""
     problem = problem_of(case)
     if not problem.causal:
         raise ValueError("row_alone needs a causal batch: a non-causal row sees keys past its position")
