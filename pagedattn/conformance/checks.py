@@ -11,7 +11,7 @@ through the public :class:`~pagedattn.backends.interface.Backend` interface only
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -680,19 +680,11 @@ def far_scores_match_spec(backend: Backend, case: AttentionCase) -> float:
     the spec's answer for it alone (:func:`row_alone`); nothing else written."""
     __tracebackhide__ = True
     problem = problem_of(case)
-    length, q_len = int(problem.seq_lens[0]), int(problem.q_lens[0])
-    result = run_checked(backend, case)
-    tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
-                    tf32=backend.capabilities().tf32)
-    worst = 0.0
-    for token in far_score_rows(q_len, length, case.seed):
-        single = row_alone(case, int(token))
-        single_problem = problem_of(single)
-        exact = exact_attention_problem(single_problem, single.query, single.key_cache, single.value_cache)
-        call = _call(backend, case) + f" (row {token}: its scores from element {int(token) * length:,})"
-        lse = None if result.lse is None else result.lse[token:token + 1]
-        worst = max(worst, assert_attention_matches(result.out[token:token + 1], lse, exact, tol, single_problem, call))
-    return worst
+    length = int(problem.seq_lens[0])
+    tokens = far_score_rows(int(problem.q_lens[0]), length, case.seed)
+    return _parts_match_spec(backend, case, (
+        (slice(int(t), int(t) + 1), row_alone(case, int(t)), f"row {t}: its scores from element {int(t) * length:,}")
+        for t in tokens))
 
 
 def _sequences_match_spec(backend: Backend, case: AttentionCase, seqs: np.ndarray,
@@ -700,18 +692,30 @@ def _sequences_match_spec(backend: Backend, case: AttentionCase, seqs: np.ndarra
     """Run ``case`` once; the rows of each of ``seqs`` within the error model of the spec's answer
     for that sequence alone (``where(seq, rows)`` says where its data lies, for the message)."""
     __tracebackhide__ = True
+    qsl = problem_of(case).query_start_loc
+
+    def parts() -> Iterator[tuple[slice, AttentionCase, str]]:
+        for seq in map(int, seqs):
+            rows = slice(int(qsl[seq]), int(qsl[seq + 1]))
+            yield rows, alone(case, seq), f"sequence {seq}: rows {rows.start} to {rows.stop - 1}, {where(seq, rows)}"
+
+    return _parts_match_spec(backend, case, parts())
+
+
+def _parts_match_spec(backend: Backend, case: AttentionCase,
+                      parts: Iterable[tuple[slice, AttentionCase, str]]) -> float:
+    """Run ``case`` once; for each ``(rows, single, where)`` of ``parts`` the result's ``rows``
+    within the error model of the spec's answer for ``single`` (``where`` names them in a failure)."""
+    __tracebackhide__ = True
     problem = problem_of(case)
     result = run_checked(backend, case)
     tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
                     tf32=backend.capabilities().tf32)
     worst = 0.0
-    for seq in seqs:
-        seq = int(seq)
-        single = alone(case, seq)
+    for rows, single, where in parts:
         single_problem = problem_of(single)
         exact = exact_attention_problem(single_problem, single.query, single.key_cache, single.value_cache)
-        rows = slice(int(problem.query_start_loc[seq]), int(problem.query_start_loc[seq + 1]))
-        call = _call(backend, case) + f" (sequence {seq}: rows {rows.start} to {rows.stop - 1}, {where(seq, rows)})"
+        call = _call(backend, case) + f" ({where})"
         lse = None if result.lse is None else result.lse[rows]
         worst = max(worst, assert_attention_matches(result.out[rows], lse, exact, tol, single_problem, call))
     return worst
