@@ -57,7 +57,8 @@ def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | No
     limits, which a backend run in an interpreter does not have; ``large_arrays``: the cell
     computes arrays of more than 2**31 elements, minutes of work on a CPU, which runs it only
     under ``PAGEDATTN_SIZE=large``; ``many_programs``: the cell launches hundreds of thousands
-    of programs, which an interpreter runs one at a time, also only under ``large``)."""
+    of programs, or walks a million keys a tile at a time, which an interpreter runs one at a
+    time, also only under ``large``)."""
     caps = backend.capabilities()
     if device is not None and caps.device != device:
         raise Unsupported(f"{backend.name}: runs on {caps.device}, not {device}")
@@ -69,7 +70,7 @@ def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | No
                           "partials, a head's scores) cost minutes; PAGEDATTN_SIZE=large runs it there")
     if many_programs and runs_in_interpreter(caps.device) and not sizes_are_large():
         raise Unsupported(f"{backend.name}: runs in an interpreter ({caps.device}), where hundreds of thousands of "
-                          "programs cost minutes; PAGEDATTN_SIZE=large runs it there")
+                          "programs or tiles cost minutes; PAGEDATTN_SIZE=large runs it there")
     if pool_elements is not None and caps.max_pool_elements is not None and pool_elements > caps.max_pool_elements:
         raise Unsupported(f"{backend.name}: caches of {pool_elements:,} elements exceed max_pool_elements"
                           f" {caps.max_pool_elements:,}")

@@ -174,6 +174,11 @@ LONG_FP8_V_SCALES: tuple[float, ...] = (4.0, 0.25)
 #: parts drops the rest); one KV head, so that the spec and the Triton interpreter stay at seconds.
 VERY_LONG_KEYS = 2**16 + 1
 VERY_LONG_MAX = 2**17
+#: Keys of a million-key sequence, at least and at most: a context of the million-token models,
+#: past what a merge or reduction sized for a 131,072-key context holds (512 parts of 256 keys,
+#: 128 of 1,024), past 65,536 block-table columns of 16 keys, and past 2**20 positions.
+MILLION_KEYS = 2**20 + 1
+MILLION_MAX = 2**20 + 2**18
 #: Shortest sliding window of the long cells with a window (a few blocks and tiles).
 LONG_WINDOW_MIN = 100
 #: The long cells' ALiBi slopes are those of a model with at least this many heads (its first).
@@ -321,7 +326,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     for s in range(num_seqs):
         # first (the shrink target): an odd length whose last block, tile and split part are partial
         first = limits.min_long + limits.min_long // 6 + 1
-        edge = st.sampled_from(list(dict.fromkeys((first, limits.min_long, top - block_size // 2, top))))
+        below_top = max(limits.min_long, top - block_size // 2)  # never below the cell's shortest
+        edge = st.sampled_from(list(dict.fromkeys((first, limits.min_long, below_top, top))))
         lens.append(draw(st.one_of(edge, st.integers(limits.min_long, top)), label=f"seq_lens[{s}]"))
     while len(lens) > 1 and sum(lens) * num_kv_heads > limits.max_batch_keys:  # the interpreter's cost
         lens.pop()
@@ -363,6 +369,16 @@ def very_long_sequence_cases(capabilities: Capabilities, *, dtype: str,
     where a merge of a fixed number of split parts runs out (the shrink target: 76,460 keys)."""
     limits = (limits or scale_limits())._replace(min_long=VERY_LONG_KEYS, max_long=VERY_LONG_MAX, max_long_seqs=1,
                                                  max_batch_keys=VERY_LONG_MAX)
+    return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1)
+
+
+def million_key_sequence_cases(capabilities: Capabilities, *, dtype: str,
+                               limits: ScaleLimits | None = None) -> st.SearchStrategy[AttentionCase]:
+    """Return a strategy for one sequence of :data:`MILLION_KEYS` to :data:`MILLION_MAX` keys on one
+    KV head: :func:`long_sequence_cases` past what a plan, merge or table index sized for a
+    131,072-key context holds (the shrink target: 1,223,339 keys)."""
+    limits = (limits or scale_limits())._replace(min_long=MILLION_KEYS, max_long=MILLION_MAX, max_long_seqs=1,
+                                                 max_batch_keys=MILLION_MAX)
     return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1)
 
 

@@ -2,7 +2,8 @@
 batches larger than one wave of CTAs, more than 65,535 tokens, sequences or block pairs in one
 call (attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of
 several query tiles per sequence, a sequence of more than 65,536 keys (more split parts than a
-fixed-size merge holds; positions past 16 bits). The cells about a GPU's launch limits (waves,
+fixed-size merge holds; positions past 16 bits), and one of more than a million keys (past what
+a plan or merge sized for a 131,072-key context holds). The cells about a GPU's launch limits (waves,
 grid axes) are unsupported for a backend run in an interpreter, which has none.
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
@@ -27,6 +28,7 @@ from pagedattn.conformance.scale import (
     many_sequence_cases,
     many_token_cases,
     many_token_write_kv_cases,
+    million_key_sequence_cases,
     scale_limits,
     very_long_sequence_cases,
     wide_group_cases,
@@ -106,6 +108,18 @@ def test_very_long_sequences_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, very_long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="very_long_sequences", max_examples=limits.batch_examples)
+
+
+@pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
+def test_million_key_sequences_match_spec(request, backend, dtype):
+    """One sequence of 1,048,577 to 1,310,720 keys on one KV head (a million-token model's context:
+    more keys than a plan or merge sized for 131,072 holds, block-table columns past 65,536 at
+    block size 16), decode or a few queries, within the error model; inputs untouched. In an
+    interpreter (minutes of tiles) only under PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, million_key_sequence_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="million_key_sequences", max_examples=limits.batch_examples,
+                   requires={"many_programs": True}, shrink=False)  # a shrink step costs the spec seconds
 
 
 def test_copy_blocks_of_many_pairs(request, backend):

@@ -606,3 +606,32 @@ def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_trito
         assert -(-longest // splits) == -(-longest // MAX_SPLITS)  # parts as short as MAX_SPLITS makes them
         work = build_work(problem, slots=H200_CUPY_DECODE_SLOTS)
         assert int(work.merges[:, 6].max()) > MERGE_MAX_PARTS, work.merges  # more parts than a fixed merge holds
+
+
+def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_triton_and_cupy():
+    from pagedattn.backends.cupy.planning import build_work
+    from pagedattn.backends.triton.launch_config import MAX_SPLITS
+    from pagedattn.conformance.mutants.scale import MERGE_MAX_KEYS, PART_KEYS
+
+    (case,) = drawn(scale.million_key_sequence_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 1)
+    problem = checks.problem_of(case)
+    length = int(problem.seq_lens[0])
+    assert problem.num_seqs == 1 and problem.num_kv_heads == 1
+    assert length > 2**20 and length % problem.block_size  # a partial last block
+    assert 2**16 * min(DECLARED.block_sizes or ()) < scale.MILLION_KEYS  # columns past 16 bits at block size 16
+    assert -(-length // PART_KEYS) > 8 * (MERGE_MAX_KEYS // PART_KEYS)  # the mutant's merge drops most parts
+    tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                         problem.block_size)
+    work_seq, _, key_tiles = _work_list(problem, tiles)
+    programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+    assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) == MAX_SPLITS
+    work = build_work(problem, slots=H200_CUPY_DECODE_SLOTS)
+    assert int(work.merges[:, 6].max()) > MERGE_MAX_KEYS // PART_KEYS, work.merges  # more parts than 131,072 keys'
+
+
+def test_long_cases_never_draw_a_sequence_below_the_cells_shortest():
+    limits = scale.scale_limits("quick")._replace(min_long=scale.VERY_LONG_KEYS, max_long=scale.VERY_LONG_MAX,
+                                                  max_long_seqs=1)
+    caps = Capabilities(head_dims=(128,), block_sizes=(64,))  # heads x head_dim hold the longest to the shortest
+    for case in drawn(scale.long_sequence_cases(caps, dtype="float16", limits=limits, max_kv_heads=1), 8):
+        assert int(np.asarray(case.seq_lens).min()) >= scale.VERY_LONG_KEYS

@@ -510,3 +510,20 @@ class KeyPositionsIn16Bits(AddressedKernelBackend):
 
     def locate(self, p, block_size):
         return super().locate(p % UINT16_POSITIONS, block_size)
+
+
+# -- a sequence of more than a million keys ----------------------------------------------------
+
+#: Keys a merge sized for a 131,072-key context holds the parts of (128 parts of PART_KEYS).
+MERGE_MAX_KEYS = 2**17
+
+
+class SplitMergeSizedFor128KKeys(AddressedKernelBackend):
+    bug = ("split-KV merge sized for a 131,072-key context (128 parts of 1,024 keys): the parts past the 128th "
+           "are dropped")
+    models = ("ROCm/vllm PR 22 (custom paged attention's reduction wrong past a 16K context) and PR 238 (its "
+              "reduction's cases widened to 128K keys of 256-key partitions); vllm-project/vllm PR 39001 (the "
+              "ROCm custom op capped at 131,072 keys until a multi-pass reduction)")
+
+    def merge(self, states):
+        return super().merge(states[:MERGE_MAX_KEYS // PART_KEYS])
