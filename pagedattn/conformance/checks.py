@@ -45,6 +45,7 @@ from pagedattn.conformance.scale import (
     far_partial_sequences,
     far_row_sequences,
     far_score_rows,
+    long_chunk_rows,
 )
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
@@ -684,6 +685,19 @@ def far_scores_match_spec(backend: Backend, case: AttentionCase) -> float:
     tokens = far_score_rows(int(problem.q_lens[0]), length, case.seed)
     return _parts_match_spec(backend, case, (
         (slice(int(t), int(t) + 1), row_alone(case, int(t)), f"row {t}: its scores from element {int(t) * length:,}")
+        for t in tokens))
+
+
+def long_chunks_match_spec(backend: Backend, case: AttentionCase) -> float:
+    """On chunks of many queries after long contexts: each chunk's first and last rows and a sample
+    of the others (:func:`~pagedattn.conformance.scale.long_chunk_rows`) within the error model,
+    each against the spec's answer for it alone (:func:`row_alone`); nothing else written."""
+    __tracebackhide__ = True
+    qsl = problem_of(case).query_start_loc
+    tokens = long_chunk_rows(qsl, case.seed)
+    return _parts_match_spec(backend, case, (
+        (slice(int(t), int(t) + 1), row_alone(case, int(t)),
+         f"row {t}: query {int(t) - int(qsl[np.searchsorted(qsl, t, side='right') - 1])} of its chunk")
         for t in tokens))
 
 

@@ -48,6 +48,7 @@ shortest long length, one head, no optional feature.
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -1336,6 +1337,69 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
               "context": "+".join(map(str, contexts))}
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- long chunks: a chunked prefill's chunk after thousands of keys -----------------------------
+
+#: Queries of a long chunk, at least and at most: more than a split part of 1,024 keys and a
+#: 64-query tile, so that a split plan has parts that begin past the last query of the chunk's
+#: first query tiles (they see none of its keys, and the merge must weigh them as nothing).
+LONG_CHUNK_QUERIES = (1_100, 2_048)
+#: Keys of context before a long chunk, at least and at most: a long prompt's later chunks.
+LONG_CHUNK_CONTEXT = (2_048, 8_192)
+#: The check compares every this many query rows of a chunk (from a seeded offset: one row of
+#: every 16-query tile), besides its first and last.
+LONG_CHUNK_ROW_STRIDE = 16
+
+
+@st.composite
+def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                     limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for 1 or 2 sequences, each a chunk of :data:`LONG_CHUNK_QUERIES` queries
+    after :data:`LONG_CHUNK_CONTEXT` keys of context (an engine's chunked prefill of a long prompt).
+
+    The long cells draw at most 4 queries a sequence and the long-prefill cell at most about 1,000
+    keys of context; here a few sequences of long key ranges (split plans) meet many query tiles
+    whose causal bounds lie thousands of keys in. Causal, one KV head, lse wherever declared (a
+    split plan merges it), a sliding window, ALiBi and softcap each sometimes, "trend" or normal
+    values. The check compares a sample of rows (:func:`long_chunk_rows`).
+    """
+    del limits  # one size for every profile: the sizes are the plans'
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 4, 8)), label="gqa_ratio")
+    declared = tuple(d for d in (caps.head_dims or (16, 64, 128)) if d <= 128) or (min(caps.head_dims or (16,)),)
+    head_dim = draw(st.sampled_from(tuple(sorted(declared))), label="head_dim")
+    num_seqs = draw(st.integers(1, 2), label="num_seqs")
+    q_lens = [draw(st.integers(*LONG_CHUNK_QUERIES), label=f"q_len[{s}]") for s in range(num_seqs)]
+    contexts = [draw(st.integers(*LONG_CHUNK_CONTEXT), label=f"context[{s}]") for s in range(num_seqs)]
+    lens = [q + c for q, c in zip(q_lens, contexts, strict=True)]
+    pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
+    options = _sometimes_lse_alibi_softcap(draw, caps, group)
+    if caps.supports("lse"):
+        options["return_lse"] = True
+    if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
+        options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, max(lens)), label="sliding_window")
+    kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    caches = _normal_caches(rng, pool, block_size, lens, 1, head_dim, garbage, dtype, kind)
+    query = rng.standard_normal((sum(q_lens), group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "long_chunks", "values": kind, "garbage": garbage, "arrangement": pool.arrangement,
+              "heads": f"{group}/1", "queries": "+".join(map(str, q_lens)), "context": "+".join(map(str, contexts))}
+    return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+def long_chunk_rows(query_start_loc: np.ndarray, seed: int) -> np.ndarray:
+    """Query rows (tokens of the batch) a long-chunk check compares: each sequence's first and last,
+    and every :data:`LONG_CHUNK_ROW_STRIDE`-th from an offset picked by ``seed``."""
+    offset = int(np.random.default_rng(seed).integers(0, LONG_CHUNK_ROW_STRIDE))
+    chunks = list(pairwise(int(x) for x in query_start_loc))
+    rows = [np.array([start, stop - 1]) for start, stop in chunks]
+    rows += [np.arange(start + offset, stop, LONG_CHUNK_ROW_STRIDE) for start, stop in chunks]
+    return np.unique(np.concatenate(rows).astype(np.int64))
 
 
 # -- far scores: one prefill whose queries x keys pass 2**31 -------------------------------------

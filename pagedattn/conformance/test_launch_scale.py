@@ -1,10 +1,11 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
 batches larger than one wave of CTAs, more than 65,535 tokens, sequences or block pairs in one
 call (attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of
-several query tiles per sequence, a sequence of more than 65,536 keys (more split parts than a
+several query tiles per sequence, chunks of thousands of queries after thousands of keys (split
+plans of many query tiles), a sequence of more than 65,536 keys (more split parts than a
 fixed-size merge holds; positions past 16 bits), and one of more than a million keys (past what
-a plan or merge sized for a 131,072-key context holds). The cells about a GPU's launch limits (waves,
-grid axes) are unsupported for a backend run in an interpreter, which has none.
+a plan or merge sized for a 131,072-key context holds). The cells about a GPU's launch limits
+(waves, grid axes) are unsupported for a backend run in an interpreter, which has none.
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
@@ -23,6 +24,7 @@ from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     large_batch_cases,
+    long_chunk_cases,
     long_prefill_cases,
     many_pair_copy_blocks_cases,
     many_sequence_cases,
@@ -50,6 +52,16 @@ def test_long_prefills_match_spec(request, backend, dtype):
     run_scale_cell(request, backend, long_prefill_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="long_prefill", max_examples=limits.long_examples,
                    requires={"features": ("varlen",)})
+
+
+def test_long_chunks_match_spec(request, backend):
+    """1 or 2 chunks of 1,100 to 2,048 queries after 2,048 to 8,192 keys of context (a long prompt's
+    chunked prefill: split plans of many query tiles, parts past the first tiles' causal bounds),
+    one KV head, lse: a sample of rows, one of every 16-query tile, within the error model;
+    inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, long_chunk_cases, checks.long_chunks_match_spec, limits, dtype="float16",
+                   feature="long_chunks", max_examples=limits.batch_examples, requires={"features": ("varlen",)})
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)

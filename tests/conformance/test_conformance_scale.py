@@ -635,3 +635,47 @@ def test_long_cases_never_draw_a_sequence_below_the_cells_shortest():
     caps = Capabilities(head_dims=(128,), block_sizes=(64,))  # heads x head_dim hold the longest to the shortest
     for case in drawn(scale.long_sequence_cases(caps, dtype="float16", limits=limits, max_kv_heads=1), 8):
         assert int(np.asarray(case.seq_lens).min()) >= scale.VERY_LONG_KEYS
+
+
+def test_long_chunk_cases_have_split_parts_past_the_first_query_tiles_of_triton_and_cupy():
+    from pagedattn.backends.cupy.planning import build_work
+    from pagedattn.conformance.mutants.scale import PART_KEYS, QUERY_TILE
+
+    for case in drawn(scale.long_chunk_cases(DECLARED, dtype="float16"), 2):
+        problem = checks.problem_of(case)
+        q_lens, lens = problem.q_lens, np.asarray(problem.seq_lens)
+        assert problem.causal and int(q_lens.min()) > PART_KEYS + QUERY_TILE  # parts past the mutant's first tile
+        assert int((lens - q_lens).min()) >= scale.LONG_CHUNK_CONTEXT[0]
+        tiles = choose_tiles(int(q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                             problem.block_size)
+        work_seq, _, key_tiles = _work_list(problem, tiles)
+        programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+        splits = choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation)
+        part_keys = -(-int(key_tiles.max()) // splits) * tiles.block_n
+        first_tile_end = int((lens - q_lens)[int(np.argmax(lens))]) + tiles.block_m // problem.group_size
+        assert splits > 1 and (splits - 1) * part_keys > first_tile_end  # triton: a part past the first tile's queries
+        assert int(build_work(problem, slots=H200_CUPY_DECODE_SLOTS).merges[:, 6].max()) > 1  # cupy splits too
+
+
+def test_long_chunk_rows_sample_every_16_query_tile_and_each_chunks_ends():
+    qsl = np.array([0, 1100, 3000])
+    rows = scale.long_chunk_rows(qsl, seed=5)
+    assert {0, 1099, 1100, 2999} <= set(rows.tolist())
+    for start, stop in ((0, 1100), (1100, 3000)):
+        tiles = (rows[(rows >= start) & (rows < stop)] - start) // scale.LONG_CHUNK_ROW_STRIDE
+        assert set(tiles.tolist()) == set(range(-(-(stop - start) // scale.LONG_CHUNK_ROW_STRIDE)))
+
+
+def test_long_chunk_check_fails_a_backend_whose_middle_rows_are_wrong():
+    (case,) = drawn(scale.long_chunk_cases(Capabilities(), dtype="float16"), 1)
+
+    class MiddleRowsWrong(NumpyBackend):
+        def _run(self, plan, query, key_cache, value_cache):
+            out, lse = super()._run(plan, query, key_cache, value_cache)
+            out = np.array(out)
+            out[500:516] += 1.0  # one 16-query tile of the first chunk
+            return out, lse
+
+    assert checks.long_chunks_match_spec(NumpyBackend(), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match="query 5"):
+        checks.long_chunks_match_spec(MiddleRowsWrong(), case)

@@ -527,3 +527,38 @@ class SplitMergeSizedFor128KKeys(AddressedKernelBackend):
 
     def merge(self, states):
         return super().merge(states[:MERGE_MAX_KEYS // PART_KEYS])
+
+
+# -- chunks of many queries after long contexts --------------------------------------------------
+
+#: Queries of a prefill tile of the mutant below.
+QUERY_TILE = 64
+
+
+class SplitSkipsPartsPastItsQueryTile(AddressedKernelBackend):
+    bug = ("split-KV prefill in 64-query tiles: a tile skips the parts that begin past its last query's "
+           "position without writing their partials, and the merge reads what the buffer held (NaN)")
+    models = ("NVIDIA/cudnn-frontend PR 768 (a split that holds no key of a tile must still write O = 0, "
+              "lse = -inf, the merge's identity); ROCm/aiter PR 3606 (chunked prefill's split reduction: "
+              "final lse wrong)")
+
+    def parts(self, blocks, length, problem):
+        parts = super().parts(blocks, length, problem)
+        self._part_starts = [part[0] * problem.block_size if part else length for part in parts]
+        return parts
+
+    def visible(self, p, p_q, length, problem):
+        self._p_q = p_q  # the rows of the sequence being computed
+        return super().visible(p, p_q, length, problem)
+
+    def merge(self, states):
+        if len(states) == 1:
+            return super().merge(states)
+        p_q = np.asarray(self._p_q)
+        tile_last = p_q[np.minimum((np.arange(p_q.size) // QUERY_TILE + 1) * QUERY_TILE, p_q.size) - 1]
+        left = []
+        for start, (m, l, O) in zip(self._part_starts, states, strict=True):
+            skipped = (tile_last < start)[:, None]  # [n, 1]: rows of tiles that skip this part
+            left.append((np.where(skipped, F32(np.nan), m), np.where(skipped, F32(np.nan), l),
+                         np.where(skipped[..., None], F32(np.nan), O)))
+        return super().merge(left)
