@@ -292,7 +292,8 @@ def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.n
 @st.composite
 def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                         limits: ScaleLimits | None = None, fp8: bool = False,
-                        window: bool = False, max_kv_heads: int = 3) -> AttentionCase:
+                        window: bool = False, max_kv_heads: int = 3,
+                        groups: tuple[int, ...] = (1, 2, 3, 5, 8)) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
@@ -307,14 +308,14 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     softcap: most of each range is outside every row's window, so a plan that splits the whole
     range has parts that see no key, which its merge must weigh as nothing; and ALiBi takes
     positions in the thousands, which bfloat16 (256) and float16 (2,048) do not hold exactly.
-    ``max_kv_heads`` bounds the KV heads (1 to it).
+    ``max_kv_heads`` bounds the KV heads (1 to it), ``groups`` are the GQA ratios drawn.
     """
     limits = limits or scale_limits()
     caps = capabilities
     block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     num_kv_heads = draw(st.integers(1, max_kv_heads), label="num_kv_heads")
-    group = draw(st.sampled_from((1, 2, 3, 5, 8)), label="gqa_ratio")
+    group = draw(st.sampled_from(groups), label="gqa_ratio")
     num_q_heads = num_kv_heads * group
     dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long <= SPEC_ELEMENTS)
     head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
@@ -377,10 +378,11 @@ def million_key_sequence_cases(capabilities: Capabilities, *, dtype: str,
                                limits: ScaleLimits | None = None) -> st.SearchStrategy[AttentionCase]:
     """Return a strategy for one sequence of :data:`MILLION_KEYS` to :data:`MILLION_MAX` keys on one
     KV head: :func:`long_sequence_cases` past what a plan, merge or table index sized for a
-    131,072-key context holds (the shrink target: 1,223,339 keys)."""
+    131,072-key context holds (the shrink target: 1,223,340 keys). One or two query heads: the
+    spec's float64 of a million keys per query head (0.6 GB at head_dim 64) stays a few GB."""
     limits = (limits or scale_limits())._replace(min_long=MILLION_KEYS, max_long=MILLION_MAX, max_long_seqs=1,
                                                  max_batch_keys=MILLION_MAX)
-    return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1)
+    return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1, groups=(1, 2))
 
 
 # -- pools above 2**31 elements ------------------------------------------------------------
