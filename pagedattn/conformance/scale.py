@@ -10,8 +10,12 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   the last part is partial;
 - :func:`very_long_sequence_cases`: one sequence of more than 65,536 keys, where positions
   held in 16 bits wrap and a long split plan has more parts than a fixed-size merge holds;
+- :func:`million_key_sequence_cases`: one sequence of more than 2**20 keys, past what a plan or
+  merge sized for a 131,072-key context holds;
 - :func:`long_prefill_cases`: 1 or 2 sequences of hundreds of queries (512 rows and up each),
   after up to 1,000 keys of context: several query tiles per sequence, causal diagonals;
+- :func:`long_chunk_cases`: 1 or 2 chunks of more than 1,100 queries after thousands of keys of
+  context: split plans of many query tiles, parts past a tile's causal bound;
 - :func:`far_pool_cases`, :func:`far_write_kv_cases`, :func:`far_copy_blocks_cases`: caches
   of more than 2**31 elements whose blocks in use lie past the 2**31st element and byte 2**32
   (element 2**32 of an fp8 cache), where 32-bit offset arithmetic overflows. The caches are
