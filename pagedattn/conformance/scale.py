@@ -841,13 +841,16 @@ def _sometimes_lse_alibi_softcap(draw: st.DrawFn, caps: Capabilities, num_q_head
 
 
 def _normal_caches(rng: np.random.Generator, pool: Any, block_size: int, lens: list[int], num_kv_heads: int,
-                   head_dim: int, garbage: str, dtype: str, kind: str = "normal") -> tuple[np.ndarray, np.ndarray]:
+                   head_dim: int, garbage: str, dtype: str, kind: str = "normal",
+                   scales: dict[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """NHD caches of ``pool`` (a :class:`~pagedattn.conformance.strategies.PoolLayout`) holding K and
     V of sequences of ``lens`` keys (standard normal, or another of :data:`LONG_VALUE_KINDS`),
-    ``garbage`` in every other slot."""
+    ``garbage`` in every other slot; an fp8 ``dtype`` stores them divided by ``scales``' ``k_scale``
+    and ``v_scale``."""
     logical = _values(rng, kind, lens, num_kv_heads, head_dim)
+    scales = scales or {}
     return fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
-                       np.array(lens), logical, garbage, dtype, 1.0, 1.0)
+                       np.array(lens), logical, garbage, dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
 
 
 # -- wide groups: more query heads per KV head than one row tile ------------------------------
@@ -1360,7 +1363,7 @@ LONG_CHUNK_ROW_STRIDE = 16
 
 @st.composite
 def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                     limits: ScaleLimits | None = None) -> AttentionCase:
+                     limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
     """Return a strategy for 1 or 2 sequences, each a chunk of :data:`LONG_CHUNK_QUERIES` queries
     after :data:`LONG_CHUNK_CONTEXT` keys of context (an engine's chunked prefill of a long prompt).
 
@@ -1368,7 +1371,8 @@ def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     keys of context; here a few sequences of long key ranges (split plans) meet many query tiles
     whose causal bounds lie thousands of keys in. Causal, one KV head, lse wherever declared (a
     split plan merges it), a sliding window, ALiBi and softcap each sometimes, "trend" or normal
-    values. The check compares a sample of rows (:func:`long_chunk_rows`).
+    values; with ``fp8``, fp8 caches and scales (``v_scale`` never 1: a split plan applies it once).
+    The check compares a sample of rows (:func:`long_chunk_rows`).
     """
     del limits  # one size for every profile: the sizes are the plans'
     caps = capabilities
@@ -1387,13 +1391,16 @@ def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
         options["return_lse"] = True
     if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
         options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, max(lens)), label="sliding_window")
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    options.update(scales)
     kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
-    caches = _normal_caches(rng, pool, block_size, lens, 1, head_dim, garbage, dtype, kind)
+    caches = _normal_caches(rng, pool, block_size, lens, 1, head_dim, garbage, cache_dtype, kind, scales)
     query = rng.standard_normal((sum(q_lens), group, head_dim)).astype(numpy_dtype(dtype))
     labels = {"feature": "long_chunks", "values": kind, "garbage": garbage, "arrangement": pool.arrangement,
-              "heads": f"{group}/1", "queries": "+".join(map(str, q_lens)), "context": "+".join(map(str, contexts))}
+              "heads": f"{group}/1", "queries": "+".join(map(str, q_lens)), "context": "+".join(map(str, contexts)),
+              "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
 

@@ -64,6 +64,16 @@ def test_long_chunks_match_spec(request, backend):
                    feature="long_chunks", max_examples=limits.batch_examples, requires={"features": ("varlen",)})
 
 
+def test_long_chunks_with_fp8_caches_match_spec(request, backend):
+    """The long chunks with fp8 caches and scales (v_scale never 1) and bfloat16 queries: the fp8
+    prefill paths' split plans over many query tiles, a sample of rows within the error model;
+    inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(long_chunk_cases, fp8=True), checks.long_chunks_match_spec,
+                   limits, dtype="bfloat16", feature="long_chunks_fp8", max_examples=limits.batch_examples,
+                   requires={"features": ("varlen", "fp8")})
+
+
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 def test_wide_groups_match_spec(request, backend, dtype):
     """12 to 128 query heads per KV head (wider than one tile of rows; 71 and others no power of

@@ -679,3 +679,12 @@ def test_long_chunk_check_fails_a_backend_whose_middle_rows_are_wrong():
     assert checks.long_chunks_match_spec(NumpyBackend(), case) <= 1.0
     with pytest.raises(ConformanceFailure, match="query 5"):
         checks.long_chunks_match_spec(MiddleRowsWrong(), case)
+
+
+def test_fp8_long_chunks_store_scaled_fp8_keys_and_values_that_split_plans_must_scale_once():
+    for case in drawn(scale.long_chunk_cases(ANY, dtype="bfloat16", fp8=True), 1):
+        problem = checks.problem_of(case)
+        assert case.key_cache.itemsize == 1 and problem.cache_dtype in ("float8_e4m3fn", "float8_e5m2")
+        assert problem.v_scale in scale.LONG_FP8_V_SCALES and problem.v_scale != 1.0
+        assert case.labels["cache_dtype"] == problem.cache_dtype
+        assert checks.long_chunks_match_spec(NumpyBackend(), case) <= 1.0
