@@ -34,6 +34,14 @@ INTERPRETER_SMS = 4
 H200_CUPY_DECODE_SLOTS = 2 * H200_SMS
 
 
+def triton_grid(problem) -> tuple:
+    """triton's tiles for ``problem``, its programs before split-KV and each work item's key tiles."""
+    tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                         problem.block_size)
+    work_seq, _, key_tiles = _work_list(problem, tiles)
+    return tiles, work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles, key_tiles
+
+
 def drawn(strategy, count: int) -> list:
     """The first ``count`` examples the suite's derandomized profiles draw (the first is the shrink target)."""
     found: list = []
@@ -86,10 +94,7 @@ def test_long_cases_reach_split_plans_of_triton_and_cupy(profile):
             problem = checks.problem_of(case)
             assert problem.seq_lens.min() >= limits.min_long
             assert int(problem.seq_lens.max()) % problem.block_size or len(problem.seq_lens) > 1
-            tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
-                                 problem.block_size)
-            work_seq, _, key_tiles = _work_list(problem, tiles)
-            programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+            tiles, programs, key_tiles = triton_grid(problem)
             # the H200 splits every case; the interpreter's 4 "SMs" are filled by a batch of a few heads,
             # so there only the first case (one sequence, one KV head) is sure to split
             for sms in (H200_SMS,) if index else (INTERPRETER_SMS, H200_SMS):
@@ -110,10 +115,7 @@ def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_p
         assert work.merges.shape[0] > 0 and work.merges[:, 6].min() % 2 == 1, (slots, work.merges)  # odd parts
         assert len({int(b - a) for a, b in ranges}) > 1, (slots, ranges)  # parts of unequal length: one is partial
     assert case.seq_lens[0] % work.tile_n != 0
-    tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
-                         problem.block_size)
-    work_seq, _, key_tiles = _work_list(problem, tiles)
-    programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+    tiles, programs, key_tiles = triton_grid(problem)
     for sms in (INTERPRETER_SMS, H200_SMS):  # triton: resident x 132 slots on the H200
         assert choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident, tiles.saturation) > 1, sms
 
@@ -523,10 +525,7 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
         problem = checks.problem_of(case)
         assert problem.num_seqs > scale.MAX_RESIDENT_CTAS  # one CTA per sequence: more than one wave
         assert int(problem.seq_lens.max()) <= scale.LARGE_BATCH_MAX_LEN
-        tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
-                             problem.block_size)
-        work_seq, _, _ = _work_list(problem, tiles)
-        programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+        tiles, programs, _ = triton_grid(problem)
         assert programs > tiles.resident * H200_SMS
         assert build_work(problem, slots=H200_CUPY_DECODE_SLOTS).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
 
@@ -597,10 +596,7 @@ def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_trito
         assert problem.num_seqs == 1 and problem.num_kv_heads == 1
         assert length > UINT16_POSITIONS and length % problem.block_size  # a partial last block
         assert -(-length // PART_KEYS) > MERGE_MAX_PARTS + 8  # the mutants' merge drops more than 8 parts
-        tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
-                             problem.block_size)
-        work_seq, _, key_tiles = _work_list(problem, tiles)
-        programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+        tiles, programs, key_tiles = triton_grid(problem)
         longest = int(key_tiles.max())
         splits = choose_num_splits(programs, longest, H200_SMS, tiles.resident, tiles.saturation)
         assert -(-longest // splits) == -(-longest // MAX_SPLITS)  # parts as short as MAX_SPLITS makes them
@@ -620,10 +616,7 @@ def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_trito
     assert length > 2**20 and length % problem.block_size  # a partial last block
     assert 2**16 * min(DECLARED.block_sizes or ()) < scale.MILLION_KEYS  # columns past 16 bits at block size 16
     assert -(-length // PART_KEYS) > 8 * (MERGE_MAX_KEYS // PART_KEYS)  # the mutant's merge drops most parts
-    tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
-                         problem.block_size)
-    work_seq, _, key_tiles = _work_list(problem, tiles)
-    programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+    tiles, programs, key_tiles = triton_grid(problem)
     assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) == MAX_SPLITS
     work = build_work(problem, slots=H200_CUPY_DECODE_SLOTS)
     assert int(work.merges[:, 6].max()) > MERGE_MAX_KEYS // PART_KEYS, work.merges  # more parts than 131,072 keys'
@@ -646,10 +639,7 @@ def test_long_chunk_cases_have_split_parts_past_the_first_query_tiles_of_triton_
         q_lens, lens = problem.q_lens, np.asarray(problem.seq_lens)
         assert problem.causal and int(q_lens.min()) > PART_KEYS + QUERY_TILE  # parts past the mutant's first tile
         assert int((lens - q_lens).min()) >= scale.LONG_CHUNK_CONTEXT[0]
-        tiles = choose_tiles(int(q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
-                             problem.block_size)
-        work_seq, _, key_tiles = _work_list(problem, tiles)
-        programs = work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles
+        tiles, programs, key_tiles = triton_grid(problem)
         splits = choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation)
         part_keys = -(-int(key_tiles.max()) // splits) * tiles.block_n
         first_tile_end = int((lens - q_lens)[int(np.argmax(lens))]) + tiles.block_m // problem.group_size
