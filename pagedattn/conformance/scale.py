@@ -92,6 +92,7 @@ __all__ = [
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
     "LONG_PREFILL_ROWS",
+    "LONG_TAIL_KINDS",
     "LONG_VALUE_KINDS",
     "LONG_WINDOW_MIN",
     "MANY_PAIRS",
@@ -170,6 +171,17 @@ ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
 #: with the number of keys (a half-precision O loses the small terms); "normal": standard
 #: normal K and V.
 LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
+#: The value pattern of the long-tail cells, "tail": a query of about 1 in every dim, the first key
+#: of each sequence scoring :data:`TAIL_PEAK_SCORE` (an attention sink, as a model's first token
+#: is) and every other key near 0, with values near -1 at the sink and near +1 elsewhere. Each
+#: other key weighs about e**-9 of the sink's (under 2**-11 with fp8 keys), yet 4,096 of them
+#: hold about a third of a row's mass and 65,536 nine tenths: a kernel that drops weights that
+#: small once it has seen the sink (P cast to fp8, blocks skipped under a threshold) is right on
+#: short rows and far off on long ones, where the right output moves from the sink's value
+#: towards the others'.
+LONG_TAIL_KINDS: tuple[str, ...] = ("tail",)
+#: The sink's score in the "tail" pattern (natural-log units above the other keys').
+TAIL_PEAK_SCORE = 9.0
 #: fp8 scales of the long cells with fp8 caches: v_scale is never 1, so that applying it once per
 #: split part and again after the merge (or never) shows.
 LONG_FP8_K_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0)
@@ -264,7 +276,8 @@ def _kv_layouts(capabilities: Capabilities) -> st.SearchStrategy[str]:
 
 def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: int,
             head_dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """K, V float64 ``[L, Hkv, D]`` of each sequence for a kind of :data:`LONG_VALUE_KINDS`."""
+    """K, V float64 ``[L, Hkv, D]`` of each sequence for a kind of :data:`LONG_VALUE_KINDS` or
+    :data:`LONG_TAIL_KINDS`."""
     result = []
     for length in lens:
         k = rng.standard_normal((length, num_kv_heads, head_dim))
@@ -273,8 +286,21 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
             ramp = (np.arange(length) / max(length, 1))[:, None, None]
             k = 0.1 * k + 2.0 * ramp  # scores ramp by about +-2 along the sequence, little noise
             v = 1.0 + 0.1 * v + ramp
+        elif kind == "tail":  # with the query of _query: scores near 0, the first near TAIL_PEAK_SCORE
+            k, v = 0.05 * k, 1.0 + 0.1 * v
+            k[0] = TAIL_PEAK_SCORE / np.sqrt(head_dim)  # q . k * D**-0.5 = TAIL_PEAK_SCORE * mean(q)
+            v[0] -= 2.0
         result.append((k, v))
     return result
+
+
+def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A query of ``shape`` for K and V of ``kind``: standard normal, or about 1 in every dim for
+    "tail" (so that every head and query gives the sink its score)."""
+    query = rng.standard_normal(shape)
+    if kind == "tail":
+        query = 1.0 + 0.1 * query
+    return query.astype(numpy_dtype(dtype))
 
 
 def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.ndarray, lens: list[int],
@@ -297,7 +323,8 @@ def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.n
 def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                         limits: ScaleLimits | None = None, fp8: bool = False,
                         window: bool = False, max_kv_heads: int = 3,
-                        groups: tuple[int, ...] = (1, 2, 3, 5, 8)) -> AttentionCase:
+                        groups: tuple[int, ...] = (1, 2, 3, 5, 8),
+                        kinds: tuple[str, ...] = LONG_VALUE_KINDS) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
@@ -312,7 +339,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     softcap: most of each range is outside every row's window, so a plan that splits the whole
     range has parts that see no key, which its merge must weigh as nothing; and ALiBi takes
     positions in the thousands, which bfloat16 (256) and float16 (2,048) do not hold exactly.
-    ``max_kv_heads`` bounds the KV heads (1 to it), ``groups`` are the GQA ratios drawn.
+    ``max_kv_heads`` bounds the KV heads (1 to it), ``groups`` are the GQA ratios drawn, ``kinds``
+    the value patterns (:data:`LONG_VALUE_KINDS`, or :data:`LONG_TAIL_KINDS`).
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -339,7 +367,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
         lens.pop()
     pool = draw(block_tables(np.array(lens), block_size, ("contiguous", "shuffled", "reversed", "interleaved")),
                 label="pool")
-    value_kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")
+    value_kind = draw(st.sampled_from(kinds), label="values")
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     options: dict[str, Any] = {}
     if caps.supports("lse"):  # a split plan merges lse too: every long case asks for it
@@ -357,7 +385,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     options.update(scales)
     k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    query = rng.standard_normal((len(lens) * q_len, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
+    query = _query(rng, value_kind, (len(lens) * q_len, num_q_heads, head_dim), dtype)
     logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
                          np.array(lens), logical, garbage, cache_dtype, k_scale, v_scale)

@@ -24,6 +24,8 @@ from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     FAR_BYTE_LIMIT,
+    LONG_TAIL_KINDS,
+    LONG_VALUE_KINDS,
     far_copy_blocks_cases,
     far_layer_view_cases,
     far_merge_row_cases,
@@ -52,11 +54,12 @@ FAR_DTYPES = ("float16", "bfloat16")
 
 
 def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
-                   requires: dict[str, Any] | None = None, fp8: bool = False, window: bool = False) -> None:
+                   requires: dict[str, Any] | None = None, fp8: bool = False, window: bool = False,
+                   kinds: tuple[str, ...] = LONG_VALUE_KINDS) -> None:
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
-    window), checked against the spec."""
+    window, of value patterns ``kinds``), checked against the spec."""
     limits = scale_limits()
-    cases = partial(long_sequence_cases, fp8=fp8, window=window)
+    cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds)
     run_scale_cell(request, backend, cases, checks.matches_spec, limits, dtype=dtype, feature=feature,
                    max_examples=limits.long_examples, cell={"max_keys": limits.max_long}, requires=requires)
 
@@ -82,6 +85,30 @@ def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
     of the fp8 paths, their partials and merge, within the error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "long_sequences_fp8", requires={"features": ("fp8",)}, fp8=True)
+
+
+#: dtypes of the long-tail cells: the 16-bit ones (a float32 kernel that drops weights of 2**-10 is
+#: off by more than float32's bound on short rows too) and, with fp8 caches, float16 alone: with
+#: bfloat16 queries the bound at a sink's score of 9 (``K * k_scale`` rounded to bfloat16) is wider
+#: than a flush of the tail's weights at the lengths of the quick and ci profiles.
+TAIL_DTYPES, FP8_TAIL_DTYPES = ("float16", "bfloat16"), ("float16",)
+
+
+@pytest.mark.parametrize("dtype", TAIL_DTYPES)
+def test_long_tails_match_spec(request, backend, dtype):
+    """The long-sequence batches with a sink: each sequence's first key scores about 9 above the rest,
+    whose weights are each under 2**-11 of its own and together hold about a third to nine tenths of a
+    row's mass (kernels that drop weights that small are right only on short rows); within the
+    error model."""
+    _run_long_cell(request, backend, dtype, "long_tails", kinds=LONG_TAIL_KINDS)
+
+
+@pytest.mark.parametrize("dtype", FP8_TAIL_DTYPES)
+def test_long_tails_with_fp8_caches_match_spec(request, backend, dtype):
+    """The long-tail batches with fp8 caches and scales: fp8 paths that take P in fp8 for the P V
+    product flush the small weights; within the error model."""
+    _run_long_cell(request, backend, dtype, "long_tails_fp8", requires={"features": ("fp8",)}, fp8=True,
+                   kinds=LONG_TAIL_KINDS)
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)

@@ -678,3 +678,26 @@ def test_fp8_long_chunks_store_scaled_fp8_keys_and_values_that_split_plans_must_
         assert problem.v_scale in scale.LONG_FP8_V_SCALES and problem.v_scale != 1.0
         assert case.labels["cache_dtype"] == problem.cache_dtype
         assert checks.long_chunks_match_spec(NumpyBackend(), case) <= 1.0
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_long_tail_cases_hold_much_of_each_rows_mass_in_weights_the_mutants_drop(fp8):
+    from pagedattn.conformance.mutants.scale import NEGLIGIBLE_WEIGHT
+    from pagedattn.spec.exact import gather_kv, scores_and_mask
+
+    cases = scale.long_sequence_cases(NumpyBackend().capabilities(), dtype="float16",
+                                      limits=scale.scale_limits("quick"), fp8=fp8, kinds=scale.LONG_TAIL_KINDS)
+    for case in drawn(cases, 3):
+        problem = checks.problem_of(case)
+        assert case.labels["values"] == "tail" and problem.cache_dtype.startswith("float8") == fp8
+        p_q = problem.token_positions()[1]
+        for s in range(problem.num_seqs):
+            rows = slice(int(problem.query_start_loc[s]), int(problem.query_start_loc[s + 1]))
+            k, v = gather_kv(problem, case.key_cache, case.value_cache, s)
+            scores, visible, _ = scores_and_mask(problem, case.query[rows].astype(np.float64), k, p_q[rows])
+            assert visible[..., 0].all()  # every row sees the sink
+            weights = np.where(visible, np.exp(scores - scores[..., :1]), 0.0)  # [n, Hq, L], the sink's 1
+            assert weights[..., 1:].max() < NEGLIGIBLE_WEIGHT / 2  # every other weight: under 2**-11
+            tail = weights[..., 1:].sum(axis=-1)
+            assert (tail / (1 + tail)).min() > 0.25  # about a third of the mass at 4,096 keys
+            assert v[0].max() < 0 < v[1:].min()  # the answer moves from the sink's value to the others'

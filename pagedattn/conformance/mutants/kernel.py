@@ -142,6 +142,7 @@ class SteppedKernelBackend(NumpyBackend):
         heads = self.kv_heads(pr)
         p_q_all = self.query_positions(pr)
         self.query_dtype = query.dtype  # the kernel's 16-bit type, for the variants that use one
+        self.cache_dtype = pr.cache_dtype  # the kernel's path (fp8 or not), for the variants of one path
         q_all = query.astype(F32) * F32(self.scale(pr))
         for s in range(pr.num_seqs):
             start, stop = int(pr.query_start_loc[s]), int(pr.query_start_loc[s + 1])

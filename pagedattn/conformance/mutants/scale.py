@@ -2,7 +2,8 @@
 sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
 rows, batches larger than one wave of CTAs, more query tokens, sequences or copied blocks than a
 grid's y or z axis takes, prefills of several query tiles, sequences of more than 65,536 keys,
-blocks and head dims larger than a fixed tile.
+blocks and head dims larger than a fixed tile, and long rows whose mass lies in weights far below
+their maximum.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -562,3 +563,48 @@ class SplitSkipsPartsPastItsQueryTile(AddressedKernelBackend):
             left.append((np.where(skipped, F32(np.nan), m), np.where(skipped, F32(np.nan), l),
                          np.where(skipped[..., None], F32(np.nan), O)))
         return super().merge(left)
+
+
+# -- long rows: sums of many keys, and weights far below the maximum -----------------------------
+
+#: Weights under this fraction of the running maximum vanish in the two mutants below: half of
+#: float8 e4m3's smallest step, 2**-9, where a cast rounds them to 0.
+NEGLIGIBLE_WEIGHT = 2.0**-10
+
+
+def _sixteen_bit(kernel: SteppedKernelBackend) -> bool:
+    """Whether the call ``kernel`` is running has 16-bit queries (the path of the mutants below)."""
+    return bool(kernel.query_dtype != np.float32)
+
+
+class TailWeightsFlushed(SteppedKernelBackend):
+    bug = ("with fp8 caches and 16-bit queries P V takes P in float8 e4m3, whose smallest step is 2**-9: weights "
+           "under 2**-10 of the running max flush to 0 while l counts them, so a long row whose mass lies in many "
+           "small weights loses it")
+    models = ("ROCm/FlyDSL PR 1020 (fp8 attention casts P to e4m3 before P V: with thousands of keys most "
+              "weights fall below 2**-9, l still counts them, rows keep 64% of their weight)")
+
+    def weighted_values(self, p_ij, visible, v):
+        from pagedattn.spec.dtypes import FP8_DTYPES
+
+        if self.cache_dtype in FP8_DTYPES and _sixteen_bit(self):
+            p_ij = np.where(p_ij < F32(NEGLIGIBLE_WEIGHT), F32(0), p_ij)
+        return super().weighted_values(p_ij, visible, v)
+
+
+class SkipsNegligibleBlocks(SteppedKernelBackend):
+    bug = ("with 16-bit queries a block whose weights are all under 2**-10 of the running max is skipped, neither "
+           "l nor O updated: skip-softmax with a fixed threshold, right on short rows, wrong where such blocks hold "
+           "the mass")
+    models = ("skip-softmax block skipping (BLASST) left on for exact attention: lightseekorg/tokenspeed PR 1359 "
+              "(a nonzero threshold must be calibrated per sequence length); quic/efficient-transformers PR 1009 "
+              "(its threshold divided by the context length)")
+
+    def update(self, m, l, O, s_ij, visible, v):
+        m_new, l_new, O_new = super().update(m, l, O, s_ij, visible, v)
+        if not _sixteen_bit(self):
+            return m_new, l_new, O_new
+        with np.errstate(invalid="ignore"):
+            skip = s_ij.max(axis=-1) < m + F32(np.log(NEGLIGIBLE_WEIGHT))  # [n, Hq]; NaN never skips
+        return (np.where(skip, m, m_new), np.where(skip, l, l_new), np.where(skip[..., None], O, O_new))
+
