@@ -172,16 +172,19 @@ ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
 #: normal K and V.
 LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
 #: The value pattern of the long-tail cells, "tail": a query of about 1 in every dim, the first key
-#: of each sequence scoring :data:`TAIL_PEAK_SCORE` (an attention sink, as a model's first token
-#: is) and every other key near 0, with values near -1 at the sink and near +1 elsewhere. Each
-#: other key weighs about e**-9 of the sink's (under 2**-11 with fp8 keys), yet 4,096 of them
-#: hold about a third of a row's mass and 65,536 nine tenths: a kernel that drops weights that
-#: small once it has seen the sink (P cast to fp8, blocks skipped under a threshold) is right on
-#: short rows and far off on long ones, where the right output moves from the sink's value
-#: towards the others'.
+#: of each sequence scoring :data:`TAIL_GAP` above every other (an attention sink, as a model's
+#: first token is: +4 against about -4), with values near -1 at the sink and near +1 elsewhere.
+#: Each other key weighs about e**-8 of the sink's, under 2**-10 (half of float8 e4m3's smallest
+#: step) with fp8 keys too, yet 4,096 of them hold about half of a row's mass and 65,536 all
+#: but 5%: a kernel that drops weights that small once it has seen the sink (P cast to fp8,
+#: blocks skipped under a threshold) is right on short rows and far off on long ones, where the
+#: right output moves from the sink's value towards the others'; a split plan confines the loss
+#: to the part that holds the sink, so the longer its parts, the more it shows. Scores of +-4
+#: rather than 8 and 0 halve the error model's bound (it grows with the largest score magnitude a
+#: row sees).
 LONG_TAIL_KINDS: tuple[str, ...] = ("tail",)
-#: The sink's score in the "tail" pattern (natural-log units above the other keys').
-TAIL_PEAK_SCORE = 9.0
+#: The sink's score above the other keys' in the "tail" pattern (natural-log units).
+TAIL_GAP = 8.0
 #: fp8 scales of the long cells with fp8 caches: v_scale is never 1, so that applying it once per
 #: split part and again after the merge (or never) shows.
 LONG_FP8_K_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0)
@@ -286,9 +289,10 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
             ramp = (np.arange(length) / max(length, 1))[:, None, None]
             k = 0.1 * k + 2.0 * ramp  # scores ramp by about +-2 along the sequence, little noise
             v = 1.0 + 0.1 * v + ramp
-        elif kind == "tail":  # with the query of _query: scores near 0, the first near TAIL_PEAK_SCORE
-            k, v = 0.05 * k, 1.0 + 0.1 * v
-            k[0] = TAIL_PEAK_SCORE / np.sqrt(head_dim)  # q . k * D**-0.5 = TAIL_PEAK_SCORE * mean(q)
+        elif kind == "tail":  # with the query of _query: scores near -TAIL_GAP / 2, the first +TAIL_GAP / 2
+            half_gap = TAIL_GAP / 2 / np.sqrt(head_dim)  # q . k * D**-0.5 = TAIL_GAP / 2 * mean(q)
+            k, v = 0.05 * k - half_gap, 1.0 + 0.1 * v
+            k[0] = half_gap
             v[0] -= 2.0
         result.append((k, v))
     return result
@@ -1391,7 +1395,8 @@ LONG_CHUNK_ROW_STRIDE = 16
 
 @st.composite
 def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                     limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
+                     limits: ScaleLimits | None = None, fp8: bool = False,
+                     kinds: tuple[str, ...] = LONG_VALUE_KINDS) -> AttentionCase:
     """Return a strategy for 1 or 2 sequences, each a chunk of :data:`LONG_CHUNK_QUERIES` queries
     after :data:`LONG_CHUNK_CONTEXT` keys of context (an engine's chunked prefill of a long prompt).
 
@@ -1399,8 +1404,10 @@ def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     keys of context; here a few sequences of long key ranges (split plans) meet many query tiles
     whose causal bounds lie thousands of keys in. Causal, one KV head, lse wherever declared (a
     split plan merges it), a sliding window, ALiBi and softcap each sometimes, "trend" or normal
-    values; with ``fp8``, fp8 caches and scales (``v_scale`` never 1: a split plan applies it once).
-    The check compares a sample of rows (:func:`long_chunk_rows`).
+    values (or another of ``kinds``: :data:`LONG_TAIL_KINDS`, without ALiBi or a window, so that every
+    row sees the sink and no bias outweighs it); with ``fp8``, fp8 caches and scales
+    (``v_scale`` never 1: a split plan applies it once). The check compares a sample of rows
+    (:func:`long_chunk_rows`).
     """
     del limits  # one size for every profile: the sizes are the plans'
     caps = capabilities
@@ -1421,11 +1428,13 @@ def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
         options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, max(lens)), label="sliding_window")
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     options.update(scales)
-    kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")
+    kind = draw(st.sampled_from(kinds), label="values")
+    if kind in LONG_TAIL_KINDS:  # every row sees the sink, and no bias outweighs it
+        options = {k: v for k, v in options.items() if k not in ("alibi_slopes", "sliding_window")}
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, 1, head_dim, garbage, cache_dtype, kind, scales)
-    query = rng.standard_normal((sum(q_lens), group, head_dim)).astype(numpy_dtype(dtype))
+    query = _query(rng, kind, (sum(q_lens), group, head_dim), dtype)
     labels = {"feature": "long_chunks", "values": kind, "garbage": garbage, "arrangement": pool.arrangement,
               "heads": f"{group}/1", "queries": "+".join(map(str, q_lens)), "context": "+".join(map(str, contexts)),
               "cache_dtype": cache_dtype}

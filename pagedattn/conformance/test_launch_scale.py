@@ -23,6 +23,7 @@ import pytest
 from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
+    LONG_TAIL_KINDS,
     large_batch_cases,
     long_chunk_cases,
     long_prefill_cases,
@@ -72,6 +73,17 @@ def test_long_chunks_with_fp8_caches_match_spec(request, backend):
     run_scale_cell(request, backend, functools.partial(long_chunk_cases, fp8=True), checks.long_chunks_match_spec,
                    limits, dtype="bfloat16", feature="long_chunks_fp8", max_examples=limits.batch_examples,
                    requires={"features": ("varlen", "fp8")})
+
+
+def test_long_chunks_with_tails_match_spec(request, backend):
+    """The long chunks with fp8 caches, float16 queries and an attention sink over a flat tail
+    (:data:`~pagedattn.conformance.scale.LONG_TAIL_KINDS`): a prefill kernel walks a row's keys
+    in few parts, so one that takes P in fp8 for P V flushes a tail holding much of the row's
+    mass; a sample of rows within the error model; inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(long_chunk_cases, fp8=True, kinds=LONG_TAIL_KINDS),
+                   checks.long_chunks_match_spec, limits, dtype="float16", feature="long_chunks_tails",
+                   max_examples=limits.batch_examples, requires={"features": ("varlen", "fp8")})
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)

@@ -680,14 +680,15 @@ def test_fp8_long_chunks_store_scaled_fp8_keys_and_values_that_split_plans_must_
         assert checks.long_chunks_match_spec(NumpyBackend(), case) <= 1.0
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-def test_long_tail_cases_hold_much_of_each_rows_mass_in_weights_the_mutants_drop(fp8):
+@pytest.mark.parametrize("cases, fp8", [(scale.long_sequence_cases, False), (scale.long_sequence_cases, True),
+                                        (scale.long_chunk_cases, True)])
+def test_long_tail_cases_hold_much_of_each_rows_mass_in_weights_the_mutants_drop(cases, fp8):
     from pagedattn.conformance.mutants.scale import NEGLIGIBLE_WEIGHT
     from pagedattn.spec.exact import gather_kv, scores_and_mask
 
-    cases = scale.long_sequence_cases(NumpyBackend().capabilities(), dtype="float16",
-                                      limits=scale.scale_limits("quick"), fp8=fp8, kinds=scale.LONG_TAIL_KINDS)
-    for case in drawn(cases, 3):
+    drawn_cases = drawn(cases(NumpyBackend().capabilities(), dtype="float16", limits=scale.scale_limits("quick"),
+                              fp8=fp8, kinds=scale.LONG_TAIL_KINDS), 3)
+    for case in drawn_cases:
         problem = checks.problem_of(case)
         assert case.labels["values"] == "tail" and problem.cache_dtype.startswith("float8") == fp8
         p_q = problem.token_positions()[1]
@@ -697,7 +698,9 @@ def test_long_tail_cases_hold_much_of_each_rows_mass_in_weights_the_mutants_drop
             scores, visible, _ = scores_and_mask(problem, case.query[rows].astype(np.float64), k, p_q[rows])
             assert visible[..., 0].all()  # every row sees the sink
             weights = np.where(visible, np.exp(scores - scores[..., :1]), 0.0)  # [n, Hq, L], the sink's 1
-            assert weights[..., 1:].max() < NEGLIGIBLE_WEIGHT / 2  # every other weight: under 2**-11
+            assert weights[..., 1:].max() < NEGLIGIBLE_WEIGHT  # every other weight: under 2**-10
             tail = weights[..., 1:].sum(axis=-1)
-            assert (tail / (1 + tail)).min() > 0.25  # about a third of the mass at 4,096 keys
+            seen = visible.sum(axis=-1)  # a chunk's first rows see 2,049 keys and up
+            assert (tail / (1 + tail))[seen >= 4096].min(initial=1.0) > 0.4  # about half at 4,096 keys
+            assert (tail / (1 + tail)).min() > 0.25  # a third at 2,049 keys
             assert v[0].max() < 0 < v[1:].min()  # the answer moves from the sink's value to the others'
