@@ -122,6 +122,7 @@ __all__ = [
     "large_batch_cases",
     "long_prefill_cases",
     "long_sequence_cases",
+    "long_tail_batch_cases",
     "many_pair_copy_blocks_cases",
     "many_sequence_cases",
     "many_token_cases",
@@ -971,6 +972,51 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
               "heads": f"{num_kv_heads * group}/{num_kv_heads}", "sequences": str(num_seqs),
               "queries": "mixed" if mixed else "decode"}
     return _case(query, caches, pool.block_tables, lens.tolist(), q_lens, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- a long-tail batch: a GPU full without split-KV --------------------------------------------
+
+#: Sequences of a long-tail batch: an engine's decode batch, which fills an H200 without split-KV
+#: on TAIL_BATCH_KV_HEADS KV heads, so that a kernel walks each row's keys in one pass.
+TAIL_BATCH_SEQS = 64
+#: KV heads of a long-tail batch (llama3-8b's).
+TAIL_BATCH_KV_HEADS = 8
+#: Keys of each sequence of a long-tail batch, at least: the tail then holds about 40% of a row's mass.
+TAIL_BATCH_KEYS = 2048
+
+
+@st.composite
+def long_tail_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                          limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for a decode batch of :data:`TAIL_BATCH_SEQS` sequences of
+    :data:`TAIL_BATCH_KEYS` keys to a block more on :data:`TAIL_BATCH_KV_HEADS` KV heads (GQA 1 or
+    4, the backend's smallest head_dim), values of the "tail" kind (:data:`LONG_TAIL_KINDS`) in
+    fp8 caches (one of the backend's, with scales), lse where declared. The long-tail cells'
+    batches of 1 to 4 sequences are split into parts on a GPU, which confines a loss of the tail's
+    small weights to the part holding the sink; this batch fills the GPU unsplit, so every row's
+    whole tail is at stake.
+    """
+    del limits  # one size for every profile: the threshold is the GPU's, not the profile's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 4)), label="gqa_ratio")
+    head_dim = min(caps.head_dims or (16,))
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    lens = rng.integers(TAIL_BATCH_KEYS, TAIL_BATCH_KEYS + block_size + 1, TAIL_BATCH_SEQS)
+    lens[-1] = TAIL_BATCH_KEYS + 1  # a partial last block
+    pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
+    options: dict[str, Any] = {"return_lse": True} if caps.supports("lse") else {}
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, True)
+    options.update(scales)
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    caches = _normal_caches(rng, pool, block_size, lens.tolist(), TAIL_BATCH_KV_HEADS, head_dim, garbage,
+                            cache_dtype, "tail", scales)
+    query = _query(rng, "tail", (TAIL_BATCH_SEQS, TAIL_BATCH_KV_HEADS * group, head_dim), dtype)
+    labels = {"feature": "long_tail_batch", "values": "tail", "garbage": garbage, "arrangement": pool.arrangement,
+              "heads": f"{TAIL_BATCH_KV_HEADS * group}/{TAIL_BATCH_KV_HEADS}", "cache_dtype": cache_dtype}
+    return _case(query, caches, pool.block_tables, lens.tolist(), None, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
 
 

@@ -680,27 +680,50 @@ def test_fp8_long_chunks_store_scaled_fp8_keys_and_values_that_split_plans_must_
         assert checks.long_chunks_match_spec(NumpyBackend(), case) <= 1.0
 
 
-@pytest.mark.parametrize("cases, fp8", [(scale.long_sequence_cases, False), (scale.long_sequence_cases, True),
-                                        (scale.long_chunk_cases, True)])
-def test_long_tail_cases_hold_much_of_each_rows_mass_in_weights_the_mutants_drop(cases, fp8):
+def tail_mass(case) -> tuple[np.ndarray, np.ndarray]:
+    """The share of each row's mass (rows x heads) in weights under 2**-10 of its sink's, and the keys
+    each row sees; asserts the sink outweighs every other key and the answer moves with the tail."""
     from pagedattn.conformance.mutants.scale import NEGLIGIBLE_WEIGHT
     from pagedattn.spec.exact import gather_kv, scores_and_mask
 
+    problem = checks.problem_of(case)
+    assert case.labels["values"] == "tail"
+    p_q = problem.token_positions()[1]
+    shares, seen = [], []
+    for s in range(problem.num_seqs):
+        rows = slice(int(problem.query_start_loc[s]), int(problem.query_start_loc[s + 1]))
+        k, v = gather_kv(problem, case.key_cache, case.value_cache, s)
+        scores, visible, _ = scores_and_mask(problem, case.query[rows].astype(np.float64), k, p_q[rows])
+        assert visible[..., 0].all()  # every row sees the sink
+        weights = np.where(visible, np.exp(scores - scores[..., :1]), 0.0)  # [n, Hq, L], the sink's 1
+        assert weights[..., 1:].max() < NEGLIGIBLE_WEIGHT  # every other weight: under 2**-10
+        assert v[0].max() < 0 < v[1:].min()  # the answer moves from the sink's value to the others'
+        tail = weights[..., 1:].sum(axis=-1)
+        shares.append((tail / (1 + tail)).ravel())
+        seen.append(visible.sum(axis=-1).ravel())
+    return np.concatenate(shares), np.concatenate(seen)
+
+
+@pytest.mark.parametrize("cases, fp8", [(scale.long_sequence_cases, False), (scale.long_sequence_cases, True),
+                                        (scale.long_chunk_cases, True)])
+def test_long_tail_cases_hold_much_of_each_rows_mass_in_weights_the_mutants_drop(cases, fp8):
     drawn_cases = drawn(cases(NumpyBackend().capabilities(), dtype="float16", limits=scale.scale_limits("quick"),
                               fp8=fp8, kinds=scale.LONG_TAIL_KINDS), 3)
     for case in drawn_cases:
+        assert checks.problem_of(case).cache_dtype.startswith("float8") == fp8
+        share, seen = tail_mass(case)
+        assert share[seen >= 4096].min(initial=1.0) > 0.4  # about half at 4,096 keys
+        assert share.min() > 0.25  # a third at 2,049 keys (a chunk's first rows)
+
+
+def test_long_tail_batches_fill_an_h200_without_split_kv_of_triton_and_cupy():
+    from pagedattn.backends.cupy.planning import build_work
+
+    for case in drawn(scale.long_tail_batch_cases(DECLARED, dtype="float16"), 2):
         problem = checks.problem_of(case)
-        assert case.labels["values"] == "tail" and problem.cache_dtype.startswith("float8") == fp8
-        p_q = problem.token_positions()[1]
-        for s in range(problem.num_seqs):
-            rows = slice(int(problem.query_start_loc[s]), int(problem.query_start_loc[s + 1]))
-            k, v = gather_kv(problem, case.key_cache, case.value_cache, s)
-            scores, visible, _ = scores_and_mask(problem, case.query[rows].astype(np.float64), k, p_q[rows])
-            assert visible[..., 0].all()  # every row sees the sink
-            weights = np.where(visible, np.exp(scores - scores[..., :1]), 0.0)  # [n, Hq, L], the sink's 1
-            assert weights[..., 1:].max() < NEGLIGIBLE_WEIGHT  # every other weight: under 2**-10
-            tail = weights[..., 1:].sum(axis=-1)
-            seen = visible.sum(axis=-1)  # a chunk's first rows see 2,049 keys and up
-            assert (tail / (1 + tail))[seen >= 4096].min(initial=1.0) > 0.4  # about half at 4,096 keys
-            assert (tail / (1 + tail)).min() > 0.25  # a third at 2,049 keys
-            assert v[0].max() < 0 < v[1:].min()  # the answer moves from the sink's value to the others'
+        assert problem.num_seqs == scale.TAIL_BATCH_SEQS and problem.cache_dtype.startswith("float8")
+        share, _ = tail_mass(case)
+        assert share.min() > 0.3  # about 40% of every row's mass
+        tiles, programs, key_tiles = triton_grid(problem)
+        assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) == 1
+        assert len(build_work(problem, slots=H200_CUPY_DECODE_SLOTS).merges) == 0  # cupy: no part merged
