@@ -607,4 +607,3 @@ class SkipsNegligibleBlocks(SteppedKernelBackend):
         with np.errstate(invalid="ignore"):
             skip = s_ij.max(axis=-1) < m + F32(np.log(NEGLIGIBLE_WEIGHT))  # [n, Hq]; NaN never skips
         return (np.where(skip, m, m_new), np.where(skip, l, l_new), np.where(skip[..., None], O, O_new))
-
