@@ -313,8 +313,9 @@ def plan_check_rng(case: AttentionCase) -> np.random.Generator:
 def plan_serves_many_runs(backend: Backend, case: AttentionCase) -> float:
     """As an engine uses a plan: planned beside a second plan (the batch relocated), run on this
     layer's arrays, the second plan run, then the first run on the next layer's query and caches
-    (other arrays, same shapes). Each run within the error model of its own inputs; a later run
-    leaves an earlier run's out and lse as they were."""
+    (other arrays, same shapes), then on this layer's arrays again. Each run within the error model
+    of its own inputs; a later run leaves an earlier run's out and lse as they were; the last run
+    gives the first run's bits."""
     __tracebackhide__ = True
     rng = plan_check_rng(case)
     other, layer = relocated(case, rng), next_layer(case, rng)
@@ -333,6 +334,10 @@ def plan_serves_many_runs(backend: Backend, case: AttentionCase) -> float:
     backend.synchronize()
     _assert_same_result(backend, host_result(backend, first, return_lse), first_seen,
                         "a later run (of this plan or another) changed an earlier run's output", case)
+    again = backend.run(plan, *arrays[:3])
+    backend.synchronize()
+    _assert_same_result(backend, host_result(backend, again, return_lse), first_seen,
+                        "the plan run again on the same arrays gave other bits than its first run", case)
     return max(
         _result_matches_spec(backend, case, first_seen, " (the plan's first run, a second plan made)"),
         _result_matches_spec(backend, other, host_result(backend, between, return_lse),

@@ -2,7 +2,8 @@
 elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output
 (and merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out
 by sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
-and sizes that are no power of two. How kernels
+split plans run as an engine runs a plan (once per layer, and captured in a CUDA graph), and
+sizes that are no power of two. How kernels
 divide their work at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
@@ -55,13 +56,17 @@ FAR_DTYPES = ("float16", "bfloat16")
 
 def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
                    requires: dict[str, Any] | None = None, fp8: bool = False, window: bool = False,
-                   kinds: tuple[str, ...] = LONG_VALUE_KINDS) -> None:
+                   kinds: tuple[str, ...] = LONG_VALUE_KINDS,
+                   check: Callable[[Backend, Any], float] = checks.matches_spec,
+                   examples: Callable[[int], int] = int) -> None:
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
-    window, of value patterns ``kinds``), checked against the spec."""
+    window, of value patterns ``kinds``), held to ``check`` (the spec's answer unless given), in
+    ``examples(long_examples)`` examples."""
     limits = scale_limits()
     cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds)
-    run_scale_cell(request, backend, cases, checks.matches_spec, limits, dtype=dtype, feature=feature,
-                   max_examples=limits.long_examples, cell={"max_keys": limits.max_long}, requires=requires)
+    run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
+                   max_examples=examples(limits.long_examples), cell={"max_keys": limits.max_long},
+                   requires=requires)
 
 
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)  # the profile is loaded before collection
@@ -85,6 +90,34 @@ def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
     of the fp8 paths, their partials and merge, within the error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "long_sequences_fp8", requires={"features": ("fp8",)}, fp8=True)
+
+
+#: dtype of the long-plan cells: float32, whose output keeps the bits a merge's order changes (a
+#: 16-bit output rounds them off on the few heads of the shrink target).
+PLAN_DTYPE = "float32"
+
+
+def _plan_examples(long_examples: int) -> int:
+    """Examples of a long-plan cell: half the long cells' (at least the shrink target, which every
+    H200 plan and the interpreter's split), as each runs a long batch four times."""
+    return max(1, long_examples // 2)
+
+
+def test_long_plans_serve_many_runs(request, backend):
+    """A split plan of the long-sequence batches used as an engine uses it: beside a second plan,
+    run on the next layer's query and caches, then on the first arrays again. Every run within
+    the error model; an earlier run's out and lse kept; the same arrays give the same bits (a
+    merge that adds the parts in the order they finish does not)."""
+    _run_long_cell(request, backend, PLAN_DTYPE, "long_plans", check=checks.plan_serves_many_runs,
+                   examples=_plan_examples)
+
+
+def test_long_captured_runs_replay_new_contents(request, backend):
+    """A split plan of the long-sequence batches captured in a CUDA graph, replayed after the next
+    layer's query and caches are written into its arrays: the bits of an eager run. Unsupported
+    off CUDA and for plans that are not capturable."""
+    _run_long_cell(request, backend, PLAN_DTYPE, "long_replays", requires={"device": "cuda"},
+                   check=checks.replay_matches_eager, examples=_plan_examples)
 
 
 #: dtypes of the long-tail cells: the 16-bit ones (a float32 kernel that drops weights of 2**-10 is

@@ -15,7 +15,7 @@ from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.backends.triton.backend import _work_list
 from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
-from pagedattn.conformance import checks, scale
+from pagedattn.conformance import checks, scale, test_scale
 from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import load_case, save_case
 from pagedattn.conformance.runner import Unsupported, require
@@ -84,12 +84,13 @@ def test_every_profile_has_limits_and_large_widens_them(monkeypatch):
 # -- split plans ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("profile", ["quick", "ci"])
-def test_long_cases_reach_split_plans_of_triton_and_cupy(profile):
+@pytest.mark.parametrize("dtype", ["float16", test_scale.PLAN_DTYPE])
+def test_long_cases_reach_split_plans_of_triton_and_cupy(profile, dtype):
     from pagedattn.backends.cupy.planning import build_work
 
     limits = scale.scale_limits(profile)
     for caps in (ANY, DECLARED):
-        cases = drawn(scale.long_sequence_cases(caps, dtype="float16", limits=limits), limits.long_examples)
+        cases = drawn(scale.long_sequence_cases(caps, dtype=dtype, limits=limits), limits.long_examples)
         for index, case in enumerate(cases):
             problem = checks.problem_of(case)
             assert problem.seq_lens.min() >= limits.min_long

@@ -2,8 +2,8 @@
 sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
 rows, batches larger than one wave of CTAs, more query tokens, sequences or copied blocks than a
 grid's y or z axis takes, prefills of several query tiles, sequences of more than 65,536 keys,
-blocks and head dims larger than a fixed tile, and long rows whose mass lies in weights far below
-their maximum.
+blocks and head dims larger than a fixed tile, long rows whose mass lies in weights far below
+their maximum, and split plans run more than once.
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -607,3 +607,46 @@ class SkipsNegligibleBlocks(SteppedKernelBackend):
         with np.errstate(invalid="ignore"):
             skip = s_ij.max(axis=-1) < m + F32(np.log(NEGLIGIBLE_WEIGHT))  # [n, Hq]; NaN never skips
         return (np.where(skip, m, m_new), np.where(skip, l, l_new), np.where(skip[..., None], O, O_new))
+
+
+# -- a split plan used as an engine uses it: run once per layer, on other arrays ------------------
+
+def _plan_splits(backend: AddressedKernelBackend, problem: AttentionProblem) -> bool:
+    """Whether ``backend`` cuts a sequence of ``problem`` into more than one part (a split plan)."""
+    bs = problem.block_size
+    return any(len(backend.parts(list(range(-(-int(length) // bs))), int(length), problem)) > 1
+               for length in problem.seq_lens)
+
+
+class SplitMergeInArrivalOrder(AddressedKernelBackend):
+    bug = ("split-KV merge adds the parts' rescaled l and O in the order the parts finish, which changes from "
+           "run to run: the same call gives other bits")
+    models = ("ROCm/aiter issue 4364 (a long-context decode's split-K reduce: run-to-run different outputs at "
+              "temperature 0); merges by atomicAdd into float32 partial sums")
+
+    runs = 0
+
+    def _run(self, plan, query, key_cache, value_cache):
+        self.runs += 1
+        return super()._run(plan, query, key_cache, value_cache)
+
+    def merge(self, states):
+        # on every other run the parts finish last to first
+        return super().merge(states[::-1] if self.runs % 2 == 0 else states)
+
+
+class SplitPlanBindsFirstRunArrays(AddressedKernelBackend):
+    bug = ("a split plan caches its launches (the parts, then the merge) with its first run's query and caches: "
+           "later runs of it read those arrays; a plan that does not split launches afresh")
+    models = ("flashinfer-ai/flashinfer PR 5080 (an identity-memoised plan replayed without re-pointing it at the "
+              "new call's buffers), in a split-KV path's own launch cache")
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return {"bound": None}
+
+    def _run(self, plan, query, key_cache, value_cache):
+        if not _plan_splits(self, plan.problem):
+            return super()._run(plan, query, key_cache, value_cache)
+        if plan.state["bound"] is None:
+            plan.state["bound"] = (query, key_cache, value_cache)
+        return super()._run(plan, *plan.state["bound"])
