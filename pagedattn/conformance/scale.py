@@ -91,6 +91,7 @@ __all__ = [
     "LARGE_BATCH_SEQS",
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
+    "LONG_GROUPS",
     "LONG_PREFILL_ROWS",
     "LONG_TAIL_KINDS",
     "LONG_VALUE_KINDS",
@@ -184,6 +185,8 @@ LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
 #: rather than 8 and 0 halve the error model's bound (it grows with the largest score magnitude a
 #: row sees).
 LONG_TAIL_KINDS: tuple[str, ...] = ("tail",)
+#: GQA ratios the long cells draw.
+LONG_GROUPS: tuple[int, ...] = (1, 2, 3, 5, 8)
 #: The sink's score above the other keys' in the "tail" pattern (natural-log units).
 TAIL_GAP = 8.0
 #: fp8 scales of the long cells with fp8 caches: v_scale is never 1, so that applying it once per
@@ -328,7 +331,7 @@ def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.n
 def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                         limits: ScaleLimits | None = None, fp8: bool = False,
                         window: bool = False, max_kv_heads: int = 3,
-                        groups: tuple[int, ...] = (1, 2, 3, 5, 8),
+                        groups: tuple[int, ...] = LONG_GROUPS,
                         kinds: tuple[str, ...] = LONG_VALUE_KINDS) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 

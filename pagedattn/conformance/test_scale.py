@@ -25,6 +25,7 @@ from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     FAR_BYTE_LIMIT,
+    LONG_GROUPS,
     LONG_TAIL_KINDS,
     LONG_VALUE_KINDS,
     far_copy_blocks_cases,
@@ -58,12 +59,12 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
                    requires: dict[str, Any] | None = None, fp8: bool = False, window: bool = False,
                    kinds: tuple[str, ...] = LONG_VALUE_KINDS,
                    check: Callable[[Backend, Any], float] = checks.matches_spec,
-                   examples: Callable[[int], int] = int) -> None:
+                   examples: Callable[[int], int] = int, groups: tuple[int, ...] = LONG_GROUPS) -> None:
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
-    window, of value patterns ``kinds``), held to ``check`` (the spec's answer unless given), in
-    ``examples(long_examples)`` examples."""
+    window, of value patterns ``kinds``, of GQA ratios ``groups``), held to ``check`` (the spec's
+    answer unless given), in ``examples(long_examples)`` examples."""
     limits = scale_limits()
-    cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds)
+    cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups)
     run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
                    max_examples=examples(limits.long_examples), cell={"max_keys": limits.max_long},
                    requires=requires)
@@ -95,9 +96,12 @@ def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
 #: dtype of the long-plan cells: float32, whose output keeps the bits a merge's order changes (a
 #: 16-bit output rounds them off on the few heads of the shrink target).
 PLAN_DTYPE = "float32"
+#: GQA ratio of the long-plan cells: eight query heads a KV head (llama3's), so that even the shrink
+#: target (one KV head) merges eight rows, each a chance for a merge's order to show.
+PLAN_GROUPS = (8,)
 
 
-def _plan_examples(long_examples: int) -> int:
+def plan_examples(long_examples: int) -> int:
     """Examples of a long-plan cell: half the long cells' (at least the shrink target, which every
     H200 plan and the interpreter's split), as each runs a long batch four times."""
     return max(1, long_examples // 2)
@@ -109,7 +113,7 @@ def test_long_plans_serve_many_runs(request, backend):
     the error model; an earlier run's out and lse kept; the same arrays give the same bits (a
     merge that adds the parts in the order they finish does not)."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_plans", check=checks.plan_serves_many_runs,
-                   examples=_plan_examples)
+                   examples=plan_examples, groups=PLAN_GROUPS)
 
 
 def test_long_captured_runs_replay_new_contents(request, backend):
@@ -117,7 +121,7 @@ def test_long_captured_runs_replay_new_contents(request, backend):
     layer's query and caches are written into its arrays: the bits of an eager run. Unsupported
     off CUDA and for plans that are not capturable."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_replays", requires={"device": "cuda"},
-                   check=checks.replay_matches_eager, examples=_plan_examples)
+                   check=checks.replay_matches_eager, examples=plan_examples, groups=PLAN_GROUPS)
 
 
 #: dtypes of the long-tail cells: the 16-bit ones (a float32 kernel that drops weights of 2**-10 is

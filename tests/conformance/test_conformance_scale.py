@@ -83,14 +83,21 @@ def test_every_profile_has_limits_and_large_widens_them(monkeypatch):
 
 # -- split plans ---------------------------------------------------------------------------
 
+#: The long cells' strategy as the long cells and as the long-plan cells draw it, and their examples.
+LONG_CELLS = {"long": ({"dtype": "float16"}, int),
+              "long-plans": ({"dtype": test_scale.PLAN_DTYPE, "groups": test_scale.PLAN_GROUPS},
+                             test_scale.plan_examples)}
+
+
 @pytest.mark.parametrize("profile", ["quick", "ci"])
-@pytest.mark.parametrize("dtype", ["float16", test_scale.PLAN_DTYPE])
-def test_long_cases_reach_split_plans_of_triton_and_cupy(profile, dtype):
+@pytest.mark.parametrize("cell", sorted(LONG_CELLS))
+def test_long_cases_reach_split_plans_of_triton_and_cupy(profile, cell):
     from pagedattn.backends.cupy.planning import build_work
 
     limits = scale.scale_limits(profile)
     for caps in (ANY, DECLARED):
-        cases = drawn(scale.long_sequence_cases(caps, dtype=dtype, limits=limits), limits.long_examples)
+        drawing, examples = LONG_CELLS[cell]
+        cases = drawn(scale.long_sequence_cases(caps, limits=limits, **drawing), examples(limits.long_examples))
         for index, case in enumerate(cases):
             problem = checks.problem_of(case)
             assert problem.seq_lens.min() >= limits.min_long
