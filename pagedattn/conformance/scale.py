@@ -92,6 +92,8 @@ __all__ = [
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
     "LONG_GROUPS",
+    "LONG_MAX_QUERIES",
+    "LONG_NEEDLE_KINDS",
     "LONG_PREFILL_ROWS",
     "LONG_TAIL_KINDS",
     "LONG_VALUE_KINDS",
@@ -100,6 +102,7 @@ __all__ = [
     "MANY_SEQUENCES",
     "MANY_TOKENS",
     "MAX_RESIDENT_CTAS",
+    "NEEDLE_GAP",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
     "VERY_LONG_KEYS",
@@ -185,6 +188,17 @@ LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
 #: rather than 8 and 0 halve the error model's bound (it grows with the largest score magnitude a
 #: row sees).
 LONG_TAIL_KINDS: tuple[str, ...] = ("tail",)
+#: The value pattern of the long-needle cell, "needle": the query of "tail", every key scoring about
+#: -NEEDLE_GAP / 2 but two, the needles, which score +NEEDLE_GAP / 2, one in the third quarter of the
+#: sequence and one in the last (the keys a retrieval head looks up). A split plan's first parts see
+#: no needle: a later part's lse lies NEEDLE_GAP above theirs, past what float32's exp holds
+#: (e**88.7), so a merge that exponentiates a difference of lse without its max overflows; the
+#: right output is the needles' mean value.
+LONG_NEEDLE_KINDS: tuple[str, ...] = ("needle",)
+#: The needles' score above every other key's (natural-log units): past log(float32's largest), 88.7.
+NEEDLE_GAP = 100.0
+#: Queries a sequence of the long cells holds at most (its last positions: a decode of a few tokens).
+LONG_MAX_QUERIES = 4
 #: GQA ratios the long cells draw.
 LONG_GROUPS: tuple[int, ...] = (1, 2, 3, 5, 8)
 #: The sink's score above the other keys' in the "tail" pattern (natural-log units).
@@ -283,8 +297,8 @@ def _kv_layouts(capabilities: Capabilities) -> st.SearchStrategy[str]:
 
 def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: int,
             head_dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """K, V float64 ``[L, Hkv, D]`` of each sequence for a kind of :data:`LONG_VALUE_KINDS` or
-    :data:`LONG_TAIL_KINDS`."""
+    """K, V float64 ``[L, Hkv, D]`` of each sequence for a kind of :data:`LONG_VALUE_KINDS`,
+    :data:`LONG_TAIL_KINDS` or :data:`LONG_NEEDLE_KINDS`."""
     result = []
     for length in lens:
         k = rng.standard_normal((length, num_kv_heads, head_dim))
@@ -298,15 +312,21 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
             k, v = 0.05 * k - half_gap, 1.0 + 0.1 * v
             k[0] = half_gap
             v[0] -= 2.0
+        elif kind == "needle":  # with the query of _query: scores near -NEEDLE_GAP / 2, two at +NEEDLE_GAP / 2
+            half_gap = NEEDLE_GAP / 2 / np.sqrt(head_dim)
+            k = 0.05 * k - half_gap
+            for quarter in (2, 3):  # one needle in the third quarter, one in the last, before every query
+                k[rng.integers(quarter * length // 4, min((quarter + 1) * length // 4, length - LONG_MAX_QUERIES))] \
+                    = half_gap
         result.append((k, v))
     return result
 
 
 def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     """A query of ``shape`` for K and V of ``kind``: standard normal, or about 1 in every dim for
-    "tail" (so that every head and query gives the sink its score)."""
+    "tail" and "needle" (so that every head and query gives the sink or the needles their score)."""
     query = rng.standard_normal(shape)
-    if kind == "tail":
+    if kind in ("tail", "needle"):
         query = 1.0 + 0.1 * query
     return query.astype(numpy_dtype(dtype))
 
@@ -361,7 +381,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
     decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
     budget = SPEC_ELEMENTS // (num_q_heads * head_dim)  # queries x keys of one sequence
-    q_len = 1 if decode else draw(st.integers(1, max(1, min(4, budget // limits.min_long))), label="q_len")
+    q_len = 1 if decode else draw(st.integers(1, max(1, min(LONG_MAX_QUERIES, budget // limits.min_long))),
+                                  label="q_len")
     top = max(limits.min_long, min(limits.max_long, budget // q_len))
     num_seqs = draw(st.integers(1, limits.max_long_seqs), label="num_seqs")
     lens = []

@@ -26,6 +26,7 @@ from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     FAR_BYTE_LIMIT,
     LONG_GROUPS,
+    LONG_NEEDLE_KINDS,
     LONG_TAIL_KINDS,
     LONG_VALUE_KINDS,
     far_copy_blocks_cases,
@@ -101,9 +102,9 @@ PLAN_DTYPE = "float32"
 PLAN_GROUPS = (8,)
 
 
-def plan_examples(long_examples: int) -> int:
-    """Examples of a long-plan cell: half the long cells' (at least the shrink target, which every
-    H200 plan and the interpreter's split), as each runs a long batch four times."""
+def few_long_examples(long_examples: int) -> int:
+    """Examples of a long cell about split plans only (the long-plan and long-needle cells): half the
+    long cells' (at least the shrink target, which every H200 plan and the interpreter's split)."""
     return max(1, long_examples // 2)
 
 
@@ -113,7 +114,7 @@ def test_long_plans_serve_many_runs(request, backend):
     the error model; an earlier run's out and lse kept; the same arrays give the same bits (a
     merge that adds the parts in the order they finish does not)."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_plans", check=checks.plan_serves_many_runs,
-                   examples=plan_examples, groups=PLAN_GROUPS)
+                   examples=few_long_examples, groups=PLAN_GROUPS)
 
 
 def test_long_captured_runs_replay_new_contents(request, backend):
@@ -121,7 +122,7 @@ def test_long_captured_runs_replay_new_contents(request, backend):
     layer's query and caches are written into its arrays: the bits of an eager run. Unsupported
     off CUDA and for plans that are not capturable."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_replays", requires={"device": "cuda"},
-                   check=checks.replay_matches_eager, examples=plan_examples, groups=PLAN_GROUPS)
+                   check=checks.replay_matches_eager, examples=few_long_examples, groups=PLAN_GROUPS)
 
 
 #: dtypes of the long-tail cells: the 16-bit ones (a float32 kernel that drops weights of 2**-10 is
@@ -143,6 +144,14 @@ def test_long_tails_with_fp8_caches_match_spec(request, backend, dtype):
     product flush the small weights; within the error model."""
     _run_long_cell(request, backend, dtype, "long_tails_fp8", requires={"features": ("fp8",)}, fp8=True,
                    kinds=LONG_TAIL_KINDS)
+
+
+def test_long_needles_match_spec(request, backend):
+    """The long-sequence batches with two needles past the first half of each sequence, scoring 100
+    above every other key: a split plan's later part has an lse 100 above the earlier parts', past
+    what float32's exp holds, which a merge must shift by the largest before exponentiating;
+    within the error model (float16 queries: the error model's bound does not depend on it)."""
+    _run_long_cell(request, backend, "float16", "long_needles", kinds=LONG_NEEDLE_KINDS, examples=few_long_examples)
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)

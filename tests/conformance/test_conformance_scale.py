@@ -86,7 +86,7 @@ def test_every_profile_has_limits_and_large_widens_them(monkeypatch):
 #: The long cells' strategy as the long cells and as the long-plan cells draw it, and their examples.
 LONG_CELLS = {"long": ({"dtype": "float16"}, int),
               "long-plans": ({"dtype": test_scale.PLAN_DTYPE, "groups": test_scale.PLAN_GROUPS},
-                             test_scale.plan_examples)}
+                             test_scale.few_long_examples)}
 
 
 @pytest.mark.parametrize("profile", ["quick", "ci"])
@@ -722,6 +722,28 @@ def test_long_tail_cases_hold_much_of_each_rows_mass_in_weights_the_mutants_drop
         share, seen = tail_mass(case)
         assert share[seen >= 4096].min(initial=1.0) > 0.4  # about half at 4,096 keys
         assert share.min() > 0.25  # a third at 2,049 keys (a chunk's first rows)
+
+
+def test_long_needle_cases_put_each_rows_mass_on_two_late_keys_past_float32s_exp_range():
+    from pagedattn.spec.exact import gather_kv, scores_and_mask
+
+    exp_range = np.log(np.finfo(np.float32).max)  # 88.7
+    for case in drawn(scale.long_sequence_cases(NumpyBackend().capabilities(), dtype="float16",
+                                                limits=scale.scale_limits("quick"), kinds=scale.LONG_NEEDLE_KINDS), 3):
+        problem = checks.problem_of(case)
+        assert case.labels["values"] == "needle"
+        p_q = problem.token_positions()[1]
+        for s in range(problem.num_seqs):
+            rows = slice(int(problem.query_start_loc[s]), int(problem.query_start_loc[s + 1]))
+            k, _ = gather_kv(problem, case.key_cache, case.value_cache, s)
+            scores, visible, _ = scores_and_mask(problem, case.query[rows].astype(np.float64), k, p_q[rows])
+            assert visible.all()  # decode or the last queries: every row sees every key
+            order = np.argsort(scores, axis=-1)
+            needles, rest = order[..., -2:], order[..., :-2]
+            length = int(problem.seq_lens[s])
+            assert (np.sort(needles, axis=-1) >= [length // 2, 3 * length // 4]).all()  # in the last two quarters
+            top = np.take_along_axis(scores, needles, axis=-1).min(axis=-1)
+            assert (top - np.take_along_axis(scores, rest, axis=-1).max(axis=-1) > exp_range).all()
 
 
 def test_long_tail_batches_fill_an_h200_without_split_kv_of_triton_and_cupy():

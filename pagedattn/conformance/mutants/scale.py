@@ -519,6 +519,29 @@ class KeyPositionsIn16Bits(AddressedKernelBackend):
 MERGE_MAX_KEYS = 2**17
 
 
+class SplitMergeLseOverflows(AddressedKernelBackend):
+    bug = ("split-KV merge folds each part into a running (lse, out) as lse + log(1 + exp(lse_i - lse)): a part "
+           "whose lse lies more than 88.7 above the running one overflows exp (lse inf, out 0)")
+    models = ("zhuzilin/ring-flash-attention PR 30 (that lse update overflowed exp; fixed with a log-sigmoid); "
+              "flashinfer-ai/flashinfer PR 5119 review (large finite sinks gave NaN in a split merge)")
+
+    def merge(self, states):
+        if len(states) == 1:
+            return states[0]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            lse_out = [(m + np.log(l), O / np.where(l == 0, F32(1), l)[..., None]) for m, l, O in states]
+            lse, out = lse_out[0]
+            for lse_i, out_i in lse_out[1:]:  # a part with no key (lse -inf) adds nothing; the first one that has
+                folded = lse + np.log(F32(1) + np.exp(lse_i - lse))  # inf past e**88.7: the bug
+                new = np.where(np.isneginf(lse_i), lse, np.where(np.isneginf(lse), lse_i, folded))
+                weight, weight_i = np.exp(lse - new), np.exp(lse_i - new)
+                out = (np.where(np.isneginf(lse), F32(0), weight)[..., None] * out
+                       + np.where(np.isneginf(lse_i), F32(0), weight_i)[..., None] * out_i)
+                lse = new
+        l = np.where(np.isneginf(lse), F32(0), F32(1))
+        return lse.astype(F32), l.astype(F32), np.where(l[..., None] == 0, F32(0), out).astype(F32)
+
+
 class SplitMergeSizedFor128KKeys(AddressedKernelBackend):
     bug = ("split-KV merge sized for a 131,072-key context (128 parts of 1,024 keys): the parts past the 128th "
            "are dropped")
