@@ -190,11 +190,14 @@ def garbage_ignored(backend: Backend, case: AttentionCase) -> float:
 NONFINITE_KINDS: tuple[str, ...] = (
     "nan_query", "nan_key", "inf_key", "minus_inf_key", "nan_value", "inf_value", "minus_inf_value",
 )
+#: The kinds that reach a row's scores: a query or a key.
+NONFINITE_SCORE_KINDS: tuple[str, ...] = ("nan_query", "nan_key", "inf_key", "minus_inf_key")
 
 
-def with_nonfinite(case: AttentionCase, rng: np.random.Generator) -> tuple[AttentionCase, list[str]]:
+def with_nonfinite(case: AttentionCase, rng: np.random.Generator,
+                   kinds: tuple[str, ...] = NONFINITE_KINDS) -> tuple[AttentionCase, list[str]]:
     """The case with non-finite data in what rows see: per sequence with queries and keys, one of
-    :data:`NONFINITE_KINDS` in its last query, or in a key/value slot that every query of the
+    ``kinds`` (:data:`NONFINITE_KINDS`) in its last query, or in a key/value slot that every query of the
     sequence sees, in a block no other sequence shares (a slot hidden from some row by the
     causal mask or the window is not used: see the contract's section on non-finite data).
 
@@ -209,7 +212,7 @@ def with_nonfinite(case: AttentionCase, rng: np.random.Generator) -> tuple[Atten
     else:
         caches = [case.key_cache.copy(), case.value_cache.copy()]
     views = [kv_ops.slot_view(c, case.kv_layout) for c in caches]
-    start_kind = int(rng.integers(len(NONFINITE_KINDS)))
+    start_kind = int(rng.integers(len(kinds)))
     sharers = np.zeros(problem.num_blocks, dtype=np.int64)  # sequences holding each block
     for s in range(problem.num_seqs):
         needed = -(-int(problem.seq_lens[s]) // problem.block_size)
@@ -224,7 +227,7 @@ def with_nonfinite(case: AttentionCase, rng: np.random.Generator) -> tuple[Atten
         # a slot every query of the sequence sees: p <= the first query's p_q, inside the last one's window
         last = int(p_q[start]) if problem.causal else length - 1
         first = max(0, int(p_q[t]) - problem.sliding_window + 1) if problem.sliding_window is not None else 0
-        kind = NONFINITE_KINDS[(start_kind + s) % len(NONFINITE_KINDS)]
+        kind = kinds[(start_kind + s) % len(kinds)]
         position = int(rng.integers(first, last + 1)) if first <= last else 0
         block = int(problem.block_tables[s, position // problem.block_size])
         if first > last or sharers[block] > 1:  # no such slot, or its block is shared with another sequence
@@ -253,7 +256,19 @@ def nonfinite_propagates(backend: Backend, case: AttentionCase) -> float:
     """NaN/inf in a row's query or in a key/value it sees reaches its out and lse as IEEE arithmetic
     says (NaN where the spec is NaN): a backend must not turn it into zeros or "no visible key"."""
     __tracebackhide__ = True
-    poisoned, placed = with_nonfinite(case, np.random.default_rng(case.seed))
+    return _nonfinite_reaches_rows(backend, case, NONFINITE_KINDS)
+
+
+def nonfinite_scores_propagate(backend: Backend, case: AttentionCase) -> float:
+    """NaN/inf in a row's query or in a key it sees (what reaches its scores, and so a split part's
+    max and lse and the merge of the parts) reaches its out and lse as IEEE arithmetic says."""
+    __tracebackhide__ = True
+    return _nonfinite_reaches_rows(backend, case, NONFINITE_SCORE_KINDS)
+
+
+def _nonfinite_reaches_rows(backend: Backend, case: AttentionCase, kinds: tuple[str, ...]) -> float:
+    __tracebackhide__ = True
+    poisoned, placed = with_nonfinite(case, np.random.default_rng(case.seed), kinds)
     try:
         return matches_spec(backend, poisoned)
     except ConformanceFailure as error:
@@ -806,18 +821,12 @@ def far_copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> floa
 
 Check = Callable[[Backend, Any], float]
 
-#: Every check by name (saved cases record the name; ``replay`` looks it up here).
-CHECKS: dict[str, Check] = {
-    "matches_spec": matches_spec,
-    "garbage_ignored": garbage_ignored,
-    "nonfinite_propagates": nonfinite_propagates,
-    "relocation_invariant": relocation_invariant,
-    "deterministic": deterministic,
-    "alone_equals_batch": alone_equals_batch,
-    "write_kv_matches_spec": write_kv_matches_spec,
-    "copy_blocks_matches_spec": copy_blocks_matches_spec,
-    "merge_states_matches_spec": merge_states_matches_spec,
-    "far_pool_matches_spec": far_pool_matches_spec,
-    "far_write_kv_matches_spec": far_write_kv_matches_spec,
-    "far_copy_blocks_matches_spec": far_copy_blocks_matches_spec,
-}
+#: Every check a cell runs, by name (saved cases record the name; ``replay`` looks it up here).
+CHECKS: dict[str, Check] = {check.__name__: check for check in (
+    matches_spec, garbage_ignored, nonfinite_propagates, nonfinite_scores_propagate, relocation_invariant,
+    deterministic, alone_equals_batch,
+    plan_serves_many_runs, replay_matches_eager, step_writes_then_attends,
+    write_kv_matches_spec, copy_blocks_matches_spec, merge_states_matches_spec,
+    far_pool_matches_spec, far_write_kv_matches_spec, far_copy_blocks_matches_spec, far_rows_match_spec,
+    far_merge_rows_match_spec, far_partials_match_spec, far_scores_match_spec, long_chunks_match_spec,
+)}

@@ -103,7 +103,7 @@ PLAN_GROUPS = (8,)
 
 
 def few_long_examples(long_examples: int) -> int:
-    """Examples of a long cell about split plans only (the long-plan and long-needle cells): half the
+    """Examples of a long cell about split plans only (long plans, needles, non-finite scores): half the
     long cells' (at least the shrink target, which every H200 plan and the interpreter's split)."""
     return max(1, long_examples // 2)
 
@@ -152,6 +152,14 @@ def test_long_needles_match_spec(request, backend):
     what float32's exp holds, which a merge must shift by the largest before exponentiating;
     within the error model (float16 queries: the error model's bound does not depend on it)."""
     _run_long_cell(request, backend, "float16", "long_needles", kinds=LONG_NEEDLE_KINDS, examples=few_long_examples)
+
+
+def test_long_sequences_with_non_finite_scores_propagate(request, backend):
+    """The long-sequence batches with NaN or inf in a query or in a key every query of its sequence
+    sees: one split part's max and lse are not finite, and the merge carries that to the row's out
+    and lse as IEEE arithmetic does (never weighed as an empty part)."""
+    _run_long_cell(request, backend, "float16", "long_nonfinite", check=checks.nonfinite_scores_propagate,
+                   examples=few_long_examples)
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)

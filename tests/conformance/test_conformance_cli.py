@@ -36,6 +36,32 @@ def test_failure_is_saved_and_replayed(tmp_path, capsys, monkeypatch):
     assert failed["failures"][0]["replay"] == f"pagedattn replay {cases[0]} --backend mutant:LseInLog2"
 
 
+def test_every_check_a_cell_runs_can_be_replayed():
+    """A saved case names its cell's check; ``replay`` finds every check the suite's cells use."""
+    import re
+    from pathlib import Path
+
+    import pagedattn.conformance as suite
+    from pagedattn.conformance import checks
+
+    used = {name for module in Path(suite.__file__).parent.glob("test_*.py")
+            for name in re.findall(r"checks\.([a-z_]+)", module.read_text())}
+    assert "plan_serves_many_runs" in used and "long_chunks_match_spec" in used
+    assert used <= set(checks.CHECKS), sorted(used - set(checks.CHECKS))
+
+
+def test_a_long_plan_failure_is_saved_and_replayed(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["--backend", "mutant:SplitPlanBindsFirstRunArrays", "--profile", "quick", "--out", str(tmp_path),
+                     "-k", "test_long_plans_serve_many_runs"])
+    assert code == 1
+    [case] = sorted((tmp_path / "cases").glob("*.npz"))
+    capsys.readouterr()
+    assert replay.main([str(case), "--backend", "mutant:SplitPlanBindsFirstRunArrays"]) == 1
+    assert "check: plan_serves_many_runs" in capsys.readouterr().out
+    assert replay.main([str(case), "--backend", "pagedattn.conformance.mutants.scale:AddressedKernelBackend"]) == 0
+
+
 def test_an_unknown_backend_is_one_line_and_exit_2(tmp_path, capsys):
     assert cli.main(["--backend", "nosuch", "--out", str(tmp_path)]) == 2
     captured = capsys.readouterr()

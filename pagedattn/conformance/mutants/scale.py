@@ -542,6 +542,24 @@ class SplitMergeLseOverflows(AddressedKernelBackend):
         return lse.astype(F32), l.astype(F32), np.where(l[..., None] == 0, F32(0), out).astype(F32)
 
 
+class SplitMergeDropsNonFiniteParts(AddressedKernelBackend):
+    bug = ("split-KV merge weighs a part whose lse is not finite as an empty one (a guard for an empty part's 0 / 0 "
+           "that also takes NaN and inf): NaN or inf that a row sees in one part never reaches it")
+    models = ("vllm-project/vllm csrc/attention/merge_attn_states.cu (a part's lse of +inf replaced by -inf, an "
+              "empty part's, before the merge); flashinfer-ai/flashinfer PR 4054 (empty parts' NaN in merges)")
+
+    def merge(self, states):
+        if len(states) == 1:
+            return states[0]
+        kept = []
+        for m, l, O in states:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                empty = ~np.isfinite(m + np.log(l))
+            kept.append((np.where(empty, F32(-np.inf), m), np.where(empty, F32(0), l),
+                         np.where(empty[..., None], F32(0), O)))
+        return super().merge(kept)
+
+
 class SplitMergeSizedFor128KKeys(AddressedKernelBackend):
     bug = ("split-KV merge sized for a 131,072-key context (128 parts of 1,024 keys): the parts past the 128th "
            "are dropped")
