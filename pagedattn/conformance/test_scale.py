@@ -2,8 +2,9 @@
 elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output
 (and merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out
 by sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
-split plans run as an engine runs a plan (once per layer, and captured in a CUDA graph), and
-sizes that are no power of two. How kernels
+split plans run as an engine runs a plan (once per layer, and captured in a CUDA graph), split
+parts whose lse lie past float32's exp range apart or are not finite, and sizes that are no
+power of two. How kernels
 divide their work at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
@@ -150,7 +151,7 @@ def test_long_needles_match_spec(request, backend):
     """The long-sequence batches with two needles past the first half of each sequence, scoring 100
     above every other key: a split plan's later part has an lse 100 above the earlier parts', past
     what float32's exp holds, which a merge must shift by the largest before exponentiating;
-    within the error model (float16 queries: the error model's bound does not depend on it)."""
+    within the error model (float16 queries: the overflow is float32's, whatever the query's dtype)."""
     _run_long_cell(request, backend, "float16", "long_needles", kinds=LONG_NEEDLE_KINDS, examples=few_long_examples)
 
 

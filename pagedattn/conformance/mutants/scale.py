@@ -531,8 +531,8 @@ class SplitMergeLseOverflows(AddressedKernelBackend):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             lse_out = [(m + np.log(l), O / np.where(l == 0, F32(1), l)[..., None]) for m, l, O in states]
             lse, out = lse_out[0]
-            for lse_i, out_i in lse_out[1:]:  # a part with no key (lse -inf) adds nothing; the first one that has
-                folded = lse + np.log(F32(1) + np.exp(lse_i - lse))  # inf past e**88.7: the bug
+            for lse_i, out_i in lse_out[1:]:  # a part with no key (lse -inf) adds nothing; after only such
+                folded = lse + np.log(F32(1) + np.exp(lse_i - lse))  # parts the next is taken whole; inf past e**88.7
                 new = np.where(np.isneginf(lse_i), lse, np.where(np.isneginf(lse), lse_i, folded))
                 weight, weight_i = np.exp(lse - new), np.exp(lse_i - new)
                 out = (np.where(np.isneginf(lse), F32(0), weight)[..., None] * out
