@@ -105,7 +105,8 @@ PLAN_GROUPS = (8,)
 
 def few_long_examples(long_examples: int) -> int:
     """Examples of a long cell about split plans only (long plans, needles, non-finite scores): half the
-    long cells' (at least the shrink target, which every H200 plan and the interpreter's split)."""
+    long cells' (at least the shrink target, which triton's and cupy's plans split on the H200 and
+    in the interpreter)."""
     return max(1, long_examples // 2)
 
 
