@@ -316,8 +316,8 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
             half_gap = NEEDLE_GAP / 2 / np.sqrt(head_dim)
             k = 0.05 * k - half_gap
             for quarter in (2, 3):  # one needle in the third quarter, one in the last, before every query
-                k[rng.integers(quarter * length // 4, min((quarter + 1) * length // 4, length - LONG_MAX_QUERIES))] \
-                    = half_gap
+                end = min((quarter + 1) * length // 4, length - LONG_MAX_QUERIES)
+                k[rng.integers(quarter * length // 4, end)] = half_gap
         result.append((k, v))
     return result
 

@@ -34,10 +34,16 @@ class LaunchBindsFirstRunArrays(SteppedKernelBackend):
     models = ("flashinfer-ai/flashinfer PR 5080 (an identity-memoised plan replayed without re-pointing it "
               "at the new call's buffers); host-time launch caches that keep argument addresses")
 
+    def caches_launch(self, plan) -> bool:
+        """Whether ``plan``'s launches are cached with the arrays of its first run: every plan's."""
+        return True
+
     def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
         return {"bound": None}
 
     def _run(self, plan, query, key_cache, value_cache):
+        if not self.caches_launch(plan):
+            return super()._run(plan, query, key_cache, value_cache)
         if plan.state["bound"] is None:
             plan.state["bound"] = (query, key_cache, value_cache)
         return super()._run(plan, *plan.state["bound"])

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBackend
+from pagedattn.conformance.mutants.plans import LaunchBindsFirstRunArrays
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT
@@ -340,6 +341,47 @@ class SplitDropsLastPart(AddressedKernelBackend):
         return cut[:max(1, whole)]
 
 
+class SplitMergeLseOverflows(AddressedKernelBackend):
+    bug = ("split-KV merge folds each part into a running (lse, out) as lse + log(1 + exp(lse_i - lse)): a part "
+           "whose lse lies more than 88.7 above the running one overflows exp (lse inf, out 0)")
+    models = ("zhuzilin/ring-flash-attention PR 30 (that lse update overflowed exp; fixed with a log-sigmoid); "
+              "flashinfer-ai/flashinfer PR 5119 review (large finite sinks gave NaN in a split merge)")
+
+    def merge(self, states):
+        if len(states) == 1:
+            return states[0]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            lse_out = [(m + np.log(l), O / np.where(l == 0, F32(1), l)[..., None]) for m, l, O in states]
+            lse, out = lse_out[0]
+            for lse_i, out_i in lse_out[1:]:  # a part with no key (lse -inf) adds nothing; after only such
+                folded = lse + np.log(F32(1) + np.exp(lse_i - lse))  # parts the next is taken whole; inf past e**88.7
+                new = np.where(np.isneginf(lse_i), lse, np.where(np.isneginf(lse), lse_i, folded))
+                weight, weight_i = np.exp(lse - new), np.exp(lse_i - new)
+                out = (np.where(np.isneginf(lse), F32(0), weight)[..., None] * out
+                       + np.where(np.isneginf(lse_i), F32(0), weight_i)[..., None] * out_i)
+                lse = new
+        l = np.where(np.isneginf(lse), F32(0), F32(1))
+        return lse.astype(F32), l.astype(F32), np.where(l[..., None] == 0, F32(0), out).astype(F32)
+
+
+class SplitMergeDropsNonFiniteParts(AddressedKernelBackend):
+    bug = ("split-KV merge weighs a part whose lse is not finite as an empty one (a guard for an empty part's 0 / 0 "
+           "that also takes NaN and inf): NaN or inf that a row sees in one part never reaches it")
+    models = ("vllm-project/vllm csrc/attention/merge_attn_states.cu (a part's lse of +inf replaced by -inf, an "
+              "empty part's, before the merge); flashinfer-ai/flashinfer PR 4054 (empty parts' NaN in merges)")
+
+    def merge(self, states):
+        if len(states) == 1:
+            return states[0]
+        kept = []
+        for m, l, O in states:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                empty = ~np.isfinite(m + np.log(l))
+            kept.append((np.where(empty, F32(-np.inf), m), np.where(empty, F32(0), l),
+                         np.where(empty[..., None], F32(0), O)))
+        return super().merge(kept)
+
+
 # -- power-of-two index arithmetic ---------------------------------------------------------------
 
 class PowerOfTwoBlockMath(AddressedKernelBackend):
@@ -519,47 +561,6 @@ class KeyPositionsIn16Bits(AddressedKernelBackend):
 MERGE_MAX_KEYS = 2**17
 
 
-class SplitMergeLseOverflows(AddressedKernelBackend):
-    bug = ("split-KV merge folds each part into a running (lse, out) as lse + log(1 + exp(lse_i - lse)): a part "
-           "whose lse lies more than 88.7 above the running one overflows exp (lse inf, out 0)")
-    models = ("zhuzilin/ring-flash-attention PR 30 (that lse update overflowed exp; fixed with a log-sigmoid); "
-              "flashinfer-ai/flashinfer PR 5119 review (large finite sinks gave NaN in a split merge)")
-
-    def merge(self, states):
-        if len(states) == 1:
-            return states[0]
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            lse_out = [(m + np.log(l), O / np.where(l == 0, F32(1), l)[..., None]) for m, l, O in states]
-            lse, out = lse_out[0]
-            for lse_i, out_i in lse_out[1:]:  # a part with no key (lse -inf) adds nothing; after only such
-                folded = lse + np.log(F32(1) + np.exp(lse_i - lse))  # parts the next is taken whole; inf past e**88.7
-                new = np.where(np.isneginf(lse_i), lse, np.where(np.isneginf(lse), lse_i, folded))
-                weight, weight_i = np.exp(lse - new), np.exp(lse_i - new)
-                out = (np.where(np.isneginf(lse), F32(0), weight)[..., None] * out
-                       + np.where(np.isneginf(lse_i), F32(0), weight_i)[..., None] * out_i)
-                lse = new
-        l = np.where(np.isneginf(lse), F32(0), F32(1))
-        return lse.astype(F32), l.astype(F32), np.where(l[..., None] == 0, F32(0), out).astype(F32)
-
-
-class SplitMergeDropsNonFiniteParts(AddressedKernelBackend):
-    bug = ("split-KV merge weighs a part whose lse is not finite as an empty one (a guard for an empty part's 0 / 0 "
-           "that also takes NaN and inf): NaN or inf that a row sees in one part never reaches it")
-    models = ("vllm-project/vllm csrc/attention/merge_attn_states.cu (a part's lse of +inf replaced by -inf, an "
-              "empty part's, before the merge); flashinfer-ai/flashinfer PR 4054 (empty parts' NaN in merges)")
-
-    def merge(self, states):
-        if len(states) == 1:
-            return states[0]
-        kept = []
-        for m, l, O in states:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                empty = ~np.isfinite(m + np.log(l))
-            kept.append((np.where(empty, F32(-np.inf), m), np.where(empty, F32(0), l),
-                         np.where(empty[..., None], F32(0), O)))
-        return super().merge(kept)
-
-
 class SplitMergeSizedFor128KKeys(AddressedKernelBackend):
     bug = ("split-KV merge sized for a 131,072-key context (128 parts of 1,024 keys): the parts past the 128th "
            "are dropped")
@@ -676,18 +677,11 @@ class SplitMergeInArrivalOrder(AddressedKernelBackend):
         return super().merge(states[::-1] if self.runs % 2 == 0 else states)
 
 
-class SplitPlanBindsFirstRunArrays(AddressedKernelBackend):
+class SplitPlanBindsFirstRunArrays(LaunchBindsFirstRunArrays, AddressedKernelBackend):
     bug = ("a split plan caches its launches (the parts, then the merge) with its first run's query and caches: "
            "later runs of it read those arrays; a plan that does not split launches afresh")
     models = ("flashinfer-ai/flashinfer PR 5080 (an identity-memoised plan replayed without re-pointing it at the "
               "new call's buffers), in a split-KV path's own launch cache")
 
-    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
-        return {"bound": None}
-
-    def _run(self, plan, query, key_cache, value_cache):
-        if not _plan_splits(self, plan.problem):
-            return super()._run(plan, query, key_cache, value_cache)
-        if plan.state["bound"] is None:
-            plan.state["bound"] = (query, key_cache, value_cache)
-        return super()._run(plan, *plan.state["bound"])
+    def caches_launch(self, plan):
+        return _plan_splits(self, plan.problem)
