@@ -15,6 +15,14 @@ struct __align__(2) bfloat16_t { unsigned short bits; };
 constexpr float LOG2E = 1.4426950408889634f;  // scores are kept in log2 units: exp(x) = exp2(x * LOG2E)
 constexpr float LN2 = 0.6931471805599453f;    // back to natural log for lse
 
+// exp2 on the MUFU unit, one instruction: subnormal results flushed to zero (they weigh nothing
+// beside a row maximum's 1; exp2f spends three more instructions on them); exp2(-inf) = 0
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(half_t x) {
   float f;

@@ -62,7 +62,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[TILES][4], float 
     m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
     const float m_new = fmaxf(m_i[half], m_ij[half]);
     m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;
-    alpha[half] = exp2f(m_i[half] - m_safe[half]);
+    alpha[half] = exp2_ftz(m_i[half] - m_safe[half]);
     m_i[half] = m_new;
     l_i[half] *= alpha[half];
   }
@@ -70,7 +70,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[TILES][4], float 
   for (int j = 0; j < TILES; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[j][e] = exp2f(s[j][e] - m_safe[e / 2]);
+      s[j][e] = exp2_ftz(s[j][e] - m_safe[e / 2]);
       l_i[e / 2] += s[j][e];
     }
   }

@@ -244,8 +244,19 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   int table_cur = table_batch(0);
   int table_next = table_batch(1);
 
+  // -- this thread's copies of a sub-tile: chunk load_c of rows load_n0, load_n0 + LOAD_ROWS, ...
+  // (the same chunk of every row it copies), from addresses fixed but for the block and slot:
+  // per sub-tile a shuffle, two 64-bit bases and one 64-bit add and one compare a copy
+  constexpr int LOAD_ROWS = STREAM_THREADS / CACHE_CHUNKS_PER_ROW;  // rows between one thread's copies
+  static_assert(STREAM_THREADS % CACHE_CHUNKS_PER_ROW == 0, "a thread copies one chunk of its rows");
+  const int load_c = stream_lane % CACHE_CHUNKS_PER_ROW, load_n0 = stream_lane / CACHE_CHUNKS_PER_ROW;
+  const C* k_lane = key_cache + kv_head * k_stride_head + load_n0 * k_stride_slot + load_c * CACHE_ELEMS;
+  const C* v_lane = value_cache + kv_head * v_stride_head + load_n0 * v_stride_slot + load_c * CACHE_ELEMS;
+  const long long k_row_step = LOAD_ROWS * k_stride_slot, v_row_step = LOAD_ROWS * v_stride_slot;
+
   // -- issue this thread's share of the copies of sub-tile k (called for k = 0, 1, 2, ... in
-  // order, stream-uniform)
+  // order, stream-uniform). A row at p >= L is zero-filled and nothing is read for it (source
+  // size 0); its address lies in the sub-tile's block, whose first position is < L.
   auto load_sub = [&](int stage, int k) {
     if (k % DEC_TABLE_BATCH == 0 && k > 0) {
       table_cur = table_next;
@@ -254,18 +265,15 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
     const long long block = __shfl_sync(0xffffffffu, table_cur, k % DEC_TABLE_BATCH);
     const int p0 = sub_p0(k);
     const long long slot0 = p0 % BLOCK_SIZE;
-    const C* k_base = key_cache + block * k_stride_block + slot0 * k_stride_slot + kv_head * k_stride_head;
-    const C* v_base = value_cache + block * v_stride_block + slot0 * v_stride_slot + kv_head * v_stride_head;
+    const C* k_src = k_lane + block * k_stride_block + slot0 * k_stride_slot;
+    const C* v_src = v_lane + block * v_stride_block + slot0 * v_stride_slot;
 #pragma unroll
     for (int i = 0; i < LOADS_PER_LANE; ++i) {
-      const int idx = stream_lane + STREAM_THREADS * i;
-      const int n = idx / CACHE_CHUNKS_PER_ROW, c = idx % CACHE_CHUNKS_PER_ROW;
+      const int n = load_n0 + LOAD_ROWS * i;
       const bool valid = p0 + n < L;  // nothing at p >= L is read
-      const C* k_src = valid ? k_base + n * k_stride_slot + c * CACHE_ELEMS : key_cache;
-      const C* v_src = valid ? v_base + n * v_stride_slot + c * CACHE_ELEMS : value_cache;
-      const int at = FP8 ? fp8_swizzle(n, c) : swizzle(n, c);
-      cp_async_16(k_stages + stage * STAGE_CHUNKS + at, k_src, valid);
-      cp_async_16(v_stages + stage * STAGE_CHUNKS + at, v_src, valid);
+      const int at = FP8 ? fp8_swizzle(n, load_c) : swizzle(n, load_c);
+      cp_async_16(k_stages + stage * STAGE_CHUNKS + at, k_src + i * k_row_step, valid);
+      cp_async_16(v_stages + stage * STAGE_CHUNKS + at, v_src + i * v_row_step, valid);
     }
   };
 

@@ -50,14 +50,6 @@ __device__ __forceinline__ void cp_async_16_at(unsigned dst, const void* gmem, b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
 }
 
-// exp2 on the MUFU unit, subnormal results flushed to zero (they weigh nothing beside the row
-// maximum's 1); exp2(-inf) = 0
-__device__ __forceinline__ float wg_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The max (MAX) or sum of the 16 values of a 64-key S tile a thread holds in row half `half`
 // (accumulators 4k + 2 half and 4k + 2 half + 1), as a tree: 4 dependent steps, not 15.
 // (A file-scope template: NVRTC treats a generic lambda as a host function.)
@@ -252,16 +244,16 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       if (fast) m_ij[half] *= score_log2;
       const float m_new = fmaxf(m_i[half], m_ij[half]);
       m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;  // an all-masked row keeps p = 0
-      alpha[half] = wg_exp2(m_i[half] - m_safe[half]);
+      alpha[half] = exp2_ftz(m_i[half] - m_safe[half]);
       m_i[half] = m_new;
       l_i[half] *= alpha[half];
     }
     if (fast) {
 #pragma unroll
-      for (int e = 0; e < S_REGS; ++e) s[e] = wg_exp2(fmaf(s[e], score_log2, -m_safe[(e / 2) % 2]));
+      for (int e = 0; e < S_REGS; ++e) s[e] = exp2_ftz(fmaf(s[e], score_log2, -m_safe[(e / 2) % 2]));
     } else {
 #pragma unroll
-      for (int e = 0; e < S_REGS; ++e) s[e] = wg_exp2(s[e] - m_safe[(e / 2) % 2]);
+      for (int e = 0; e < S_REGS; ++e) s[e] = exp2_ftz(s[e] - m_safe[(e / 2) % 2]);
     }
     l_i[0] += row_reduce<false>(s, 0);
     l_i[1] += row_reduce<false>(s, 1);
