@@ -13,7 +13,9 @@ range. The query heads of a KV head are packed into the M dimension of ``tl.dot`
 so every K/V byte a program loads serves the whole group. Keys come in tiles of
 ``BLOCK_N`` logical positions ``p``; each position's physical block is looked up in the
 block table (only for ``p < L``), so any block size and both layouts work through strides.
-Tiles where every key is visible to every row skip the masks.
+Tiles where every key is visible to every row skip the masks. fp8 values are read as 16-bit
+words of two head dimensions (``V_PAIRS``): ``P V`` becomes two products, over the even and
+the odd dimensions, whose accumulators are interleaved once at the end.
 
 This module imports triton: import it only inside functions.
 """
@@ -170,6 +172,25 @@ def _load_kv_tile(base, physical, slot, stride_b, stride_s, stride_d, kv_ok,
 
 
 @triton.jit
+def _fp8_pair_halves(words, FP8: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """16-bit words of two fp8 values each as two ``DTYPE`` tensors: the low bytes and the high bytes.
+
+    A product's operand has two keys of one column in a 32-bit register, which an fp8 tile
+    could only gather byte by byte; 16-bit words are moved whole (``ldmatrix`` with transpose),
+    and to float16 each register of two words takes one byte permute and two conversions.
+    """
+    if not INTERPRET and DTYPE == tl.float16:  # noqa: SIM300
+        FORMAT: tl.constexpr = "e4m3x2" if FP8 == tl.float8e4nv else "e5m2x2"  # noqa: SIM300
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $2, 0, 0x3120; mov.b32 {lo, hi}, t; "
+            "cvt.rn.f16x2." + FORMAT + " $0, lo; cvt.rn.f16x2." + FORMAT + " $1, hi; }",
+            "=r,=r,r", [words], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+    low = (words & 0xFF).to(tl.uint8).to(FP8, bitcast=True)
+    high = (words >> 8).to(tl.uint8).to(FP8, bitcast=True)
+    return _operand(low, DTYPE, INTERPRET), _operand(high, DTYPE, INTERPRET)
+
+
+@triton.jit
 def _stage_tiles(stage: tl.constexpr, t_a, f_a, f_b, t_b):
     """Key tiles ``[begin, end)`` of a stage: 0 masked before ``f_a``, 1 unmasked, 2 masked from ``f_b``."""
     if stage == 0:
@@ -204,7 +225,7 @@ def _along_rows(x, KEYS_MAJOR: tl.constexpr):
 
 @triton.jit
 def _attend_tiles(
-    acc, l_i, m_i, q,  #
+    acc, acc_odd, l_i, m_i, q,  #
     k_base, v_base, bt_row,  #
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
     L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window, q_unscale,  #
@@ -212,7 +233,8 @@ def _attend_tiles(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_MODE: tl.constexpr,  #
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,  #
     MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,  #
-    Q_SCALED: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+    Q_SCALED: tl.constexpr, KEYS_MAJOR: tl.constexpr, V_PAIRS: tl.constexpr, IEEE: tl.constexpr,
+    INTERPRET: tl.constexpr,  #
 ):
     """Fold key tiles ``t_begin <= t < t_end`` (positions ``t * BLOCK_N + n``) into (m, l, O).
 
@@ -224,7 +246,9 @@ def _attend_tiles(
     least 64 rows: warpgroup MMA on sm_90, K and V read from shared memory) and the few query
     rows of a decode tile its N side; ``acc`` and ``q`` come transposed, ``[HEAD_DIM_PAD, BLOCK_M]``.
     With ``Q_SCALED``, row r of ``q`` holds the query times ``1 / q_unscale[r]`` (a power of two),
-    and ``q . k`` is multiplied back by ``q_unscale`` before anything else.
+    and ``q . k`` is multiplied back by ``q_unscale`` before anything else. With ``V_PAIRS``
+    (fp8 values, ``stride_vd`` 1 and the other strides even), ``acc`` and ``acc_odd`` hold the
+    output's even and odd dimensions ``[BLOCK_M, HEAD_DIM_PAD // 2]``; otherwise ``acc_odd`` is unused.
     """
     KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the scores' axis reduced per row
     d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
@@ -263,16 +287,25 @@ def _attend_tiles(
         alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p_ij, KEY_AXIS)
         # -- update the output accumulator: V tile [BLOCK_N, HEAD_DIM_PAD]
-        v = _load_kv_tile(v_base, physical, slot, stride_vb, stride_vs, stride_vd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
-                          MASKED)
-        if KEYS_MAJOR:
-            pv = _dot(tl.trans(_operand(v, q_dtype, INTERPRET)), _operand(p_ij, q_dtype, INTERPRET), IEEE, INTERPRET)
-            acc = acc * alpha[None, :] + pv
+        if V_PAIRS:  # the tile as [BLOCK_N, HEAD_DIM_PAD // 2] 16-bit words of two values
+            words = _load_kv_tile(v_base.to(tl.pointer_type(tl.uint16)), physical, slot, stride_vb // 2,
+                                  stride_vs // 2, 1, in_seq[:, None], HEAD_DIM // 2, HEAD_DIM_PAD // 2, MASKED)
+            v_even, v_odd = _fp8_pair_halves(words, v_base.dtype.element_ty, q_dtype, INTERPRET)
+            p_op = _operand(p_ij, q_dtype, INTERPRET)
+            acc = acc * alpha[:, None] + _dot(p_op, v_even, IEEE, INTERPRET)
+            acc_odd = acc_odd * alpha[:, None] + _dot(p_op, v_odd, IEEE, INTERPRET)
         else:
-            pv = _dot(_operand(p_ij, q_dtype, INTERPRET), _operand(v, q_dtype, INTERPRET), IEEE, INTERPRET)
-            acc = acc * alpha[:, None] + pv
+            v = _load_kv_tile(v_base, physical, slot, stride_vb, stride_vs, stride_vd, kv_ok, HEAD_DIM, HEAD_DIM_PAD,
+                              MASKED)
+            if KEYS_MAJOR:
+                pv = _dot(tl.trans(_operand(v, q_dtype, INTERPRET)), _operand(p_ij, q_dtype, INTERPRET), IEEE,
+                          INTERPRET)
+                acc = acc * alpha[None, :] + pv
+            else:
+                pv = _dot(_operand(p_ij, q_dtype, INTERPRET), _operand(v, q_dtype, INTERPRET), IEEE, INTERPRET)
+                acc = acc * alpha[:, None] + pv
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc_odd, l_i, m_i
 
 
 # Per-call counts and flags are run-time values, never specialized: each distinct value class
@@ -296,7 +329,8 @@ def paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,  #
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_MODE: tl.constexpr,  #
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, Q_SCALED: tl.constexpr,  #
-    HEADS_FASTEST: tl.constexpr, KEYS_MAJOR: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr,  #
+    HEADS_FASTEST: tl.constexpr, KEYS_MAJOR: tl.constexpr, V_PAIRS: tl.constexpr, IEEE: tl.constexpr,
+    INTERPRET: tl.constexpr,  #
 ):
     """Paged attention of one (work item, KV head and head tile, split): see the module doc.
 
@@ -369,7 +403,11 @@ def paged_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    if V_PAIRS:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD // 2], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    acc_odd = tl.zeros([BLOCK_M, HEAD_DIM_PAD // 2], dtype=tl.float32)
     k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
@@ -378,18 +416,20 @@ def paged_attention_kernel(
         q = tl.trans(q)
     for stage in tl.static_range(3):  # masked tiles before, unmasked tiles, masked tiles after
         begin, end = _stage_tiles(stage, t_a, f_a, f_b, t_b)
-        acc, l_i, m_i = _attend_tiles(
-            acc, l_i, m_i, q,  #
+        acc, acc_odd, l_i, m_i = _attend_tiles(
+            acc, acc_odd, l_i, m_i, q,  #
             k_base, v_base, bt_row,  #
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,  #
             L, p_q, p_last, slopes, qk_scale2, sm_scale, softcap, window, q_unscale,  #
             begin, end,  #
             BLOCK_SIZE, BLOCK_N, TABLE_MODE, HEAD_DIM, HEAD_DIM_PAD,  #
             stage != 1, HAS_SOFTCAP, HAS_ALIBI,  #
-            Q_SCALED, KEYS_MAJOR, IEEE, INTERPRET,  #
+            Q_SCALED, KEYS_MAJOR, V_PAIRS, IEEE, INTERPRET,  #
         )
     if KEYS_MAJOR:
         acc = tl.trans(acc)
+    if V_PAIRS:  # dimension 2c is acc[:, c], 2c + 1 is acc_odd[:, c]
+        acc = tl.reshape(tl.join(acc, acc_odd), [BLOCK_M, HEAD_DIM_PAD])
 
     # -- epilogue: out = O / l * v_scale and lse = m + log l; (0, -inf) where nothing was visible
     empty = l_i == 0.0

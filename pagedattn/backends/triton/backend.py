@@ -28,6 +28,7 @@ from pagedattn.backends.triton.launch_config import (
     choose_num_splits,
     choose_tiles,
     next_power_of_2,
+    reads_value_pairs,
 )
 from pagedattn.backends.triton.relaunch import ReadyLaunch, Relauncher, launch_hooked
 from pagedattn.errors import PagedAttentionError
@@ -320,6 +321,7 @@ class TritonBackend(Backend):
                 HAS_SOFTCAP=problem.softcap is not None, HAS_ALIBI=problem.alibi_slopes is not None,
                 Q_SCALED=fp8 and problem.dtype == "bfloat16",
                 HEADS_FASTEST=tiles.heads_fastest, KEYS_MAJOR=tiles.keys_major,
+                V_PAIRS=reads_value_pairs(tiles, D, 1 if fp8 else 2),
                 IEEE=problem.dtype == "float32", INTERPRET=interpreter_mode(),
             ),
             launch_options=options,
@@ -418,7 +420,10 @@ class TritonBackend(Backend):
             *strides,
             *state.tail_args,
         ]
-        state.relauncher.launch(paged_attention_kernel, state.grid, key, args, state.constexprs,
+        constexprs = state.constexprs
+        if constexprs["V_PAIRS"] and not (vd == 1 and not (vb | vs | vh | v_cache.data_ptr()) & 1):
+            constexprs = {**constexprs, "V_PAIRS": False}  # fp8 value pairs are not 16-bit words here
+        state.relauncher.launch(paged_attention_kernel, state.grid, key, args, constexprs,
                                 state.launch_options, state.interpret)
         merge_args = (T, Hq, state.num_splits, Hq * D, D)
         if state.num_splits > 1:

@@ -55,6 +55,7 @@ CONFIGS: tuple[Config, ...] = (
     Config("decode fp16 fp8-e4m3 cache, window, softcap", (300,), None, block_size=32, dtype="float16",
            cache_dtype="float8_e4m3fn", options=(("sliding_window", 100), ("softcap", 30.0))),
     Config("prefill bf16 causal (128-row tiles, register cap)", (256,), (256,)),
+    Config("prefill bf16 fp8-e4m3 cache", (200,), (200,), cache_dtype="float8_e4m3fn"),
     Config("prefill fp16 alibi, lse, non-causal", (200, 90), (80, 90), dtype="float16",
            options=(("causal", False), ("return_lse", True), ("alibi", True))),
     Config("prefill float32 (ieee)", (96,), (96,), dtype="float32", head_dim=64),

@@ -197,6 +197,15 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
                  table_by_block=table_by_block, pick_in_registers=pick_in_registers, saturation=saturation)
 
 
+def reads_value_pairs(tiles: Tiles, head_dim: int, cache_bytes: int) -> bool:
+    """Whether the kernel reads value tiles as 16-bit words of two fp8 values (``V_PAIRS``): fp8
+    caches on decode tiles (16 rows, scores not keys-major) at a power-of-two head_dim >= 32.
+    Otherwise a value tile of fp8 bytes is gathered from shared memory a byte at a time: a
+    product's operand holds two keys of one dimension in each register."""
+    return (cache_bytes == 1 and tiles.block_m == 16 and not tiles.keys_major and head_dim == tiles.head_dim_pad
+            and head_dim >= 32)
+
+
 def estimated_waves(num_programs: int, splits: int, key_tiles: int, num_sms: int, resident: int,
                     saturation: int) -> float:
     """Time of a grid of ``num_programs`` programs, each over ``key_tiles`` tiles cut into ``splits``

@@ -392,6 +392,28 @@ def test_strided_pool_view() -> None:
     assert (np.abs(BACKEND.to_numpy(out).astype(np.float64) - expected.out) <= bound).all()
 
 
+@pytest.mark.parametrize("cache_dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_values_as_pairs_and_byte_by_byte(cache_dtype: str) -> None:
+    """fp8 decode reads values as 16-bit words of two dimensions; a cache whose strides are odd
+    (each slot's head padded by a byte) is read byte by byte, and both match the spec."""
+    case = random_paged_inputs([70, 33], dtype="bfloat16", cache_dtype=cache_dtype, head_dim=32, num_kv_heads=1,
+                               seed=9)
+    plan = BACKEND.plan(*[BACKEND.to_device(a) for a in case.args()[:5]], kv_layout="NHD")
+    assert plan.state.constexprs["V_PAIRS"], "fp8 decode at head_dim 32 reads values as pairs"
+    assert_within_model(case, cache_dtype=cache_dtype, k_scale=0.5, v_scale=2.0)
+    padded = np.zeros((*case.value_cache.shape[:-1], 33), dtype=case.value_cache.dtype)
+    padded[..., :32] = case.value_cache
+    value_view = BACKEND.to_device(padded)[..., :32]
+    assert value_view.stride()[1:] == (33, 33, 1)
+    query, key_cache, _, tables, seq_lens = (BACKEND.to_device(a) for a in case.args()[:5])
+    out, _lse = BACKEND.paged_attention(query, key_cache, value_view, tables, seq_lens, k_scale=0.5, v_scale=2.0,
+                                       return_lse=True)
+    expected = exact_attention(*case.args(), k_scale=0.5, v_scale=2.0)
+    tol = tolerance("bfloat16", 32, cache_dtype=cache_dtype)
+    bound = tol.out_bound(expected.out, expected.value_scale, expected.score_scale, expected.num_visible)
+    assert (np.abs(BACKEND.to_numpy(out).astype(np.float64) - expected.out) <= bound).all()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
 def test_to_device_round_trip_is_bit_exact(dtype: str) -> None:
     bits = np.arange(256, dtype=np.uint8) if dtype.startswith("float8") else None

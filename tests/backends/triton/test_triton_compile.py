@@ -65,11 +65,6 @@ def test_every_config_fits_an_sm90_block(reports: list[dict[str, object]]) -> No
     assert not too_big, too_big
 
 
-#: Spill bytes the fp8 decode tiles (FP8_DECODE_TILES: 255 registers) may take: 16 measured with
-#: a window and softcap; those tiles ran fastest on an H200 all the same (docs/backends/triton.md).
-FP8_DECODE_SPILL_BYTES = 32
-
-
 #: Spill bytes the decode tiles of head dims past 256 (HUGE_DECODE_TILES: 2 warps hold a 16 x 512
 #: float32 accumulator) may take: 168 measured at head_dim 512, 296 at 384 with an fp8 cache; 2
 #: warps ran 35 % faster than 8 warps without spills on an H200 (launch_config).
@@ -77,15 +72,14 @@ HUGE_DECODE_SPILL_BYTES = 512
 
 
 def test_decode_tiles_do_not_spill(reports: list[dict[str, object]]) -> None:
-    """16-bit decode tiles spill nothing; fp8 decode tiles at most a few words; head dims past 256
-    at most :data:`HUGE_DECODE_SPILL_BYTES`."""
+    """Decode tiles spill nothing, 16-bit and fp8 caches alike (the fp8 tiles' values read as
+    16-bit words); head dims past 256 at most :data:`HUGE_DECODE_SPILL_BYTES`."""
     decode = [r for r in reports if str(r["config"]).startswith("decode")]
     huge = [r for r in decode if re.search(r"head_dim (384|512)", str(r["config"]))]
     assert huge and all(int(str(r["spill_bytes"])) <= HUGE_DECODE_SPILL_BYTES for r in huge), huge
     decode = [r for r in decode if r not in huge]
-    fp8 = [r for r in decode if "fp8" in str(r["config"])]
-    assert fp8 and all(int(str(r["spill_bytes"])) <= FP8_DECODE_SPILL_BYTES for r in fp8), fp8
-    assert decode and all(r["spill_bytes"] == 0 for r in decode if r not in fp8), decode
+    assert any("fp8" in str(r["config"]) for r in decode), decode
+    assert decode and all(r["spill_bytes"] == 0 for r in decode), decode
 
 
 # Batches that differ only in run-time values: sequence count and lengths, head counts (so
