@@ -54,23 +54,18 @@ __device__ __forceinline__ unsigned chunk_word(const uint4& c, int i) {
 template <typename T> struct IsBfloat16 { static constexpr bool value = false; };
 template <> struct IsBfloat16<bfloat16_t> { static constexpr bool value = true; };
 
-// The low (high) two bytes of a 32-bit word of fp8 values to a float16 pair, exact. The word's
-// halves are taken with mov.b32 {lo, hi}, which ptxas folds into the conversion's operand (F2FP
-// on R.H1), where a shift by 16 costs an instruction of its own.
-template <typename C> __device__ __forceinline__ unsigned fp8_lo_to_f16x2(unsigned w) {
+// Half HALF (0: bytes 0-1, 1: bytes 2-3) of a 32-bit word of fp8 values to a float16 pair,
+// exact. The word's halves are taken with mov.b32 {lo, hi}, which ptxas folds into the
+// conversion's operand (F2FP on R.H1), where a shift by 16 costs an instruction of its own.
+template <typename C, int HALF> __device__ __forceinline__ unsigned fp8_half_to_f16x2(unsigned w) {
+  unsigned short lo, hi;
+  asm("mov.b32 {%0, %1}, %2;" : "=h"(lo), "=h"(hi) : "r"(w));
+  const unsigned short half = HALF ? hi : lo;
   unsigned d;
   if constexpr (CacheKind<C>::E4M3)
-    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(d) : "r"(w));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(half));
   else
-    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e5m2x2 %0, lo;\n}" : "=r"(d) : "r"(w));
-  return d;
-}
-template <typename C> __device__ __forceinline__ unsigned fp8_hi_to_f16x2(unsigned w) {
-  unsigned d;
-  if constexpr (CacheKind<C>::E4M3)
-    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(d) : "r"(w));
-  else
-    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e5m2x2 %0, hi;\n}" : "=r"(d) : "r"(w));
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(d) : "h"(half));
   return d;
 }
 // Bytes of two words interleaved: {a.b[i], b.b[i], a.b[i + 1], b.b[i + 1]} for SELECTOR
@@ -88,8 +83,8 @@ __device__ __forceinline__ void fp8_chunk_to(const uint4& raw, uint4& first, uin
   unsigned h[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    h[2 * i] = f16x2_to(fp8_lo_to_f16x2<C>(w[i]), T());
-    h[2 * i + 1] = f16x2_to(fp8_hi_to_f16x2<C>(w[i]), T());
+    h[2 * i] = f16x2_to(fp8_half_to_f16x2<C, 0>(w[i]), T());
+    h[2 * i + 1] = f16x2_to(fp8_half_to_f16x2<C, 1>(w[i]), T());
   }
   first = make_uint4(h[0], h[1], h[2], h[3]);
   second = make_uint4(h[4], h[5], h[6], h[7]);

@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
           const unsigned w = chunk_word(raw[t][kk / 4], kk % 4);
-          Mma::mma(s[t], q_frag[kk], fp8_lo_to_f16x2<C>(w), fp8_hi_to_f16x2<C>(w));
+          Mma::mma(s[t], q_frag[kk], fp8_half_to_f16x2<C, 0>(w), fp8_half_to_f16x2<C, 1>(w));
         }
       }
       if constexpr (RESCALE_Q) {  // back to the query's scale: exact (a power of two)
@@ -387,8 +387,8 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
                                         : interleave_bytes<0x7362>(vw[0][dj / 2], vw[1][dj / 2]);
         const unsigned b1 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[2][dj / 2], vw[3][dj / 2])
                                         : interleave_bytes<0x7362>(vw[2][dj / 2], vw[3][dj / 2]);
-        Mma::mma(o[2 * dj], a, fp8_lo_to_f16x2<C>(b0), fp8_lo_to_f16x2<C>(b1));
-        Mma::mma(o[2 * dj + 1], a, fp8_hi_to_f16x2<C>(b0), fp8_hi_to_f16x2<C>(b1));
+        Mma::mma(o[2 * dj], a, fp8_half_to_f16x2<C, 0>(b0), fp8_half_to_f16x2<C, 0>(b1));
+        Mma::mma(o[2 * dj + 1], a, fp8_half_to_f16x2<C, 1>(b0), fp8_half_to_f16x2<C, 1>(b1));
       }
     } else {
       a[0] = Mma::pack(s[0][0], s[0][1]);
