@@ -23,7 +23,7 @@ import numpy as np
 
 from pagedattn.backends.interface import Backend
 from pagedattn.errors import PagedAttentionError
-from pagedattn.spec.case import AttentionCase, pretty, summary
+from pagedattn.spec.case import AttentionCase, pool_views, pretty, summary
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 from pagedattn.spec.pools import occupied_blocks
 
@@ -46,7 +46,7 @@ def device_caches(backend: Backend, case: AttentionCase,
     to_device = to_device or backend.to_device
     if case.pool is not None:
         pool = to_device(case.pool)
-        return pool[:, 0, case.layer], pool[:, 1, case.layer], pool
+        return (*pool_views(pool, case.layer, case.head_dim), pool)
     return to_device(case.key_cache.copy()), to_device(case.value_cache.copy()), None
 
 
@@ -237,6 +237,6 @@ def _load_case(path: Path) -> tuple[Case, str, dict[str, Any]]:
             if f.name not in values and f.name in ("query_start_loc", "pool"):
                 values[f.name] = None
         if values.get("pool") is not None:
-            values["key_cache"] = values["pool"][:, 0, values["layer"]]
-            values["value_cache"] = values["pool"][:, 1, values["layer"]]
+            values["key_cache"], values["value_cache"] = pool_views(values["pool"], int(values["layer"]),
+                                                                    int(values["query"].shape[-1]))
     return cls(**values), meta["check"], meta["context"]

@@ -50,6 +50,7 @@ from pagedattn.conformance.scale import (
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
+from pagedattn.spec.case import pool_views
 from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
 from pagedattn.spec.error_model import merge_tolerance, tolerance
 from pagedattn.spec.exact import exact_attention_problem
@@ -121,7 +122,7 @@ def _nhd(cache: np.ndarray, kv_layout: str) -> np.ndarray:
 
 def with_garbage(case: AttentionCase, rng: np.random.Generator) -> AttentionCase:
     """The same logical call with new garbage (NaN, inf, random) in every unused slot, unused block,
-    unused block-table entry and, for pool views, in the other layers."""
+    unused block-table entry and, for pool views, in the other layers and past head_dim in padded rows."""
     problem = problem_of(case)
     unused = ~used_slots(problem)
     dtype = case.key_cache.dtype
@@ -146,8 +147,9 @@ def with_garbage(case: AttentionCase, rng: np.random.Generator) -> AttentionCase
         others = [layer for layer in range(pool.shape[2]) if layer != case.layer]
         for layer in others:
             pool[:, :, layer] = garbage(pool[:, :, layer].shape)
-        for which in (0, 1):
-            view = _nhd(pool[:, which, case.layer], case.kv_layout)
+        pool[..., case.head_dim:] = garbage(pool[..., case.head_dim:].shape)  # padded rows' tails, if any
+        for cache in pool_views(pool, case.layer, case.head_dim):
+            view = _nhd(cache, case.kv_layout)
             view[unused] = garbage(view[unused].shape)
         return case.replace(pool=pool, block_tables=tables)
     caches = []
@@ -208,7 +210,7 @@ def with_nonfinite(case: AttentionCase, rng: np.random.Generator,
     query = case.query.copy()
     pool = case.pool.copy() if case.pool is not None else None
     if pool is not None:
-        caches = [pool[:, 0, case.layer], pool[:, 1, case.layer]]
+        caches = list(pool_views(pool, case.layer, case.head_dim))
     else:
         caches = [case.key_cache.copy(), case.value_cache.copy()]
     views = [kv_ops.slot_view(c, case.kv_layout) for c in caches]

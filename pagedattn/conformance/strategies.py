@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.spec.case import pool_views
 from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
 __all__ = [
@@ -124,6 +125,10 @@ VERY_NEGATIVE_QUERY_MAGNITUDE = 64.0
 #: queries hold exactly. A kernel that rounds such a query to float16 (to multiply fp8 caches
 #: converted to float16, say) turns them into inf; the spec's scores stay finite.
 BEYOND_FLOAT16_FACTOR = 2.0**15
+#: Elements a strided cell may pad each row of its pool with: the caches' strides are then odd
+#: (in elements, and in bytes for fp8), so a kernel that reads rows as 16- or 32-bit words of
+#: several values, or as 16-byte vectors, meets rows off those boundaries; the pad holds garbage.
+ROW_PAD = 1
 _SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -492,13 +497,15 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
     if strided:
         num_layers = draw(st.integers(2, 3), label="num_layers")
         layer = draw(st.integers(0, num_layers - 1), label="layer")
+        # rows padded by one element: odd strides, rows off every word boundary past the first
+        row_pad = draw(st.sampled_from((0, ROW_PAD)), label="row_pad")
         per_block = (heads.num_kv_heads, block_size) if kv_layout == "HND" else (block_size, heads.num_kv_heads)
-        pool_shape = (pool.num_blocks, 2, num_layers, *per_block, head_dim)
+        pool_shape = (pool.num_blocks, 2, num_layers, *per_block, head_dim + row_pad)
         with np.errstate(over="ignore", invalid="ignore"):
             pool_array = _garbage(rng, garbage, pool_shape).astype(numpy_dtype(cache_dtype))
-        for which, cache in ((0, k_nhd), (1, v_nhd)):
-            pool_array[:, which, layer] = cache if kv_layout == "NHD" else cache.transpose(0, 2, 1, 3)
-        key_cache, value_cache = pool_array[:, 0, layer], pool_array[:, 1, layer]
+        key_cache, value_cache = pool_views(pool_array, layer, head_dim)
+        for view, cache in ((key_cache, k_nhd), (value_cache, v_nhd)):
+            view[...] = cache if kv_layout == "NHD" else cache.transpose(0, 2, 1, 3)
     elif kv_layout == "HND":
         key_cache = np.ascontiguousarray(k_nhd.transpose(0, 2, 1, 3))
         value_cache = np.ascontiguousarray(v_nhd.transpose(0, 2, 1, 3))

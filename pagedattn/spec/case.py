@@ -28,14 +28,21 @@ def summary(x: np.ndarray | None) -> str:
     return "None" if x is None else f"{dtype_name(x.dtype)}{list(x.shape)}"
 
 
+def pool_views(pool: Any, layer: int, head_dim: int) -> tuple[Any, Any]:
+    """``(key_cache, value_cache)``: the views ``pool[:, 0, layer]`` and ``pool[:, 1, layer]`` of a
+    multi-layer pool (host or device array), the last axis cut to ``head_dim`` where the pool's
+    rows are longer (padded rows: strides not a multiple of head_dim, possibly odd)."""
+    return pool[:, 0, layer][..., :head_dim], pool[:, 1, layer][..., :head_dim]
+
+
 @dataclass(frozen=True, repr=False)
 class AttentionCase:
     """One paged-attention call on host arrays; ``query_start_loc`` None means decode.
 
     ``options`` are the keyword options of :func:`~pagedattn.spec.arrays.check_paged_attention`
     (``kv_layout`` included). ``pool`` (when not None) is the multi-layer pool
-    ``[num_blocks, 2, num_layers, ...]`` of which ``key_cache = pool[:, 0, layer]`` and
-    ``value_cache = pool[:, 1, layer]`` are strided views. ``seed`` drives the variants the
+    ``[num_blocks, 2, num_layers, ...]`` of which ``key_cache`` and ``value_cache`` are strided
+    views (:func:`pool_views`: its rows may be longer than head_dim). ``seed`` drives the variants the
     invariant checks build; ``labels`` describe the case (its name, or a strategy's draw).
     """
 
@@ -86,8 +93,8 @@ class AttentionCase:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         if "pool" in changes and changes["pool"] is not None:
-            values["key_cache"] = changes["pool"][:, 0, values["layer"]]
-            values["value_cache"] = changes["pool"][:, 1, values["layer"]]
+            values["key_cache"], values["value_cache"] = pool_views(changes["pool"], values["layer"],
+                                                                    int(values["query"].shape[-1]))
         return AttentionCase(**values)
 
     def with_options(self, **options: Any) -> AttentionCase:

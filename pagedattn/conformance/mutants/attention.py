@@ -276,6 +276,22 @@ class StridedAssumedContiguous(SteppedKernelBackend):
         return super().slots(contiguous.view(array.dtype), problem)
 
 
+class CacheRowsAsWords(SteppedKernelBackend):
+    bug = "reads 16-bit and fp8 caches as 32-bit words of values, its strides rounded down to whole words"
+    models = ("caches read as words of two or four values (an fp8 tile has no transposing ldmatrix of bytes, "
+              "so a kernel takes it as 16-bit words): on a view with odd strides the rows read are not the "
+              "rows asked; triton's fp8 value tiles here check the strides at run time for this")
+
+    def slots(self, cache: Any, problem: AttentionProblem) -> np.ndarray:
+        array = np.asarray(cache)
+        word = 4  # bytes
+        if array.itemsize < word:
+            bits = array.view({1: np.uint8, 2: np.uint16}[array.itemsize])  # as_strided needs a numpy dtype
+            strides = (*(s // word * word for s in array.strides[:-1]), array.strides[-1])
+            array = np.lib.stride_tricks.as_strided(bits, shape=array.shape, strides=strides).view(array.dtype)
+        return super().slots(array, problem)
+
+
 class MaskByMultiply(SteppedKernelBackend):
     bug = "masks by multiplying weights by 0 and uses unmasked values: NaN/inf garbage gives NaN"
     models = "NaN/inf in unused cache slots leaking through a multiplicative mask"
