@@ -59,11 +59,13 @@ DECODE_TILES = DecodeTiles(16, 2, 7, 6, False, saturation=4)
 # 32-key tiles of the same warps and stages at 4.1 TB/s.
 DECODE_TILE_ROW_BYTES = 256
 # fp8 caches at head_dim 128: 64-key tiles of 2 warps, twice a 16-bit tile's bytes, 5 stages
-# (4 K/V buffers, 39 KB: 4 programs a multiprocessor, as the registers allow), and one
-# block-table read per block picked in registers even where the tile is one block. Picked on an
-# H200 by the perf suite's timer (llama3-8b heads, e4m3, bf16 queries, 64 x 4,096, block sizes
-# 16 / 32 / 64): 149 / 150 / 152 us, against 169 / 180 / 188 us for 32-key tiles of 7 stages;
-# 4 stages took 192 us, a register cap of 168 or 128 spilled (266-370 us).
+# (4 K/V buffers, 39 KB), and one block-table read per block picked in registers even where the
+# tile is one block. Picked on an H200 by the perf suite's timer (llama3-8b heads, e4m3, bf16
+# queries, 64 x 4,096, block sizes 16 / 32 / 64): 149 / 150 / 152 us, against 169 / 180 / 188 us
+# for 32-key tiles of 7 stages; 4 stages took 192 us, a register cap of 168 or 128 spilled
+# (266-370 us). The split model counts 4 programs a multiprocessor: values read as pairs take
+# 188 registers (223 with a window and softcap), which would hold 5, but 2 x 65,536 split for 5
+# (41 parts) took 103.7 us graph replay against 73.8 us in the 32 parts counted for 4.
 FP8_DECODE_TILES = DecodeTiles(64, 2, 5, 4, False, True, True)
 # 16-bit decode at head_dim 256 (32-key tiles of 4 warps, 2 stages, 16 rows): 168 registers and
 # 41 KB of shared memory on the sm_90a build: 3 programs a multiprocessor, and no fewer reach
