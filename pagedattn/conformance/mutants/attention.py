@@ -263,17 +263,20 @@ class Fp8QueryRoundedToFloat16(SteppedKernelBackend):
             return super().scores(q16, k, problem)
 
 
+def _read_with_strides(array: np.ndarray, strides: tuple[int, ...]) -> np.ndarray:
+    """``array``'s memory read with other byte ``strides``, as wrong address arithmetic reads it."""
+    bits = array.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[array.itemsize])  # as_strided needs a numpy dtype
+    return np.lib.stride_tricks.as_strided(bits, shape=array.shape, strides=strides).view(array.dtype)
+
+
 class StridedAssumedContiguous(SteppedKernelBackend):
     bug = "addresses blocks with contiguous strides even when the cache is a strided view of a pool"
     models = "non-contiguous (strided) KV cache read as contiguous"
 
     def slots(self, cache: Any, problem: AttentionProblem) -> np.ndarray:
         array = np.asarray(cache)
-        bits = array.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[array.itemsize])  # as_strided needs a numpy dtype
-        contiguous = np.lib.stride_tricks.as_strided(
-            bits, shape=array.shape,
-            strides=tuple(int(np.prod(array.shape[i + 1:])) * array.itemsize for i in range(array.ndim)))
-        return super().slots(contiguous.view(array.dtype), problem)
+        contiguous = tuple(int(np.prod(array.shape[i + 1:])) * array.itemsize for i in range(array.ndim))
+        return super().slots(_read_with_strides(array, contiguous), problem)
 
 
 class CacheRowsAsWords(SteppedKernelBackend):
@@ -286,9 +289,7 @@ class CacheRowsAsWords(SteppedKernelBackend):
         array = np.asarray(cache)
         word = 4  # bytes
         if array.itemsize < word:
-            bits = array.view({1: np.uint8, 2: np.uint16}[array.itemsize])  # as_strided needs a numpy dtype
-            strides = (*(s // word * word for s in array.strides[:-1]), array.strides[-1])
-            array = np.lib.stride_tricks.as_strided(bits, shape=array.shape, strides=strides).view(array.dtype)
+            array = _read_with_strides(array, (*(s // word * word for s in array.strides[:-1]), array.strides[-1]))
         return super().slots(array, problem)
 
 
