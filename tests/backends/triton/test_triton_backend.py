@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -77,6 +78,13 @@ def assert_within_model(case: AttentionCase, *, backend: TritonBackend = BACKEND
     lse_err = np.abs(lse.astype(np.float64)[~empty] - expected.lse[~empty])
     assert (lse_err <= lse_bound[~empty]).all(), f"lse: worst error {lse_err.max():.3g}"
     return out, lse
+
+
+def assert_out_within_model(out: Any, expected: Any, dtype: str, cache_dtype: str | None = None) -> None:
+    """The backend's ``out`` (a device array) within the error model of the spec's ``expected``."""
+    tol = tolerance(dtype, expected.out.shape[-1], cache_dtype=cache_dtype)
+    bound = tol.out_bound(expected.out, expected.value_scale, expected.score_scale, expected.num_visible)
+    assert (np.abs(BACKEND.to_numpy(out).astype(np.float64) - expected.out) <= bound).all()
 
 
 # -- meaning: decode, prefill, chunked prefill; GQA; layouts; masks; softcap; ALiBi; dtypes ---------
@@ -387,9 +395,7 @@ def test_strided_pool_view() -> None:
     out, _lse = BACKEND.paged_attention(BACKEND.to_device(query), k_view, v_view, BACKEND.to_device(tables),
                                        BACKEND.to_device(seq_lens), kv_layout="HND", return_lse=True)
     expected = exact_attention(query, pool[:, 0, 1], pool[:, 1, 1], tables, seq_lens, kv_layout="HND")
-    tol = tolerance("float16", d)
-    bound = tol.out_bound(expected.out, expected.value_scale, expected.score_scale, expected.num_visible)
-    assert (np.abs(BACKEND.to_numpy(out).astype(np.float64) - expected.out) <= bound).all()
+    assert_out_within_model(out, expected, "float16")
 
 
 @pytest.mark.parametrize("cache_dtype", ["float8_e4m3fn", "float8_e5m2"])
@@ -398,20 +404,18 @@ def test_fp8_values_as_pairs_and_byte_by_byte(cache_dtype: str) -> None:
     (each slot's head padded by a byte) is read byte by byte, and both match the spec."""
     case = random_paged_inputs([70, 33], dtype="bfloat16", cache_dtype=cache_dtype, head_dim=32, num_kv_heads=1,
                                seed=9)
-    plan = BACKEND.plan(*[BACKEND.to_device(a) for a in case.args()[:5]], kv_layout="NHD")
+    query, key_cache, value_cache, tables, seq_lens = (BACKEND.to_device(a) for a in case.args()[:5])
+    plan = BACKEND.plan(query, key_cache, value_cache, tables, seq_lens, kv_layout="NHD")
     assert plan.state.constexprs["V_PAIRS"], "fp8 decode at head_dim 32 reads values as pairs"
     assert_within_model(case, cache_dtype=cache_dtype, k_scale=0.5, v_scale=2.0)
     padded = np.zeros((*case.value_cache.shape[:-1], 33), dtype=case.value_cache.dtype)
     padded[..., :32] = case.value_cache
     value_view = BACKEND.to_device(padded)[..., :32]
     assert value_view.stride()[1:] == (33, 33, 1)
-    query, key_cache, _, tables, seq_lens = (BACKEND.to_device(a) for a in case.args()[:5])
     out, _lse = BACKEND.paged_attention(query, key_cache, value_view, tables, seq_lens, k_scale=0.5, v_scale=2.0,
                                        return_lse=True)
     expected = exact_attention(*case.args(), k_scale=0.5, v_scale=2.0)
-    tol = tolerance("bfloat16", 32, cache_dtype=cache_dtype)
-    bound = tol.out_bound(expected.out, expected.value_scale, expected.score_scale, expected.num_visible)
-    assert (np.abs(BACKEND.to_numpy(out).astype(np.float64) - expected.out) <= bound).all()
+    assert_out_within_model(out, expected, "bfloat16", cache_dtype=cache_dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
