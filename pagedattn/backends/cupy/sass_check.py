@@ -145,8 +145,10 @@ def innermost_loop(instructions: list[Instruction], opcode: str) -> list[Instruc
 def fp8_decode_violations(instructions: list[Instruction], head_dim: int) -> list[str]:
     """Check the fp8 decode invariant on one ``paged_attention_decode<T, head_dim, _, fp8>``:
     every HMMA multiplies float16 (no ``.BF16``), and the innermost loop holding the HMMAs (the
-    sub-tile loop) has ``head_dim / 2`` ``F2FP.F16.E4M3``/``E5M2`` conversions and no ``STS``
-    or ``LDSM``."""
+    step loop, ``DECODE_FP8_STEP_SUBS`` sub-tiles a step) has ``head_dim / 2``
+    ``F2FP.F16.E4M3``/``E5M2`` conversions a sub-tile and no ``STS`` or ``LDSM``."""
+    from pagedattn.backends.cupy.specializations import DECODE_FP8_STEP_SUBS
+
     violations = [
         f"HMMA at {i.address:#x} is {i.opcode}, not float16"
         for i in instructions
@@ -156,10 +158,11 @@ def fp8_decode_violations(instructions: list[Instruction], head_dim: int) -> lis
     if not loop:
         return [*violations, "no loop holds an HMMA"]
     unpacks = sum(1 for i in loop if re.match(r"F2FP\.F16\.E(4M3|5M2)", i.opcode))
-    if unpacks != head_dim // 2:
-        violations.append(f"{unpacks} fp8-pair conversions in the sub-tile loop, expected {head_dim // 2}")
+    expected = head_dim // 2 * DECODE_FP8_STEP_SUBS
+    if unpacks != expected:
+        violations.append(f"{unpacks} fp8-pair conversions in the step loop, expected {expected}")
     violations.extend(
-        f"{i.opcode} at {i.address:#x} in the sub-tile loop"
+        f"{i.opcode} at {i.address:#x} in the step loop"
         for i in loop
         if i.opcode.startswith(("STS", "LDSM"))
     )

@@ -62,7 +62,8 @@ def test_an_s_wgmma_outside_any_loop_is_not_checked() -> None:
     assert s_wgmma_violations(_only(listing)) == (0, [])
 
 
-# An fp8 decode sub-tile loop at head_dim 4 (2 conversions): K and V converted in registers ...
+# An fp8 decode step loop at head_dim 4 (2 conversions a sub-tile, two sub-tiles a step): K and
+# V converted in registers ...
 FP8_IN_REGISTERS = """
         Function : _Z22paged_attention_decodeI10bfloat16_tLi4ELi16E10fp8_e4m3_tEv
         /*0100*/                   LDS.128 R112, [R112+0x1000] ;             /* 0x0 */
@@ -70,7 +71,11 @@ FP8_IN_REGISTERS = """
         /*0120*/                   F2FP.F16.E4M3.UNPACK_B R124, R112 ;       /* 0x0 */
         /*0130*/                   F2FP.F16.E4M3.UNPACK_B R125, R125 ;       /* 0x0 */
         /*0140*/                   HMMA.16816.F32 R124, R4, R124, RZ ;       /* 0x0 */
-        /*0150*/              @!P0 BRA 0x100 ;                               /* 0x0 */
+        /*0150*/                   SHF.R.U32.HI R127, RZ, 0x10, R113 ;       /* 0x0 */
+        /*0160*/                   F2FP.F16.E4M3.UNPACK_B R126, R113 ;       /* 0x0 */
+        /*0170*/                   F2FP.F16.E4M3.UNPACK_B R127, R127 ;       /* 0x0 */
+        /*0180*/                   HMMA.16816.F32 R128, R4, R126, RZ ;       /* 0x0 */
+        /*0190*/              @!P0 BRA 0x100 ;                               /* 0x0 */
 """
 # ... and converted to bfloat16 through shared memory (the structure that ran at bf16 speed)
 FP8_THROUGH_SHARED = """

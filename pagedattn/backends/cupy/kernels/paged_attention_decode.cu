@@ -23,9 +23,9 @@
 //               O (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
 //   epilogue:   merge the streams' states, O / l, lse, to out or a split-KV partial.
 // fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): DEC_FP8_STAGES stages of the raw
-// bytes (half the bytes of a 16-bit sub-tile, so one more in flight), DEC_FP8_CTAS_PER_SM CTAs
-// an SM (more warps to hide each one's latency; nothing is converted through shared memory, so
-// the registers fit), and every product in
+// bytes (half the bytes of a 16-bit sub-tile, so one more in flight), DEC_FP8_STEP_SUBS
+// sub-tiles attended a step (32 keys: one online-softmax update and one O rescale, and two
+// independent chains of products), DEC_FP8_CTAS_PER_SM CTAs an SM, and every product in
 // float16 whatever T is, so that each fp8 pair takes one exact cvt.rn.f16x2.e4m3x2 / e5m2x2
 // (NaN, and e5m2's inf, kept) and nothing goes through shared memory twice:
 //   K: the q.k reduction order may be permuted if Q is permuted alike. Lane (g, tig) reads its
@@ -64,11 +64,14 @@
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_THREADS = DEC_WARPS * 32;
 constexpr int DEC_CTAS_PER_SM = 2;  // 2 x 103 KB of shared memory at d = 128, 2 x 104 KB at 256
-constexpr int DEC_FP8_CTAS_PER_SM = 3;  // fp8: 3 x 70 KB at d = 128, at most 168 registers
+constexpr int DEC_FP8_CTAS_PER_SM = 2;  // fp8: 2 x 70 KB at d = 128 (three, at most 168 registers, ran slower)
 constexpr int DEC_ROWS = 16;
 constexpr int DEC_SUB_N = 16;   // keys per sub-tile (two n-tiles of 8); never crosses a block
 constexpr int DEC_STAGES = 3;   // sub-tiles per stream in shared memory: two load while one computes
 constexpr int DEC_FP8_STAGES = 4;  // fp8: a sub-tile holds half the bytes, so one more in flight
+// fp8: sub-tiles attended in one step (32 keys: one softmax update and O rescale, and twice the
+// independent products, per step)
+constexpr int DEC_FP8_STEP_SUBS = 2;
 constexpr float DEC_P_SCALE = 32768.f;        // fp8: P * 2^15 to float16 for P V (see the header)
 constexpr float DEC_P_UNSCALE = 1.f / 32768.f;
 constexpr int DEC_TABLE_BATCH = 32;  // sub-tiles whose block-table entries a warp holds (one per lane)
@@ -120,6 +123,8 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   static_assert(DEC_TABLE_BATCH == 32, "one block-table entry per lane");
   static_assert(!FP8 || SPLIT == 1, "fp8 caches: one warp a stream (head_dim 64, 128)");
   using Mma = MmaType<typename DecodeMmaType<T, C>::type>;  // float16 for fp8 caches
+  constexpr int STEP_SUBS = FP8 ? DEC_FP8_STEP_SUBS : 1;  // sub-tiles a step attends together
+  static_assert(STAGES > STEP_SUBS, "a step computes while the next is in flight");
 
   // ---- shared memory: Q | per stream: K stages, V stages | row state | the streams' m, l
   // chunk c of row n sits at n * CHUNKS_PER_ROW + (c ^ (n % 8)) (no ldmatrix bank conflicts)
@@ -230,6 +235,8 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   const int kv_stop = kv_end < L ? kv_end : L;
   const int num_sub = kv_stop > kv_begin ? (kv_stop - kv_begin + DEC_SUB_N - 1) / DEC_SUB_N : 0;
   const int my_subs = num_sub > stream ? (num_sub - stream + STREAMS - 1) / STREAMS : 0;
+  // sub-tiles loaded: my_subs, rounded up to whole steps (the absent ones zero-filled)
+  const int step_subs = (my_subs + STEP_SUBS - 1) / STEP_SUBS * STEP_SUBS;
   uint4* k_stages = kv_region + stream * STREAM_CHUNKS;  // as stored in the cache
   uint4* v_stages = k_stages + STAGES * STAGE_CHUNKS;
 
@@ -267,10 +274,11 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
     const long long slot0 = p0 % BLOCK_SIZE;
     const C* k_src = k_lane + block * k_stride_block + slot0 * k_stride_slot;
     const C* v_src = v_lane + block * v_stride_block + slot0 * v_stride_slot;
+    const bool present = STEP_SUBS == 1 || k < my_subs;  // an absent sub-tile is zero-filled
 #pragma unroll
     for (int i = 0; i < LOADS_PER_LANE; ++i) {
       const int n = load_n0 + LOAD_ROWS * i;
-      const bool valid = p0 + n < L;  // nothing at p >= L is read
+      const bool valid = present && p0 + n < L;  // nothing at p >= L is read
       const int at = FP8 ? fp8_swizzle(n, load_c) : swizzle(n, load_c);
       cp_async_16(k_stages + stage * STAGE_CHUNKS + at, k_src + i * k_row_step, valid);
       cp_async_16(v_stages + stage * STAGE_CHUNKS + at, v_src + i * v_row_step, valid);
@@ -283,94 +291,92 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
 #pragma unroll
   for (int j = 0; j < O_TILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
-  auto attend_tile = [&](const uint4* k_tile, const uint4* v_tile, int p0) {
-    // -- compute qk: two n-tiles of 8 keys
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    if constexpr (FP8) {
-      // keys g and g + 8, the lane's HEAD_DIM / 4 bytes (k-step kk: bytes 4 kk .. 4 kk + 3,
-      // b0 from the low pair, b1 from the high pair), converted in registers
-      constexpr int K_LANE_CHUNKS = HEAD_DIM / 64;
-      uint4 raw[2][K_LANE_CHUNKS];
+  // -- one step: sub-tiles t < STEP_SUBS in k_tiles[t], v_tiles[t], their first positions p0[t];
+  // an absent one (past this stream's last) is zero-filled and comes with p0 = L, so every score
+  // of it is masked and its zero V adds nothing
+  auto attend_step = [&](const uint4* const* k_tiles, const uint4* const* v_tiles, const int* p0) {
+    // -- compute qk: two n-tiles of 8 keys a sub-tile
+    float s[2 * STEP_SUBS][4];
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
+    for (int j = 0; j < 2 * STEP_SUBS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
-        for (int i = 0; i < K_LANE_CHUNKS; ++i) raw[t][i] = k_tile[fp8_swizzle(g + 8 * t, tig * K_LANE_CHUNKS + i)];
-      }
+    for (int t = 0; t < STEP_SUBS; ++t) {
+      const uint4* k_tile = k_tiles[t];
+      if constexpr (FP8) {
+        // keys g and g + 8, the lane's HEAD_DIM / 4 bytes (k-step kk: bytes 4 kk .. 4 kk + 3,
+        // b0 from the low pair, b1 from the high pair), converted in registers
+        constexpr int K_LANE_CHUNKS = HEAD_DIM / 64;
+        uint4 raw[2][K_LANE_CHUNKS];
 #pragma unroll
-      for (int kk = 0; kk < K_STEPS; ++kk) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const unsigned w = chunk_word(raw[t][kk / 4], kk % 4);
-          Mma::mma(s[t], q_frag[kk], fp8_half_to_f16x2<C, 0>(w), fp8_half_to_f16x2<C, 1>(w));
+          for (int i = 0; i < K_LANE_CHUNKS; ++i) raw[h][i] = k_tile[fp8_swizzle(g + 8 * h, tig * K_LANE_CHUNKS + i)];
+        }
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const unsigned w = chunk_word(raw[h][kk / 4], kk % 4);
+            Mma::mma(s[2 * t + h], q_frag[kk], fp8_half_to_f16x2<C, 0>(w), fp8_half_to_f16x2<C, 1>(w));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) {
+          unsigned b[4];
+          ldmatrix_x4(b, k_tile + swizzle((lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
+          Mma::mma(s[2 * t], q_frag[kk], b[0], b[1]);
+          Mma::mma(s[2 * t + 1], q_frag[kk], b[2], b[3]);
         }
       }
-      if constexpr (RESCALE_Q) {  // back to the query's scale: exact (a power of two)
+    }
+    if constexpr (RESCALE_Q) {  // back to the query's scale: exact (a power of two)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 2 * STEP_SUBS; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[j][e] *= row_pow2[e / 2];
-        }
-      }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < K_STEPS; ++kk) {
-        unsigned b[4];
-        ldmatrix_x4(b, k_tile + swizzle((lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
-        Mma::mma(s[0], q_frag[kk], b[0], b[1]);
-        Mma::mma(s[1], q_frag[kk], b[2], b[3]);
+        for (int e = 0; e < 4; ++e) s[j][e] *= row_pow2[e / 2];
       }
     }
     // -- scale, softcap, ALiBi, mask (replace, never add); row max over the quad
     float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
-    const bool whole = p0 + DEC_SUB_N <= L && (!causal || p0 + DEC_SUB_N - 1 <= pq_min) &&
-                       (sliding_window <= 0 || p0 > pq_max - sliding_window);
-    if (plain && whole) {  // every row sees every key: the same arithmetic, no mask
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+    for (int t = 0; t < STEP_SUBS; ++t) {
+      const bool whole = p0[t] + DEC_SUB_N <= L && (!causal || p0[t] + DEC_SUB_N - 1 <= pq_min) &&
+                         (sliding_window <= 0 || p0[t] > pq_max - sliding_window);
+      if (plain && whole) {  // every row sees every key: the same arithmetic, no mask
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[j][e] = (s[j][e] * scale) * LOG2E;
-          m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
+        for (int j = 2 * t; j < 2 * t + 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[j][e] = (s[j][e] * scale) * LOG2E;
+            m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
+          }
         }
-      }
-    } else {
+      } else {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+        for (int j = 2 * t; j < 2 * t + 2; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int half = e / 2;
-          const int p = p0 + 8 * j + 2 * tig + (e & 1);
-          s[j][e] = masked_score_log2(s[j][e], p, pq_row[half], slope_row[half], valid_row[half], L,
-                                      scale, softcap, has_alibi, causal, sliding_window);
-          m_ij[half] = fmaxf(m_ij[half], s[j][e]);
+          for (int e = 0; e < 4; ++e) {
+            const int half = e / 2;
+            const int p = p0[t] + 8 * (j - 2 * t) + 2 * tig + (e & 1);
+            s[j][e] = masked_score_log2(s[j][e], p, pq_row[half], slope_row[half], valid_row[half], L,
+                                        scale, softcap, has_alibi, causal, sliding_window);
+            m_ij[half] = fmaxf(m_ij[half], s[j][e]);
+          }
         }
       }
     }
     float alpha[2];
     online_softmax_step(s, m_ij, m_i, l_i, alpha);  // P = exp2(s - m), l += row sums of P
     // -- update output accumulator: O = O * alpha + P V
-    unsigned a[4];
-    if constexpr (FP8) {  // P * 2^15 in float16 (exact scaling; undone in the epilogue)
-      a[0] = Mma::pack(s[0][0] * DEC_P_SCALE, s[0][1] * DEC_P_SCALE);
-      a[1] = Mma::pack(s[0][2] * DEC_P_SCALE, s[0][3] * DEC_P_SCALE);
-      a[2] = Mma::pack(s[1][0] * DEC_P_SCALE, s[1][1] * DEC_P_SCALE);
-      a[3] = Mma::pack(s[1][2] * DEC_P_SCALE, s[1][3] * DEC_P_SCALE);
-      // V: keys 2 tig, 2 tig + 1 (b0) and 2 tig + 8, 2 tig + 9 (b1), the lane's O_TILES bytes
-      // O_TILES * g + j of each, byte j serving n-tile j: head dim O_TILES * n + j is column n
-      // of n-tile j (undone at the epilogue's store)
-      constexpr int V_LANE_WORDS = O_TILES / 4;
-      unsigned vw[4][V_LANE_WORDS];
+    if constexpr (FP8) {
+      unsigned a[STEP_SUBS][4];  // P * 2^15 in float16 (exact scaling; undone in the epilogue)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int n = 2 * tig + (q & 1) + 8 * (q >> 1);
-        if constexpr (V_LANE_WORDS == 4) {
-          const uint4 raw = v_tile[fp8_swizzle(n, g)];
-          vw[q][0] = raw.x, vw[q][1] = raw.y, vw[q][2] = raw.z, vw[q][3] = raw.w;
-        } else {
-          static_assert(V_LANE_WORDS == 2, "head_dim 64 or 128");
-          const uint2 raw = reinterpret_cast<const uint2*>(v_tile + fp8_swizzle(n, g / 2))[g % 2];
-          vw[q][0] = raw.x, vw[q][1] = raw.y;
-        }
+      for (int t = 0; t < STEP_SUBS; ++t) {
+        a[t][0] = Mma::pack(s[2 * t][0] * DEC_P_SCALE, s[2 * t][1] * DEC_P_SCALE);
+        a[t][1] = Mma::pack(s[2 * t][2] * DEC_P_SCALE, s[2 * t][3] * DEC_P_SCALE);
+        a[t][2] = Mma::pack(s[2 * t + 1][0] * DEC_P_SCALE, s[2 * t + 1][1] * DEC_P_SCALE);
+        a[t][3] = Mma::pack(s[2 * t + 1][2] * DEC_P_SCALE, s[2 * t + 1][3] * DEC_P_SCALE);
       }
       // O *= alpha, skipped where no row of the warp raised its max (alpha == 1 exactly: the
       // same bits), as after the first sub-tiles of a long range
@@ -382,19 +388,43 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
         }
       }
 #pragma unroll
-      for (int dj = 0; dj < O_TILES / 2; ++dj) {  // n-tiles 2 dj, 2 dj + 1: bytes 2 (dj % 2), + 1 of word dj / 2
-        const unsigned b0 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[0][dj / 2], vw[1][dj / 2])
-                                        : interleave_bytes<0x7362>(vw[0][dj / 2], vw[1][dj / 2]);
-        const unsigned b1 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[2][dj / 2], vw[3][dj / 2])
-                                        : interleave_bytes<0x7362>(vw[2][dj / 2], vw[3][dj / 2]);
-        Mma::mma(o[2 * dj], a, fp8_half_to_f16x2<C, 0>(b0), fp8_half_to_f16x2<C, 0>(b1));
-        Mma::mma(o[2 * dj + 1], a, fp8_half_to_f16x2<C, 1>(b0), fp8_half_to_f16x2<C, 1>(b1));
+      for (int t = 0; t < STEP_SUBS; ++t) {
+        // V: keys 2 tig, 2 tig + 1 (b0) and 2 tig + 8, 2 tig + 9 (b1), the lane's O_TILES bytes
+        // O_TILES * g + j of each, byte j serving n-tile j: head dim O_TILES * n + j is column n
+        // of n-tile j (undone at the epilogue's store)
+        const uint4* v_tile = v_tiles[t];
+        constexpr int V_LANE_WORDS = O_TILES / 4;
+        unsigned vw[4][V_LANE_WORDS];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int n = 2 * tig + (q & 1) + 8 * (q >> 1);
+          if constexpr (V_LANE_WORDS == 4) {
+            const uint4 raw = v_tile[fp8_swizzle(n, g)];
+            vw[q][0] = raw.x, vw[q][1] = raw.y, vw[q][2] = raw.z, vw[q][3] = raw.w;
+          } else {
+            static_assert(V_LANE_WORDS == 2, "head_dim 64 or 128");
+            const uint2 raw = reinterpret_cast<const uint2*>(v_tile + fp8_swizzle(n, g / 2))[g % 2];
+            vw[q][0] = raw.x, vw[q][1] = raw.y;
+          }
+        }
+#pragma unroll
+        for (int dj = 0; dj < O_TILES / 2; ++dj) {  // n-tiles 2 dj, 2 dj + 1: bytes 2 (dj % 2), + 1 of word dj / 2
+          const unsigned b0 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[0][dj / 2], vw[1][dj / 2])
+                                          : interleave_bytes<0x7362>(vw[0][dj / 2], vw[1][dj / 2]);
+          const unsigned b1 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[2][dj / 2], vw[3][dj / 2])
+                                          : interleave_bytes<0x7362>(vw[2][dj / 2], vw[3][dj / 2]);
+          Mma::mma(o[2 * dj], a[t], fp8_half_to_f16x2<C, 0>(b0), fp8_half_to_f16x2<C, 0>(b1));
+          Mma::mma(o[2 * dj + 1], a[t], fp8_half_to_f16x2<C, 1>(b0), fp8_half_to_f16x2<C, 1>(b1));
+        }
       }
     } else {
+      static_assert(STEP_SUBS == 1, "16-bit caches: one sub-tile a step");
+      unsigned a[4];
       a[0] = Mma::pack(s[0][0], s[0][1]);
       a[1] = Mma::pack(s[0][2], s[0][3]);
       a[2] = Mma::pack(s[1][0], s[1][1]);
       a[3] = Mma::pack(s[1][2], s[1][3]);
+      const uint4* v_tile = v_tiles[0];
 #pragma unroll
       for (int dj = 0; dj < O_TILES / 2; ++dj) {
         unsigned b[4];
@@ -411,9 +441,9 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
     }
   };
 
-  // ---- inner loop over this stream's sub-tiles, DEC_STAGES - 1 ahead; the stream's barriers only
-  // (a pair: named barrier 1 + stream over its two warps, 0 being __syncthreads'; immediate ids,
-  // since a barrier id in a register makes ptxas reserve all 16)
+  // ---- inner loop over this stream's sub-tiles, STEP_SUBS a step, STAGES - STEP_SUBS ahead; the
+  // stream's barriers only (a pair: named barrier 1 + stream over its two warps, 0 being
+  // __syncthreads'; immediate ids, since a barrier id in a register makes ptxas reserve all 16)
   static_assert(SPLIT == 1 || STREAMS == 2, "named barriers 1 and 2");
   auto stream_sync = [&]() {
     if constexpr (SPLIT == 1) {
@@ -425,18 +455,31 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
     }
   };
 #pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < my_subs) load_sub(i, i);
+  for (int i = 0; i < STAGES - STEP_SUBS; ++i) {
+    if (i < step_subs) load_sub(i, i);
     cp_async_commit();
   }
-  for (int i = 0; i < my_subs; ++i) {
-    const int next = i + STAGES - 1;  // into the stage computed in iteration i - 1
-    if (next < my_subs) load_sub(next % STAGES, next);
-    cp_async_commit();
-    cp_async_wait<STAGES - 1>();
-    stream_sync();  // every thread's copies of sub-tile i are visible to the stream
-    attend_tile(k_stages + (i % STAGES) * STAGE_CHUNKS, v_stages + (i % STAGES) * STAGE_CHUNKS, sub_p0(i));
-    stream_sync();  // the stage is read before it is refilled
+  for (int i = 0; i < my_subs; i += STEP_SUBS) {
+#pragma unroll
+    for (int t = 0; t < STEP_SUBS; ++t) {
+      const int next = i + STAGES - STEP_SUBS + t;  // into a stage computed in the step before
+      if (next < step_subs) load_sub(next % STAGES, next);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - STEP_SUBS>();
+    stream_sync();  // every thread's copies of this step's sub-tiles are visible to the stream
+    const uint4* k_tiles[STEP_SUBS];
+    const uint4* v_tiles[STEP_SUBS];
+    int p0[STEP_SUBS];
+#pragma unroll
+    for (int t = 0; t < STEP_SUBS; ++t) {
+      const int stage = (i + t) % STAGES;
+      k_tiles[t] = k_stages + stage * STAGE_CHUNKS;
+      v_tiles[t] = v_stages + stage * STAGE_CHUNKS;
+      p0[t] = STEP_SUBS == 1 || i + t < my_subs ? sub_p0(i + t) : L;
+    }
+    attend_step(k_tiles, v_tiles, p0);
+    stream_sync();  // the stages are read before they are refilled
   }
   cp_async_wait<0>();
   __syncthreads();  // all streams are done with their stages: the region becomes o_merge
