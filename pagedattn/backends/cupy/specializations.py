@@ -56,9 +56,9 @@ MMA_HEAD_DIMS: tuple[int, ...] = (64, 128)
 DECODE_ROWS = 16
 DECODE_WARPS = 4
 DECODE_STAGES = 3
-#: K/V stages per stream (a warp) of the decode kernel for fp8 caches (half the bytes per sub-tile, one
-#: more sub-tile in flight), and the CTAs per SM its launch bounds ask for (2 x 70 KB of shared
-#: memory at head_dim 128; three, at most 168 registers a thread, ran slower)
+#: K/V stages per stream (a warp) of the decode kernel for fp8 caches (half the bytes per sub-tile:
+#: two load while a step attends two), and the CTAs per SM its launch bounds ask for (2 x 70 KB
+#: of shared memory at head_dim 128; three, at most 168 registers a thread, ran slower)
 DECODE_FP8_STAGES = 4
 DECODE_FP8_CTAS_PER_SM = 2
 #: Sub-tiles the fp8 decode kernel attends in one step of its loop (one online-softmax update and

@@ -18,12 +18,13 @@
 //   inner loop: per stream, for each sub-tile: look up its physical block (a sub-tile never
 //               crosses a block; each lane holds the entry of one of the next 32 sub-tiles,
 //               loaded 32 sub-tiles early, and the warp reads it by shuffle), issue its
-//               16-byte copies (only p < L), then attend_tile: S = Q K^T (mma.sync), mask
-//               (replace, never add; skipped on sub-tiles every row sees whole), update m, l,
-//               O (O = O * alpha + P V, mma.sync with V through ldmatrix.trans)
+//               16-byte copies (only p < L); per step of STEP_SUBS sub-tiles (fp8: two, else
+//               one), attend_step: S = Q K^T (mma.sync), mask (replace, never add; skipped on
+//               sub-tiles every row sees whole), update m, l, O (O = O * alpha + P V, mma.sync
+//               with V through ldmatrix.trans)
 //   epilogue:   merge the streams' states, O / l, lse, to out or a split-KV partial.
 // fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): DEC_FP8_STAGES stages of the raw
-// bytes (half the bytes of a 16-bit sub-tile, so one more in flight), DEC_FP8_STEP_SUBS
+// bytes (half the bytes of a 16-bit sub-tile; two load while a step attends two), DEC_FP8_STEP_SUBS
 // sub-tiles attended a step (32 keys: one online-softmax update and one O rescale, and two
 // independent chains of products), DEC_FP8_CTAS_PER_SM CTAs an SM, and every product in
 // float16 whatever T is, so that each fp8 pair takes one exact cvt.rn.f16x2.e4m3x2 / e5m2x2
@@ -68,7 +69,7 @@ constexpr int DEC_FP8_CTAS_PER_SM = 2;  // fp8: 2 x 70 KB at d = 128 (three, at 
 constexpr int DEC_ROWS = 16;
 constexpr int DEC_SUB_N = 16;   // keys per sub-tile (two n-tiles of 8); never crosses a block
 constexpr int DEC_STAGES = 3;   // sub-tiles per stream in shared memory: two load while one computes
-constexpr int DEC_FP8_STAGES = 4;  // fp8: a sub-tile holds half the bytes, so one more in flight
+constexpr int DEC_FP8_STAGES = 4;  // fp8: half the bytes a sub-tile; two load while a step attends two
 // fp8: sub-tiles attended in one step (32 keys: one softmax update and O rescale, and twice the
 // independent products, per step)
 constexpr int DEC_FP8_STEP_SUBS = 2;
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
                 "the epilogue's O must fit in the K/V stages");
   auto swizzle = [](int n, int c) { return n * CHUNKS_PER_ROW + (c ^ (n % 8)); };
   // fp8 stages: chunk c of key row n at n * CACHE_CHUNKS_PER_ROW + (c ^ (n % CACHE_CHUNKS_PER_ROW))
-  // (the lanes' K and V loads of attend_tile without bank conflicts at head_dim 128)
+  // (the lanes' K and V loads of attend_step without bank conflicts at head_dim 128)
   auto fp8_swizzle = [](int n, int c) {
     return n * CACHE_CHUNKS_PER_ROW + (c ^ (n % CACHE_CHUNKS_PER_ROW));
   };
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   if constexpr (FP8) {
     // Q in the permuted order of the reduction dimension: the lane's HEAD_DIM / 4 elements
     // HEAD_DIM / 4 * tig + 4 kk + i (i = 0..3) are mma k-positions 2 tig, 2 tig + 1, 2 tig + 8,
-    // 2 tig + 9 of k-step kk (attend_tile reads K in the same order)
+    // 2 tig + 9 of k-step kk (attend_step reads K in the same order)
     constexpr int Q_LANE_CHUNKS = HEAD_DIM / 32;  // a lane's chunks of 8 elements per row
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
