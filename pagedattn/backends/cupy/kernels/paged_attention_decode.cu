@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   const int num_sub = kv_stop > kv_begin ? (kv_stop - kv_begin + DEC_SUB_N - 1) / DEC_SUB_N : 0;
   const int my_subs = num_sub > stream ? (num_sub - stream + STREAMS - 1) / STREAMS : 0;
   // sub-tiles loaded: my_subs, rounded up to whole steps (the absent ones zero-filled)
-  const int step_subs = (my_subs + STEP_SUBS - 1) / STEP_SUBS * STEP_SUBS;
+  const int loaded_subs = (my_subs + STEP_SUBS - 1) / STEP_SUBS * STEP_SUBS;
   uint4* k_stages = kv_region + stream * STREAM_CHUNKS;  // as stored in the cache
   uint4* v_stages = k_stages + STAGES * STAGE_CHUNKS;
 
@@ -457,14 +457,14 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   };
 #pragma unroll
   for (int i = 0; i < STAGES - STEP_SUBS; ++i) {
-    if (i < step_subs) load_sub(i, i);
+    if (i < loaded_subs) load_sub(i, i);
     cp_async_commit();
   }
   for (int i = 0; i < my_subs; i += STEP_SUBS) {
 #pragma unroll
     for (int t = 0; t < STEP_SUBS; ++t) {
       const int next = i + STAGES - STEP_SUBS + t;  // into a stage computed in the step before
-      if (next < step_subs) load_sub(next % STAGES, next);
+      if (next < loaded_subs) load_sub(next % STAGES, next);
       cp_async_commit();
     }
     cp_async_wait<STAGES - STEP_SUBS>();
