@@ -3,11 +3,34 @@ planning tests (``sm90``: planned as on an H100/H200, on any machine)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.backends.cupy.planning import KernelChoice, WorkPlan, build_work, choose_kernel
-from pagedattn.spec.arrays import AttentionProblem
+from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
+from pagedattn.spec.dtypes import numpy_dtype
+
+
+def shape_problem(seq_lens: Sequence[int], q_lens: Sequence[int] | None = None, *, num_q_heads: int = 8,
+                  num_kv_heads: int = 2, head_dim: int = 128, block_size: int = 16, dtype: str = "bfloat16",
+                  cache_dtype: str | None = None) -> AttentionProblem:
+    """The validated problem of a call over ``seq_lens`` (``q_lens`` None: decode) whose query and
+    NHD caches are zero-stride views: planning reads their shapes and dtypes only, so a problem of
+    a gigabyte of K/V costs no memory. Each sequence's blocks are consecutive in the pool."""
+    blocks = [-(-n // block_size) for n in seq_lens]
+    width = max(blocks)
+    tables = np.zeros((len(seq_lens), width), dtype=np.int32)
+    for s, (start, count) in enumerate(zip(np.cumsum([0, *blocks[:-1]]), blocks, strict=True)):
+        tables[s, :count] = np.arange(start, start + count)
+    starts = np.cumsum([0, *(q_lens if q_lens is not None else [1] * len(seq_lens))]).astype(np.int32)
+    cache = np.broadcast_to(np.zeros((), numpy_dtype(cache_dtype or dtype)),
+                            (sum(blocks), block_size, num_kv_heads, head_dim))
+    query = np.broadcast_to(np.zeros((), numpy_dtype(dtype)), (int(starts[-1]), num_q_heads, head_dim))
+    return check_paged_attention(query, cache, cache, tables, np.asarray(seq_lens, dtype=np.int32),
+                                 None if q_lens is None else starts)
 
 
 def kernel_of(problem: AttentionProblem, *, sm90: bool = False, **options: Any) -> KernelChoice:

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 from cases import poisoned_case
-from cupy_plans import kernel_of, rows_of, work_of
+from cupy_plans import kernel_of, rows_of, shape_problem, work_of
 
 from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.conformance.checks import problem_of
@@ -263,8 +263,8 @@ def test_wgmma_two_ctas_per_sm_variant_fits_two_ctas_and_is_the_default() -> Non
 
 
 def test_long_decode_is_split_and_merged() -> None:
-    case = poisoned_case("long", [65536, 65536], num_q_heads=32, num_kv_heads=8, head_dim=64, dtype="float16")
-    work = work_of(problem_of(case), slots=396)
+    problem = shape_problem([65536, 65536], num_q_heads=32, num_kv_heads=8, head_dim=64, dtype="float16")
+    work = work_of(problem, slots=396)
     assert len(work.merges) == 16 and len(work.items) >= 4 * 16
 
 
@@ -301,8 +301,7 @@ DECODE_PARTS = {(64, 4096): 1, (2, 65536): 16, (1, 2048): 8, (1, 32768): 32, (4,
 @pytest.mark.parametrize("shape, parts", DECODE_PARTS.items())
 def test_decode_parts_on_the_h200_keep_four_tiles_and_one_wave(shape: tuple[int, int], parts: int) -> None:
     seqs, keys = shape
-    case = poisoned_case("decode", [keys] * seqs, num_q_heads=32, num_kv_heads=8)
-    work = work_of(problem_of(case), slots=264)
+    work = work_of(shape_problem([keys] * seqs, num_q_heads=32, num_kv_heads=8), slots=264)
     per_range = len(work.items) // (seqs * 8)
     assert per_range == parts
     if parts > 1:
