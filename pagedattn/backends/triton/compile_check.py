@@ -54,6 +54,8 @@ CONFIGS: tuple[Config, ...] = (
     Config("decode bf16 bs64 + split-KV merge", (4000,), None, block_size=64),
     Config("decode fp16 fp8-e4m3 cache, window, softcap", (300,), None, block_size=32, dtype="float16",
            cache_dtype="float8_e4m3fn", options=(("sliding_window", 100), ("softcap", 30.0))),
+    Config("decode bf16 fp8-e5m2 cache head_dim 64", (300, 40), None, block_size=16, head_dim=64,
+           cache_dtype="float8_e5m2"),
     Config("prefill bf16 causal (128-row tiles, register cap)", (256,), (256,)),
     Config("prefill bf16 fp8-e4m3 cache", (200,), (200,), cache_dtype="float8_e4m3fn"),
     Config("prefill fp16 alibi, lse, non-causal", (200, 90), (80, 90), dtype="float16",

@@ -65,8 +65,14 @@ DECODE_TILE_ROW_BYTES = 256
 # for 32-key tiles of 7 stages; 4 stages took 192 us, a register cap of 168 or 128 spilled
 # (266-370 us). The split model counts 4 programs a multiprocessor: values read as pairs take
 # 188 registers (223 with a window and softcap), which would hold 5, but 2 x 65,536 split for 5
-# (41 parts) took 103.7 us graph replay against 73.8 us in the 32 parts counted for 4.
+# (41 parts) took 103.7 us graph replay against 73.8 us in the 32 parts counted for 4. The same
+# tiles serve head_dim 64 (half the bytes a tile): `tools/triton-tile-sweep --fp8-d64` (llama3.2-1b
+# heads 32 / 8, e4m3, 64 x 4,096 at block sizes 16 / 32 / 64) took 84.4 / 82.0 / 82.0 us, against
+# 104.0 / 98.5 / 95.8 us for the 16-bit table's tiles at four times the keys (64 keys, 7 stages)
+# and 93.0 / 87.2 / 87.3 us at best for 128-key tiles. There ptxas holds them at 128 registers
+# with a 4-byte spill (168 and none for the slower tiles).
 FP8_DECODE_TILES = DecodeTiles(64, 2, 5, 4, False, True, True)
+FP8_DECODE_HEAD_DIMS = (64, 128)  # head_dim_pad of the fp8 caches that take FP8_DECODE_TILES
 # 16-bit decode at head_dim 256 (32-key tiles of 4 warps, 2 stages, 16 rows): 168 registers and
 # 41 KB of shared memory on the sm_90a build: 3 programs a multiprocessor, and no fewer reach
 # its bandwidth (saturation = resident). gemma3-12b heads 32 x 4,096 (256 programs) took 272 us
@@ -152,8 +158,9 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     scores' orientation come from ``DECODE_TABLE`` by ``block_size``, its keys per tile
     scaled so that a tile holds the bytes of a head_dim-128 16-bit tile
     (:data:`DECODE_TILE_ROW_BYTES`: twice the keys at head_dim 64; head dims below 64 keep the
-    table's), and twice that for fp8 caches (``cache_bytes`` 1) but at head_dim 128, where fp8
-    caches take :data:`FP8_DECODE_TILES` unless a ``decode_table`` is given; otherwise 128 keys,
+    table's), and twice that for fp8 caches (``cache_bytes`` 1) but at head_dim 64 and 128
+    (:data:`FP8_DECODE_HEAD_DIMS`), where fp8 caches take :data:`FP8_DECODE_TILES` unless a
+    ``decode_table`` is given; otherwise 128 keys,
     4 warps. Prefill: up to ``PREFILL_ROWS`` rows of 16-bit queries (64 for float32 or head_dim >
     128), 64 keys per tile, 8 warps at 128 rows, and the ``PREFILL_*`` entries (register cap)
     at the full height. float32 or head_dim > 128: 32 keys per tile. head_dim > 256: the
@@ -177,7 +184,7 @@ def choose_tiles(max_q_len: int, group_size: int, head_dim: int, dtype: str, blo
     resident, keys_major, max_registers, table_by_block, pick_in_registers = PROGRAMS_PER_SM, False, None, True, False
     saturation: int | None = None
     if decode and not wide and block_m == 16:
-        fp8_tiles = decode_table is None and cache_bytes == 1 and head_dim_pad == 128
+        fp8_tiles = decode_table is None and cache_bytes == 1 and head_dim_pad in FP8_DECODE_HEAD_DIMS
         table = DECODE_TABLE if decode_table is None else decode_table
         entry = FP8_DECODE_TILES if fp8_tiles else table.get(block_size, table[None])
         block_n, num_warps, num_stages, resident, keys_major, table_by_block, pick_in_registers, saturation = entry

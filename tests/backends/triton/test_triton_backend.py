@@ -26,7 +26,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedattn.backends.triton.backend import TritonBackend, interpreter_mode
-from pagedattn.backends.triton.launch_config import MAX_HEAD_DIM, choose_num_splits, choose_tiles
+from pagedattn.backends.triton.launch_config import (
+    DECODE_TILES,
+    FP8_DECODE_TILES,
+    MAX_HEAD_DIM,
+    choose_num_splits,
+    choose_tiles,
+)
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec import exact_attention, kv_ops, tolerance
 from pagedattn.spec.case import AttentionCase
@@ -143,6 +149,21 @@ def test_table_reads_by_block_match_per_key(block_size: int, block_n: int, pick_
 def test_head_dims(head_dim: int) -> None:
     case = random_paged_inputs([20, 45], [20, 2], head_dim=head_dim, dtype="float16", seed=4)
     assert_within_model(case)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_fp8_decode_takes_the_fp8_tiles_at_head_dims_64_and_128(block_size: int) -> None:
+    # the fp8 tiles (64 keys, 5 stages, one table read per block) at both head dims; 16-bit caches
+    # keep the table's tiles, scaled to its bytes a tile (twice the keys at head_dim 64)
+    fp8 = FP8_DECODE_TILES
+    for head_dim in (64, 128):
+        tiles = choose_tiles(1, 4, head_dim, "bfloat16", block_size, cache_bytes=1)
+        assert (tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.resident, tiles.pick_in_registers) == (
+            fp8.block_n, fp8.num_warps, fp8.num_stages, fp8.resident, fp8.pick_in_registers)
+        sixteen = choose_tiles(1, 4, head_dim, "bfloat16", block_size)
+        assert sixteen.block_n == DECODE_TILES.block_n * 128 // head_dim
+        assert sixteen.num_stages == DECODE_TILES.num_stages
+    assert choose_tiles(1, 4, 32, "bfloat16", block_size, cache_bytes=1).block_n == DECODE_TILES.block_n
 
 
 @pytest.mark.parametrize("head_dim", [384, 512])
