@@ -28,6 +28,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): scores are kept in base 2 so exp2 can be used
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): converts the base-2 lse back to natural log
+#: int32 fields of a work item's record: sequence, first query, L, the sequence's first token, q_len
+WORK_FIELDS = tl.constexpr(5)
 
 
 @triton.jit
@@ -316,7 +318,7 @@ def _attend_tiles(
 def paged_attention_kernel(
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,  #
     q_ptr, k_cache_ptr, v_cache_ptr,  #
-    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_seq_ptr, work_q_ptr, alibi_ptr,  #
+    block_tables_ptr, work_ptr, alibi_ptr,  #
     stride_qt, stride_qh, stride_qd,  #
     stride_ot, stride_oh,  #
     stride_kb, stride_ks, stride_kh, stride_kd,  #
@@ -352,12 +354,14 @@ def paged_attention_kernel(
     kv_head = head_program // num_group_tiles
     g0 = (head_program % num_group_tiles) * GROUP_TILE
 
-    # -- the work item: sequence s, its first query q_tile, L and q_len
-    seq = tl.load(work_seq_ptr + work)
-    q_tile = tl.load(work_q_ptr + work)
-    L = tl.load(seq_lens_ptr + seq)
-    q_begin = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_begin
+    # -- the work item's record (the plan's, in one round trip): sequence s, its first query
+    #    q_tile, L, the sequence's first token q_begin and q_len
+    record = work_ptr + work * WORK_FIELDS
+    seq = tl.load(record)
+    q_tile = tl.load(record + 1)
+    L = tl.load(record + 2)
+    q_begin = tl.load(record + 3)
+    q_len = tl.load(record + 4)
 
     # -- rows: (query qi, head g); p_q = L - q_len + j
     rows = tl.arange(0, BLOCK_M)
@@ -457,7 +461,7 @@ def merge_splits_kernel(
 ):
     """Merge the split partials of one (token, head): the spec's ``merge_states`` over splits.
 
-    An empty split (lse = -inf) weighs exactly zero and its out is never read into the sum.
+    An empty split (lse = -inf) weighs exactly zero and its out is never taken into the sum.
     Launched as the attention kernel's programmatic dependent (PDL), it waits for that kernel's
     partials before it reads them (``gdc_wait``: a no-op in a plain launch).
     """
@@ -474,8 +478,11 @@ def merge_splits_kernel(
     m = tl.max(lse_s, 0)
     shift = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - shift)  # 0 for empty splits
-    o_s = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],  # a NaN out of a split whose
-                  mask=(s_ok & (lse_s != float("-inf")))[:, None] & d_ok[None, :], other=0.0)  # w is 0 stays NaN
+    # every split wrote its partial: loaded beside lse, in one round trip; an empty split's
+    # out is replaced by 0, while a NaN out of a split whose w underflowed to 0 stays NaN
+    o_s = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                  other=0.0)
+    o_s = tl.where((lse_s != float("-inf"))[:, None], o_s, 0.0)
     total = tl.sum(w, 0)  # NaN if a split's lse is NaN: it stays NaN
     safe = tl.where(total == 0.0, 1.0, total)
     o = tl.sum(w[:, None] * o_s, 0) / safe

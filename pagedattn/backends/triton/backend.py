@@ -39,6 +39,7 @@ LOG2E = 1.4426950408889634
 #: Tokens of one write_kv program (a KV head of each): tokens on the grid's x axis, and few programs
 #: for the interpreter, which runs one at a time.
 WRITE_KV_TOKENS = 64
+WORK_FIELDS = 5  # int32 fields of a work item's record (attention_kernels.WORK_FIELDS)
 INTERPRETER_SMS = 4  # multiprocessors assumed by the split heuristic in interpreter mode
 NO_WINDOW = 2**31 - 1  # the kernel's window when there is none: from any p_q (< 2**31) it reaches p = 0
 
@@ -58,18 +59,16 @@ def interpreter_mode() -> bool:
 class TritonPlanState:
     """What ``_plan`` builds once per batch: device index arrays, work list, launch choices.
 
-    work_seq/work_q: int32 ``[num_work]``, the sequence and first query (within it) of each
-    work item, longest key range first so that the heaviest programs start first.
+    work: int32 ``[num_work, 5]``, each work item's record (its sequence, first query within
+    it, the sequence's L, first token and q_len), longest key range first so that the
+    heaviest programs start first: a program reads all it needs of its item in one round trip.
     """
 
     tiles: Tiles
     num_splits: int
     num_work: int
     block_tables: Any
-    seq_lens: Any
-    query_start_loc: Any
-    work_seq: Any
-    work_q: Any
+    work: Any
     alibi_slopes: Any
     device: Any
     device_index: int  # the device's index, -1 on the CPU (what ``Tensor.get_device`` says)
@@ -109,7 +108,8 @@ class TritonPlanState:
     #: a CUDA graph that captured ``run`` of a triton plan holds these fixed
     fixed_in_graph: ClassVar[tuple[str, ...]] = (
         "the tiles, work list and split-KV count chosen by plan",
-        "the device copies of block_tables, seq_lens, query_start_loc and alibi_slopes made by plan",
+        "the device copies of block_tables and alibi_slopes made by plan, and its work records (from seq_lens "
+        "and query_start_loc)",
         "the plan's split-KV partial buffers: one run of a plan at a time",
         "the addresses and strides of query, key_cache and value_cache",
     )
@@ -286,6 +286,9 @@ class TritonBackend(Backend):
         grid = ((num_work * head_programs, num_splits, 1) if tiles.heads_fastest
                 else (num_work, head_programs, num_splits))
         block_tables_dev = upload(problem.block_tables)
+        q_begin = problem.query_start_loc[work_seq]
+        records = np.stack([work_seq, work_q, problem.seq_lens[work_seq], q_begin,
+                            problem.query_start_loc[work_seq + 1] - q_begin], axis=1)
         options: dict[str, Any] = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
         if tiles.max_registers is not None:
             options["maxnreg"] = tiles.max_registers
@@ -294,10 +297,7 @@ class TritonBackend(Backend):
             num_splits=num_splits,
             num_work=num_work,
             block_tables=block_tables_dev,
-            seq_lens=upload(problem.seq_lens),
-            query_start_loc=upload(problem.query_start_loc),
-            work_seq=upload(work_seq),
-            work_q=upload(work_q),
+            work=upload(records.reshape(-1, WORK_FIELDS)),
             alibi_slopes=None if slopes is None else upload(slopes, np.float32),
             device=device,
             device_index=-1 if device.index is None else int(device.index),
@@ -331,8 +331,7 @@ class TritonBackend(Backend):
             ),
             merge_options={"num_warps": 4, **({"launch_pdl": True} if self._uses_pdl() else {})},
         )
-        tables = (state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
-                  state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens)
+        tables = (state.block_tables, state.work, state.alibi_slopes if state.alibi_slopes is not None else state.work)
         pointers = (tuple(x.data_ptr() for x in (part_out, part_lse)), tuple(x.data_ptr() for x in tables))
         import torch
 
@@ -415,8 +414,7 @@ class TritonBackend(Backend):
         args = [
             out, lse_arg, part_out, part_lse,
             q, k_cache, v_cache,
-            state.block_tables, state.seq_lens, state.query_start_loc, state.work_seq, state.work_q,
-            state.alibi_slopes if state.alibi_slopes is not None else state.seq_lens,
+            state.block_tables, state.work, state.alibi_slopes if state.alibi_slopes is not None else state.work,
             *strides,
             *state.tail_args,
         ]

@@ -121,7 +121,9 @@ def test_bits_depend_only_on_what_a_row_sees(check: str, num_splits: int | None)
 
 def test_the_merge_launched_with_or_without_pdl_gives_the_same_bits() -> None:
     """The split-KV merge as the attention kernel's programmatic dependent (the default from
-    sm_90) and as a plain launch: the same bits, eager and through the direct relaunch path."""
+    sm_90) and as a plain launch: the same bits, eager and through the direct relaunch path;
+    and two runs of one plan queued back to back (one set of partials) each give the bits of
+    a run alone."""
     import torch
 
     case = poisoned_case("pdl", [20000, 9000, 1])
@@ -131,8 +133,15 @@ def test_the_merge_launched_with_or_without_pdl_gives_the_same_bits() -> None:
         device = [None if a is None else backend.to_device(a) for a in case.args()]
         plan = backend.plan(*device, return_lse=True)
         assert plan.state.num_splits > 1, plan.state.num_splits
-        assert plan.state.merge_options.get("launch_pdl", False) is (pdl and torch.cuda.get_device_capability()[0] >= 9)
+        on = pdl and torch.cuda.get_device_capability()[0] >= 9
+        assert plan.state.merge_options.get("launch_pdl", False) is on
         results[pdl] = [[backend.to_numpy(x) for x in backend.run(plan, *device[:3])] for _ in range(2)]
+        other_query = torch.flip(device[0], dims=(1,)).contiguous()
+        alone = [backend.to_numpy(x) for x in backend.run(plan, other_query, *device[1:3])]
+        queued = [backend.run(plan, query, *device[1:3]) for query in (device[0], other_query)]  # no sync between
+        for (out, lse), expected in zip(queued, (results[pdl][0], alone), strict=True):
+            assert_bit_identical("out", backend.to_numpy(out), expected[0], "a queued run changed the output", "[pdl]")
+            assert_bit_identical("lse", backend.to_numpy(lse), expected[1], "a queued run changed lse", "[pdl]")
     for out, lse in (*results[True], results[False][1]):
         assert_bit_identical("out", out, results[False][0][0], "the merge's launch changed the output", "[pdl]")
         assert_bit_identical("lse", lse, results[False][0][1], "the merge's launch changed lse", "[pdl]")

@@ -53,3 +53,21 @@ def test_a_backend_that_says_nothing_is_not_capturable() -> None:
     inputs = random_paged_inputs([20], block_size=16, num_q_heads=4, num_kv_heads=2, head_dim=16)
     plan = NumpyBackend().plan(*inputs.args())
     assert not plan.capturable and plan.fixed_in_graph == ()
+
+
+def test_each_work_record_holds_its_sequence_first_query_and_lengths() -> None:
+    """A program reads its work item from one record: (sequence, first query within it, L,
+    the sequence's first token, q_len), longest key range first."""
+    inputs = random_paged_inputs([70, 33, 150], [5, 33, 1], block_size=16, num_q_heads=4, num_kv_heads=2,
+                                 head_dim=16, seed=3)
+    q, k, v = (numpy_to_torch(x, "cpu") for x in inputs.args()[:3])
+    plan = TritonBackend().plan(q, k, v, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc)
+    records = plan.state.work.numpy()
+    tiles = plan.state.tiles
+    starts = inputs.query_start_loc
+    q_lens = np.diff(starts)
+    expected = {(s, j, int(inputs.seq_lens[s]), int(starts[s]), int(q_lens[s]))
+                for s in range(3) for j in range(0, int(q_lens[s]), tiles.block_q)}
+    assert {tuple(int(x) for x in row) for row in records} == expected and len(records) == len(expected)
+    ends = records[:, 2] - records[:, 4] + np.minimum(records[:, 1] + tiles.block_q, records[:, 4])  # causal
+    assert (np.diff(-(-ends // tiles.block_n)) <= 0).all()
