@@ -244,7 +244,9 @@ class CupyBackend(Backend):
         work = planning.build_work(
             problem,
             choice,
-            slots=self._resident_ctas(problem, choice),
+            slots=planning.split_slots(
+                problem, choice, self._resident_ctas(problem, choice), self._multiprocessors()
+            ),
             split_kv=self.options.split_kv,
             num_splits=self.options.num_splits or None,
         )
@@ -344,6 +346,12 @@ class CupyBackend(Backend):
             state.merge_launch = launch_config(
                 state.merge_handle, (len(work.merges), work.rows), (NUM_THREADS,), 0
             )
+
+    @staticmethod
+    def _multiprocessors() -> int:
+        import cupy
+
+        return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
     def _resident_ctas(self, problem: AttentionProblem, choice: planning.KernelChoice) -> int:
         """CTAs of the attention kernel ``choice`` resident on the whole device (registers,

@@ -150,6 +150,19 @@ def choose_kernel(
     return KernelChoice(rows, spec)
 
 
+def split_slots(problem: AttentionProblem, choice: KernelChoice, resident: int, multiprocessors: int) -> int:
+    """CTAs the split-KV estimate (:func:`choose_split`) fills: one a multiprocessor for the
+    tensor-core decode kernel on 16-bit caches at head_dim 64 or 128, which reaches a
+    multiprocessor's share of the read bandwidth alone (a part for the second resident CTA
+    costs its partial and merge and gains nothing); every ``resident`` CTA otherwise."""
+    decode_16_bit = (
+        choice.rows == DECODE_ROWS
+        and problem.cache_dtype not in FP8_TYPES
+        and problem.head_dim in MMA_HEAD_DIMS
+    )
+    return multiprocessors if decode_16_bit else resident
+
+
 def choose_split(
     base_tiles: np.ndarray,
     slots: int,

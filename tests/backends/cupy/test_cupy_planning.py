@@ -11,6 +11,7 @@ from cases import poisoned_case
 from cupy_plans import kernel_of, rows_of, shape_problem, work_of
 
 from pagedattn.backends.cupy.options import CupyOptions
+from pagedattn.backends.cupy.planning import choose_kernel, split_slots
 from pagedattn.conformance.checks import problem_of
 
 
@@ -292,21 +293,37 @@ def test_choose_split_splits_only_where_long_ranges_leave_slots_idle() -> None:
     assert choose_split(many, 264, partial_overhead=4.0) == 64, "no split"
 
 
-# split-KV parts of llama3-8b decode (8 KV heads, 64-key tiles) for 264 resident decode CTAs
-# (two per SM of an H200): (sequences, keys) -> parts per range
-DECODE_PARTS = {(64, 4096): 1, (2, 65536): 16, (1, 2048): 8, (1, 32768): 32, (4, 8192): 8, (8, 2048): 4,
-                (16, 2048): 2}
+# split-KV parts of llama3-8b decode (8 KV heads, 64-key tiles, bf16) on an H200: 132
+# multiprocessors, 264 decode CTAs resident; the split fills one CTA a multiprocessor
+# (split_slots): (sequences, keys) -> parts per range
+H200_MULTIPROCESSORS, H200_DECODE_CTAS = 132, 264
+DECODE_PARTS = {(64, 4096): 1, (2, 65536): 8, (1, 2048): 8, (1, 32768): 16, (4, 8192): 4, (8, 2048): 2,
+                (16, 2048): 1}
 
 
 @pytest.mark.parametrize("shape, parts", DECODE_PARTS.items())
-def test_decode_parts_on_the_h200_keep_four_tiles_and_one_wave(shape: tuple[int, int], parts: int) -> None:
+def test_decode_parts_on_the_h200_keep_four_tiles_and_one_cta_a_multiprocessor(shape: tuple[int, int],
+                                                                                 parts: int) -> None:
     seqs, keys = shape
-    work = work_of(shape_problem([keys] * seqs, num_q_heads=32, num_kv_heads=8), slots=264)
+    problem = shape_problem([keys] * seqs, num_q_heads=32, num_kv_heads=8)
+    slots = split_slots(problem, choose_kernel(problem), H200_DECODE_CTAS, H200_MULTIPROCESSORS)
+    assert slots == H200_MULTIPROCESSORS
+    work = work_of(problem, slots=slots)
     per_range = len(work.items) // (seqs * 8)
     assert per_range == parts
     if parts > 1:
-        assert len(work.items) <= 264, "the parts fit one wave"
+        assert len(work.items) <= H200_MULTIPROCESSORS, "the parts fit one CTA a multiprocessor"
         assert keys // 64 // parts >= 4, "at least four tiles a part"
+
+
+@pytest.mark.parametrize("cache_dtype, head_dim, q_lens", [("float8_e4m3fn", 128, None), (None, 256, None),
+                                                           (None, 128, [512])],
+                         ids=["fp8 decode", "head_dim 256 decode", "prefill"])
+def test_other_kernels_split_for_every_resident_cta(cache_dtype: str | None, head_dim: int,
+                                                    q_lens: list[int] | None) -> None:
+    problem = shape_problem([4096], q_lens, num_q_heads=32, num_kv_heads=8, head_dim=head_dim,
+                            cache_dtype=cache_dtype)
+    assert split_slots(problem, choose_kernel(problem), H200_DECODE_CTAS, H200_MULTIPROCESSORS) == H200_DECODE_CTAS
 
 
 def test_small_batch_decode_keeps_four_tiles_a_part_and_every_key_is_covered_once() -> None:
