@@ -31,7 +31,15 @@ DECLARED = Capabilities(head_dims=(64, 128, 256), block_sizes=(16, 32, 64))
 H200_SMS = 132
 INTERPRETER_SMS = 4
 #: CTAs of cupy's decode kernel resident on an H200 (two per multiprocessor)
-H200_CUPY_DECODE_SLOTS = 2 * H200_SMS
+H200_CUPY_DECODE_SLOTS = 2 * H200_SMS  # resident decode CTAs
+
+
+def h200_cupy_work(problem):  # type: ignore[no-untyped-def]
+    """cupy's work plan of ``problem`` on an H200: split for the slots ``split_slots`` gives there."""
+    from pagedattn.backends.cupy.planning import build_work, choose_kernel, split_slots
+
+    choice = choose_kernel(problem)
+    return build_work(problem, choice, slots=split_slots(problem, choice, H200_CUPY_DECODE_SLOTS, H200_SMS))
 
 
 def triton_grid(problem) -> tuple:
@@ -117,8 +125,7 @@ def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_p
 
     (case,) = drawn(scale.long_sequence_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 1)
     problem = checks.problem_of(case)
-    for slots in (H200_CUPY_DECODE_SLOTS, build_work.__kwdefaults__["slots"]):
-        work = build_work(problem, slots=slots)
+    for slots, work in (("H200", h200_cupy_work(problem)), ("default", build_work(problem))):
         ranges = work.items[work.items[:, 8] >= 0][:, 6:8]
         assert work.merges.shape[0] > 0 and work.merges[:, 6].min() % 2 == 1, (slots, work.merges)  # odd parts
         assert len({int(b - a) for a, b in ranges}) > 1, (slots, ranges)  # parts of unequal length: one is partial
@@ -527,7 +534,6 @@ def test_wide_group_cases_cut_a_group_into_several_tiles_of_triton_and_cupy():
 
 
 def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
-    from pagedattn.backends.cupy.planning import build_work
 
     for case in drawn(scale.large_batch_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 3):
         problem = checks.problem_of(case)
@@ -535,7 +541,7 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
         assert int(problem.seq_lens.max()) <= scale.LARGE_BATCH_MAX_LEN
         tiles, programs, _ = triton_grid(problem)
         assert programs > tiles.resident * H200_SMS
-        assert build_work(problem, slots=H200_CUPY_DECODE_SLOTS).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
+        assert h200_cupy_work(problem).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
 
 
 def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
@@ -592,7 +598,6 @@ def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
 
 
 def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_triton_and_cupy():
-    from pagedattn.backends.cupy.planning import build_work
     from pagedattn.backends.triton.launch_config import MAX_SPLITS
     from pagedattn.conformance.mutants.scale import MERGE_MAX_PARTS, PART_KEYS, UINT16_POSITIONS
 
@@ -608,12 +613,11 @@ def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_trito
         longest = int(key_tiles.max())
         splits = choose_num_splits(programs, longest, H200_SMS, tiles.resident, tiles.saturation)
         assert -(-longest // splits) == -(-longest // MAX_SPLITS)  # parts as short as MAX_SPLITS makes them
-        work = build_work(problem, slots=H200_CUPY_DECODE_SLOTS)
+        work = h200_cupy_work(problem)
         assert int(work.merges[:, 6].max()) > MERGE_MAX_PARTS, work.merges  # more parts than a fixed merge holds
 
 
 def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_triton_and_cupy():
-    from pagedattn.backends.cupy.planning import build_work
     from pagedattn.backends.triton.launch_config import MAX_SPLITS
     from pagedattn.conformance.mutants.scale import MERGE_MAX_KEYS, PART_KEYS
 
@@ -626,7 +630,7 @@ def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_trito
     assert -(-length // PART_KEYS) > 8 * (MERGE_MAX_KEYS // PART_KEYS)  # the mutant's merge drops most parts
     tiles, programs, key_tiles = triton_grid(problem)
     assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) == MAX_SPLITS
-    work = build_work(problem, slots=H200_CUPY_DECODE_SLOTS)
+    work = h200_cupy_work(problem)
     assert int(work.merges[:, 6].max()) > MERGE_MAX_KEYS // PART_KEYS, work.merges  # more parts than 131,072 keys'
 
 
@@ -639,7 +643,6 @@ def test_long_cases_never_draw_a_sequence_below_the_cells_shortest():
 
 
 def test_long_chunk_cases_have_split_parts_past_the_first_query_tiles_of_triton_and_cupy():
-    from pagedattn.backends.cupy.planning import build_work
     from pagedattn.conformance.mutants.scale import PART_KEYS, QUERY_TILE
 
     for case in drawn(scale.long_chunk_cases(DECLARED, dtype="float16"), 2):
@@ -652,7 +655,7 @@ def test_long_chunk_cases_have_split_parts_past_the_first_query_tiles_of_triton_
         part_keys = -(-int(key_tiles.max()) // splits) * tiles.block_n
         first_tile_end = int((lens - q_lens)[int(np.argmax(lens))]) + tiles.block_m // problem.group_size
         assert splits > 1 and (splits - 1) * part_keys > first_tile_end  # triton: a part past the first tile's queries
-        assert int(build_work(problem, slots=H200_CUPY_DECODE_SLOTS).merges[:, 6].max()) > 1  # cupy splits too
+        assert int(h200_cupy_work(problem).merges[:, 6].max()) > 1  # cupy splits too
 
 
 def test_long_chunk_rows_sample_every_16_query_tile_and_each_chunks_ends():
@@ -747,7 +750,6 @@ def test_long_needle_cases_put_each_rows_mass_on_two_late_keys_past_float32s_exp
 
 
 def test_long_tail_batches_fill_an_h200_without_split_kv_of_triton_and_cupy():
-    from pagedattn.backends.cupy.planning import build_work
 
     for case in drawn(scale.long_tail_batch_cases(DECLARED, dtype="float16"), 2):
         problem = checks.problem_of(case)
@@ -756,4 +758,4 @@ def test_long_tail_batches_fill_an_h200_without_split_kv_of_triton_and_cupy():
         assert share.min() > 0.3  # about 40% of every row's mass
         tiles, programs, key_tiles = triton_grid(problem)
         assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) == 1
-        assert len(build_work(problem, slots=H200_CUPY_DECODE_SLOTS).merges) == 0  # cupy: no part merged
+        assert len(h200_cupy_work(problem).merges) == 0  # cupy: no part merged
