@@ -31,7 +31,7 @@ DECLARED = Capabilities(head_dims=(64, 128, 256), block_sizes=(16, 32, 64))
 H200_SMS = 132
 INTERPRETER_SMS = 4
 #: CTAs of cupy's decode kernel resident on an H200 (two per multiprocessor)
-H200_CUPY_DECODE_SLOTS = 2 * H200_SMS  # resident decode CTAs
+H200_CUPY_DECODE_SLOTS = 2 * H200_SMS
 
 
 def h200_cupy_work(problem):  # type: ignore[no-untyped-def]
@@ -534,7 +534,6 @@ def test_wide_group_cases_cut_a_group_into_several_tiles_of_triton_and_cupy():
 
 
 def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
-
     for case in drawn(scale.large_batch_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 3):
         problem = checks.problem_of(case)
         assert problem.num_seqs > scale.MAX_RESIDENT_CTAS  # one CTA per sequence: more than one wave
@@ -750,7 +749,6 @@ def test_long_needle_cases_put_each_rows_mass_on_two_late_keys_past_float32s_exp
 
 
 def test_long_tail_batches_fill_an_h200_without_split_kv_of_triton_and_cupy():
-
     for case in drawn(scale.long_tail_batch_cases(DECLARED, dtype="float16"), 2):
         problem = checks.problem_of(case)
         assert problem.num_seqs == scale.TAIL_BATCH_SEQS and problem.cache_dtype.startswith("float8")

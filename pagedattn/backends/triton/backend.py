@@ -39,7 +39,6 @@ LOG2E = 1.4426950408889634
 #: Tokens of one write_kv program (a KV head of each): tokens on the grid's x axis, and few programs
 #: for the interpreter, which runs one at a time.
 WRITE_KV_TOKENS = 64
-WORK_FIELDS = 5  # int32 fields of a work item's record (attention_kernels.WORK_FIELDS)
 INTERPRETER_SMS = 4  # multiprocessors assumed by the split heuristic in interpreter mode
 NO_WINDOW = 2**31 - 1  # the kernel's window when there is none: from any p_q (< 2**31) it reaches p = 0
 
@@ -297,7 +296,7 @@ class TritonBackend(Backend):
             num_splits=num_splits,
             num_work=num_work,
             block_tables=block_tables_dev,
-            work=upload(records.reshape(-1, WORK_FIELDS)),
+            work=upload(records),  # attention_kernels.WORK_FIELDS columns
             alibi_slopes=None if slopes is None else upload(slopes, np.float32),
             device=device,
             device_index=-1 if device.index is None else int(device.index),
