@@ -10,6 +10,7 @@ import pytest
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is needed (pip install 'pagedattn[triton]')", allow_module_level=True)
 
+import triton
 import triton.language as tl
 from triton.runtime import interpreter
 
@@ -119,3 +120,55 @@ def test_a_launch_on_nan_data_raises_no_warning_and_keeps_ieee_results(monkeypat
         out = backend.run(plan, dev(query), *caches)
     out = backend.to_numpy(out)
     assert not np.isfinite(out[0]).all()  # IEEE: the rows see +inf keys and an inf value
+
+
+@triton.jit
+def _add_one(x):
+    return x + 1
+
+
+@triton.jit
+def _helpers_kernel(out_ptr, CALLS: tl.constexpr):
+    x = tl.zeros([8], tl.int32)
+    for _ in tl.static_range(CALLS):
+        x = _add_one(x) + tl.max(x, 0) * 0
+    tl.store(out_ptr + tl.arange(0, 8), x + tl.program_id(0))
+
+
+def _patches_of_one_launch(monkeypatch: pytest.MonkeyPatch, helper_calls: int) -> tuple[int, list[int]]:
+    """Attributes the interpreter set during one launch of a kernel calling a helper of its own
+    module ``helper_calls`` times and ``tl.max`` (whose module sees ``triton.language.core``)
+    as often, and what the kernel stored."""
+    import torch
+
+    cached_scan.install()
+    out = torch.zeros(8, dtype=torch.int32)
+    counts = []
+    set_attr = interpreter._LangPatchScope.set_attr
+
+    def counting_set_attr(self: Any, obj: Any, name: str, value: Any) -> None:
+        counts.append(1)
+        set_attr(self, obj, name, value)
+
+    monkeypatch.setattr(interpreter._LangPatchScope, "set_attr", counting_set_attr)
+    _helpers_kernel[(2,)](out, CALLS=helper_calls)
+    return len(counts), out.tolist()
+
+
+@pytest.mark.skipif(not isinstance(_helpers_kernel, interpreter.InterpretedFunction),
+                    reason="the kernel was defined without TRITON_INTERPRET=1")
+def test_a_launch_patches_the_language_once_however_many_helper_calls_it_makes(monkeypatch: pytest.MonkeyPatch) -> None:
+    few, stored_few = _patches_of_one_launch(monkeypatch, 2)
+    many, stored_many = _patches_of_one_launch(monkeypatch, 12)
+    assert stored_few == [3] * 8 and stored_many == [13] * 8  # program 1 wrote last
+    assert few > 0 and many == few
+
+
+
+def test_a_launch_runs_from_a_frame_too_large_for_a_16_kib_chunk() -> None:
+    code = cached_scan.call_in_own_chunk.__code__
+    assert code.co_stacksize == cached_scan.LAUNCH_FRAME_SLOTS
+    assert (code.co_stacksize + code.co_nlocals) * 8 > 16 << 10
+    assert cached_scan.call_in_own_chunk(lambda a, b=0: (a, b), 1, b=2) == (1, 2)
+    with pytest.raises(ZeroDivisionError):
+        cached_scan.call_in_own_chunk(lambda: 1 / 0)
