@@ -201,8 +201,12 @@ def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, An
         else:
             meta["scalars"][f.name] = value
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    with path.open("wb") as stream:
-        np.savez_compressed(stream, allow_pickle=False, **arrays)
+    # An .npz as np.savez_compressed writes it, at zlib level 1: the caches hold garbage (random
+    # bits, which no level compresses much), and the default level took seconds a scale case.
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, array, allow_pickle=False)
     return path
 
 

@@ -270,15 +270,15 @@ def check_paged_attention(
     if lens.shape[0] != num_seqs:
         raise _fail("seq_lens", f"has {lens.shape[0]} entries but block_tables has {num_seqs} rows")
     capacity = max_blocks_per_seq * block_size
-    for s in range(num_seqs):
+    s = _first_true((lens < 0) | (lens > capacity))
+    if s is not None:
         if lens[s] < 0:
             raise _fail("seq_lens", f"seq_lens[{s}]={lens[s]} is negative")
-        if lens[s] > capacity:
-            raise _fail(
-                "seq_lens",
-                f"seq_lens[{s}]={lens[s]} exceeds max_blocks_per_seq * block_size"
-                f" = {max_blocks_per_seq} * {block_size} = {capacity}",
-            )
+        raise _fail(
+            "seq_lens",
+            f"seq_lens[{s}]={lens[s]} exceeds max_blocks_per_seq * block_size"
+            f" = {max_blocks_per_seq} * {block_size} = {capacity}",
+        )
 
     is_decode = query_start_loc is None
     if is_decode:
@@ -314,15 +314,16 @@ def check_paged_attention(
             raise _fail("query_start_loc", f"q_len={steps[s]} of sequence {s} exceeds seq_lens[{s}]={lens[s]}")
 
     used_cols = -(-lens // block_size)  # ceil(L / block_size)
-    for s in range(num_seqs):
-        row = tables[s, : used_cols[s]]
-        c = _first_true((row < 0) | (row >= num_blocks))
-        if c is not None:
-            raise _fail(
-                "block_tables",
-                f"block_tables[{s}, {c}]={row[c]} is outside [0, num_blocks={num_blocks})"
-                f" and is needed for seq_lens[{s}]={lens[s]}",
-            )
+    needed = np.arange(max_blocks_per_seq)[None, :] < used_cols[:, None]
+    outside = needed & ((tables < 0) | (tables >= num_blocks))
+    s = _first_true(outside.any(axis=1))
+    if s is not None:  # the first sequence with an entry outside, and its first such column
+        c = int(np.argmax(outside[s]))
+        raise _fail(
+            "block_tables",
+            f"block_tables[{s}, {c}]={tables[s, c]} is outside [0, num_blocks={num_blocks})"
+            f" and is needed for seq_lens[{s}]={lens[s]}",
+        )
 
     resolved_scale = 1.0 / math.sqrt(head_dim) if scale is None else _check_scalar(scale, "scale", positive=False)
     for name, flag in (("causal", causal), ("return_lse", return_lse)):

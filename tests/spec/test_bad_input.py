@@ -124,6 +124,25 @@ def test_negative_seq_len() -> None:
     assert case  # the case itself stays valid
 
 
+def test_the_first_sequence_in_error_is_named() -> None:
+    """Of several sequences in error, the message names the first (and its first column)."""
+    case = random_paged_inputs([20, 5, 33], [4, 5, 1])
+    capacity = case.block_tables.shape[1] * 16
+    with raises("seq_lens", rf"seq_lens\[1\]={capacity + 1} exceeds"):
+        call(seq_lens=np.array([20, capacity + 1, -1], np.int32))
+    with raises("seq_lens", r"seq_lens\[1\]=-1 is negative"):
+        call(seq_lens=np.array([20, -1, capacity + 1], np.int32))
+    tables = case.block_tables.copy()
+    tables[2, 0] = -1
+    tables[1, 2] = tables[1, 3] = 10**6  # unneeded: sequence 1 holds 5 keys, one column
+    tables[0, 1] = tables[2, 1] = 10**6
+    with raises("block_tables", r"block_tables\[0, 1\]=1000000 is outside"):
+        call(block_tables=tables)
+    tables[0, 1] = case.block_tables[0, 1]
+    with raises("block_tables", r"block_tables\[2, 0\]=-1 is outside"):
+        call(block_tables=tables)
+
+
 def test_q_len_beyond_seq_len() -> None:
     with raises("query_start_loc", "q_len=5 of sequence 1 exceeds seq_lens"):
         call(seq_lens=np.array([20, 4, 33], np.int32))
