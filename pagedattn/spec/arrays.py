@@ -316,7 +316,7 @@ def check_paged_attention(
     used_cols = -(-lens // block_size)  # ceil(L / block_size)
     needed = np.arange(max_blocks_per_seq)[None, :] < used_cols[:, None]
     outside = needed & ((tables < 0) | (tables >= num_blocks))
-    s = _first_true(outside.any(axis=1))
+    s = _first_true(np.any(outside, axis=1))
     if s is not None:  # the first sequence with an entry outside, and its first such column
         c = int(np.argmax(outside[s]))
         raise _fail(
