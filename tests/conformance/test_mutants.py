@@ -52,7 +52,7 @@ def test_quick_profile_kills_mutant(name):
     """Killed within KILL_SECONDS (COSTLY_KILL_SECONDS by a costly cell); a scale mutant by a scale
     cell, a plan mutant by a cell of test_plans."""
     family = MUTANTS[name].__module__
-    result = run_mutant(name, profile="quick", isolated=True, modules=MUTANT_MODULES.get(family, SUITE_MODULES))
+    result = run_mutant(name, profile="quick", modules=MUTANT_MODULES.get(family, SUITE_MODULES))
     assert result.killed, f"mutant {name} survived the quick profile ({MUTANTS[name].bug}); exit {result.exit_code}"
     costly = any(f"::{cell}[" in result.killed_by for cell in COSTLY_TESTS)
     bound = COSTLY_KILL_SECONDS if costly else KILL_SECONDS
@@ -85,3 +85,25 @@ def test_kill_table_command_prints_each_mutant_with_its_time(capsys, monkeypatch
     row = next(line for line in out.splitlines() if line.startswith("WrongGQAMapping"))
     assert " s " in row and "[mutant:WrongGQAMapping-" in row  # the cell that killed it
     assert "quick: 1 of 1 killed" in out
+
+
+def test_an_in_process_run_imports_the_suite_afresh_and_gives_the_caller_its_modules_back(tmp_path):
+    """A suite module the caller imported under another profile holds other cells (the long cells'
+    dtypes come from the profile at import): the run collects from fresh copies; the caller keeps its own."""
+    import sys
+
+    import pagedattn.conformance as package
+
+    seen = []
+
+    class Collected:
+        def pytest_collection_modifyitems(self, items):
+            seen.extend({item.module for item in items})
+
+    code = run_pytest_in_process(["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q",
+                                  "--collect-only", "--hypothesis-profile=quick", "--conformance-cases",
+                                  str(tmp_path), "--backend", "numpy", "--pyargs", test_scale.__name__],
+                                 [Collected()])
+    assert code == 0 and len(seen) == 1 and seen[0] is not test_scale
+    assert seen[0].__name__ == test_scale.__name__
+    assert sys.modules[test_scale.__name__] is test_scale and package.test_scale is test_scale

@@ -66,12 +66,20 @@ class _FirstFailure:
 
 
 def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> int:
-    """``pytest.main(args)`` that leaves the caller's hypothesis profile and PAGEDATTN_* variables as they were."""
+    """``pytest.main(args)`` that leaves the caller's hypothesis profile and PAGEDATTN_* variables as they were.
+
+    The suite's modules (:data:`SUITE_MODULES`) are imported afresh for the run: their cells'
+    parameters come from the profile at import (the long cells' dtypes), so a module the caller
+    imported under another profile would hold other cells. The caller's copies are put back after.
+    """
     from hypothesis import settings
+
+    import pagedattn.conformance as package
 
     args = ["-W", "ignore::pytest.PytestAssertRewriteWarning", *args]  # the plugin may be imported already
     profile = settings.get_current_profile_name()
     saved = {k: v for k, v in os.environ.items() if k.startswith("PAGEDATTN_")}
+    callers = {name: sys.modules.pop(name) for name in SUITE_MODULES if name in sys.modules}
     try:
         return int(pytest.main(list(args), plugins=list(plugins)))
     finally:
@@ -79,6 +87,11 @@ def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> i
         for key in [k for k in os.environ if k.startswith("PAGEDATTN_")]:
             del os.environ[key]
         os.environ.update(saved)
+        for name in SUITE_MODULES:
+            sys.modules.pop(name, None)
+            if name in callers:
+                sys.modules[name] = callers[name]
+                setattr(package, name.rsplit(".", 1)[1], callers[name])
 
 
 def run_mutant(
