@@ -164,7 +164,6 @@ def test_a_launch_patches_the_language_once_however_many_helper_calls_it_makes(m
     assert few > 0 and many == few
 
 
-
 def test_a_launch_runs_from_a_frame_too_large_for_a_16_kib_chunk() -> None:
     code = cached_scan.call_in_own_chunk.__code__
     assert code.co_stacksize == cached_scan.LAUNCH_FRAME_SLOTS
