@@ -27,11 +27,13 @@ from pagedattn.perf.measure import DevicePool, Result, case_work, measure_backen
 from pagedattn.perf.peers import PEERS, FlexPeer
 from pagedattn.perf.report import (
     HEADERS,
+    SLOWED_MARK,
     add_reference_ratios,
     document,
     format_rate,
     format_seconds,
     reason_notes,
+    slowdown_notes,
     table_rows,
     write_json,
 )
@@ -189,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             graph = format_seconds(result.graph_s) if result.graph_s is not None else result.graph_note[:40]
             figure = (f"one call {one}  back to back {format_seconds(result.seconds)}  graph {graph}  "
                       f"{format_rate(result.gbps)} GB/s  {result.pct_of_ceiling:.0f}%")
+            if result.gpu_state is not None and result.gpu_state.slowdowns:
+                figure += f"  {SLOWED_MARK} {', '.join(result.gpu_state.slowdowns)}"
         else:
             figure = f"{result.status}: {result.reason[:80]}"
         print(f"[{done}/{total} {time.perf_counter() - started:5.0f}s] {result.runner:<8} {result.case}  {figure}",
@@ -235,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     title = f"pagedattn bench: {where}; read ceiling {format_rate(ceilings.read_bytes_per_s / 1e9)} GB/s"
     print_table(HEADERS, table_rows(results), title=title)
-    for line in reason_notes(results):
+    for line in [*reason_notes(results), *slowdown_notes(results)]:
         print(line)
     verdicts = evaluate(results)
     if verdicts:

@@ -18,8 +18,9 @@ from typing import Any
 
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.errors import UnsupportedError
-from pagedattn.perf import device, engine, inputs, timing
+from pagedattn.perf import device, engine, gpu_state, inputs, timing
 from pagedattn.perf.ceilings import Ceilings
+from pagedattn.perf.gpu_state import GpuState
 from pagedattn.perf.roofline import Work, work
 from pagedattn.perf.shapes import Case
 from pagedattn.spec.arrays import check_paged_attention
@@ -55,6 +56,7 @@ class Result:
     detail: str = ""
     cache_dtype: str = ""  # the K/V dtype of the case ("" read as ``dtype``)
     note: str = ""  # what a peer ran differently from the case (fp8 K/V in the query's dtype)
+    gpu_state: GpuState | None = None  # what NVML saw while the row was timed (None: not sampled)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,7 +112,7 @@ def restate(measured: Result, case: Case, w: Work, ceilings: Ceilings) -> Result
     row = figures(measured.runner, case, timing.Timing(measured.seconds, measured.samples_s, 1), w, ceilings,
                   measured.rotations, detail, input_kind=measured.inputs)
     row.one_call_s, row.graph_s, row.graph_note = measured.one_call_s, measured.graph_s, measured.graph_note
-    row.note = measured.note
+    row.note, row.gpu_state = measured.note, measured.gpu_state
     return row
 
 
@@ -165,15 +167,18 @@ def measure_backend(backend: Backend, case: Case, device_pool: DevicePool, w: Wo
         gpu = backend.capabilities().device == "cuda" if on_gpu is None else on_gpu
         capture, why_not = capture_for(all(p.capturable for p in plans), gpu,
                                        f"{backend.name}: its plan is not capturable")
-        three = timing.three_timings(run, backend.synchronize, marks=engine.marks(gpu, backend.synchronize),
-                                     flush=engine.flusher(gpu), capture=capture, rotations=pool.rotations,
-                                     policy=policy, graph_note=why_not)
+        with gpu_state.sampling(gpu_state.nvml_reader() if gpu else None) as sampled:
+            three = timing.three_timings(run, backend.synchronize, marks=engine.marks(gpu, backend.synchronize),
+                                         flush=engine.flusher(gpu), capture=capture, rotations=pool.rotations,
+                                         policy=policy, graph_note=why_not)
     except UnsupportedError as error:
         return _result(backend.name, case, "unsupported", reason=str(error))
     except Exception as error:  # a failing backend is reported, and the run goes on
         return _result(backend.name, case, "error", reason=f"{type(error).__name__}: {error}"[:300])
-    return figures(backend.name, case, three.back_to_back, w, ceilings, pool.rotations, three=three,
-                   input_kind=device_pool.input_kind)
+    row = figures(backend.name, case, three.back_to_back, w, ceilings, pool.rotations, three=three,
+                  input_kind=device_pool.input_kind)
+    row.gpu_state = sampled.state
+    return row
 
 
 def measure_peer(peer: Any, case: Case, rotations: int, w: Work, ceilings: Ceilings,
@@ -185,9 +190,10 @@ def measure_peer(peer: Any, case: Case, rotations: int, w: Work, ceilings: Ceili
         run = peer.prepare(case, rotations)
         gpu = getattr(peer, "device", "cuda") == "cuda" and device.gpu_name() is not None
         capture, why_not = capture_for(getattr(peer, "capturable", False), gpu, f"{peer.name}: not captured here")
-        three = timing.three_timings(run, peer.synchronize, marks=engine.marks(gpu, peer.synchronize),
-                                     flush=engine.flusher(gpu), capture=capture, rotations=rotations,
-                                     policy=policy, graph_note=why_not)
+        with gpu_state.sampling(gpu_state.nvml_reader() if gpu else None) as sampled:
+            three = timing.three_timings(run, peer.synchronize, marks=engine.marks(gpu, peer.synchronize),
+                                         flush=engine.flusher(gpu), capture=capture, rotations=rotations,
+                                         policy=policy, graph_note=why_not)
         measured = three.back_to_back
         detail = getattr(peer, "kernel", "") or f"prepare {time.perf_counter() - start:.1f} s"
     except UnsupportedError as error:
@@ -198,6 +204,7 @@ def measure_peer(peer: Any, case: Case, rotations: int, w: Work, ceilings: Ceili
         _release_gpu_cache()
     row = figures(peer.name, case, measured, w, ceilings, rotations, detail, three=three, input_kind="torch")
     row.note = getattr(peer, "note", "")
+    row.gpu_state = sampled.state
     return row
 
 

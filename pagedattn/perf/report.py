@@ -14,6 +14,7 @@ from pagedattn.perf.measure import Result
 
 REFERENCE_PEER = "sdpa"  # the unpaged reference: ratio = time / this peer's time
 BLOCK_PART = re.compile(r"bs\d+")  # the block-size part of a case name
+SLOWED_MARK = "!"  # beside the runner of a row timed while the GPU slowed its clocks
 HEADERS = ("backend", "shape", "block", "one call", "back to back", "graph", "GB/s", "TFLOP/s", "% ceiling",
            "x unpaged")
 
@@ -62,11 +63,16 @@ def _reasons(results: Sequence[Result]) -> dict[tuple[str, str, str], int]:
     return numbers
 
 
+def slowed(r: Result) -> bool:
+    """Whether the GPU reported a clock slowdown (power cap, thermal) while ``r`` was timed."""
+    return r.gpu_state is not None and bool(r.gpu_state.slowdowns)
+
+
 def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
     """One row per result; a row not timed shows its status and a note number, the reason is in
     :func:`reason_notes` (a reason in the cell would widen the time column for every row); a
     timed row with a note (a peer that ran fp8 K/V in the query's dtype) has its number beside
-    the runner."""
+    the runner, and a row timed under a clock slowdown :data:`SLOWED_MARK` (:func:`slowdown_notes`)."""
     numbers = _reasons(results)
     rows: list[tuple[str, ...]] = []
     for r in results:
@@ -76,6 +82,8 @@ def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
             rows.append((r.runner, shape, str(r.block_size), f"{r.status} [{note}]", "", "", "", "", "", ""))
             continue
         runner = f"{r.runner} [{numbers[(r.runner, 'note', r.note)]}]" if r.note else r.runner
+        if slowed(r):
+            runner += f" {SLOWED_MARK}"
         ratio = "" if r.ratio_to_reference is None else f"{r.ratio_to_reference:.2f}"
         one = "" if r.one_call_s is None else format_seconds(r.one_call_s)
         graph = format_seconds(r.graph_s) if r.graph_s is not None else (r.graph_note[:40] or "not timed")
@@ -87,6 +95,12 @@ def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
 def reason_notes(results: Sequence[Result]) -> list[str]:
     """``[N] runner status: reason``, once per distinct reason the table's rows refer to."""
     return [f"[{n}] {runner} {status}: {reason}" for (runner, status, reason), n in _reasons(results).items()]
+
+
+def slowdown_notes(results: Sequence[Result]) -> list[str]:
+    """``! runner case: what the GPU reported`` for each row timed under a clock slowdown."""
+    return [f"{SLOWED_MARK} {r.runner} {r.case}: timed while the GPU reported {r.gpu_state.describe()}"
+            for r in results if slowed(r) and r.gpu_state is not None]
 
 
 def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, machine: dict[str, Any],
@@ -107,6 +121,8 @@ def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, mac
             "ratio_to_reference": f"median time / median time of the '{REFERENCE_PEER}' peer (unpaged K/V)",
             "cache_dtype": "the dtype of K and V in the case (fp8 caches: the backends read fp8)",
             "note": "what a peer ran differently from the case (an fp8 case's K/V in the query's dtype)",
+            "gpu_state": "what NVML reported while the row was timed: SM clock range, peak board power, clock"
+                         " slowdowns (power cap, thermal); null where not sampled (no pynvml or no GPU)",
         },
         "results": [r.as_dict() for r in results],
     }

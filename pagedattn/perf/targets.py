@@ -260,6 +260,13 @@ def judge(backend: str, target: Target, results: Sequence[Result], on: Sequence[
         worst_speed = speed if worst_speed is None else min(worst_speed, speed)
         if speed < bar:
             misses.append(f"{timing}: {speed:.2f}x {target.peer_label}")
+    slowed = [r for r in results if r.case in target.cases and (r.runner == backend or r.runner in target.peers)
+              and r.gpu_state is not None and r.gpu_state.slowdowns]
+    if misses and slowed:  # a miss the GPU's own slowdown may explain: said, never excused
+        labels = dict.fromkeys(  # a peer timed once per shape stands for each block size: named once
+            (f"{r.runner} ({', '.join(r.gpu_state.slowdowns)})" if r.runner in target.peers else
+             f"{r.runner} bs{r.block_size} ({', '.join(r.gpu_state.slowdowns)})") for r in slowed if r.gpu_state)
+        misses.append("timed while the GPU slowed: " + ", ".join(labels))
     return Verdict(backend, target, "missed" if misses else "met", worst_pct, worst_speed, worst_spread,
                    "; ".join(misses))
 
