@@ -64,7 +64,7 @@ def test_target_case(benchmark: Any, backend_name: str, case: shapes.Case, ceili
     start = time.perf_counter()
     prepared.call()
     runs = timing.runs_per_batch(time.perf_counter() - start, timing.GPU_POLICY)
-    with gpu_state.sampling(gpu_state.nvml_reader()) as sampled:
+    with gpu_state.sampling(gpu_state.nvml_gpu()) as sampled:
         benchmark.pedantic(prepared.batch(runs), rounds=max(20, 2 * prepared.rotations), iterations=1)
     seconds = benchmark.stats.stats.median / runs
     info = suite.extra_info(prepared.work, seconds, ceilings)

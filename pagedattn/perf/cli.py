@@ -33,6 +33,7 @@ from pagedattn.perf.report import (
     format_rate,
     format_seconds,
     reason_notes,
+    settle_summary,
     slowdown_notes,
     table_rows,
     write_json,
@@ -239,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     title = f"pagedattn bench: {where}; read ceiling {format_rate(ceilings.read_bytes_per_s / 1e9)} GB/s"
     print_table(HEADERS, table_rows(results), title=title)
-    for line in [*reason_notes(results), *slowdown_notes(results)]:
+    settling = settle_summary(results)
+    for line in [*reason_notes(results), *slowdown_notes(results), *([settling] if settling else [])]:
         print(line)
     verdicts = evaluate(results)
     if verdicts:

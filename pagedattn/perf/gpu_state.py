@@ -1,21 +1,26 @@
 """What the GPU reported while a cell was timed: SM clock, board power, and clock slowdowns.
 
 A cell timed while the GPU held its clocks down (its software power cap, a thermal or
-hardware slowdown) reads slower than its kernel is. The bench samples NVML on a thread while
-each cell is timed and keeps the summary with the cell's row, so that such a cell is marked
-in the table and in the verdicts instead of being taken for the kernel's speed. NVML comes
-from the ``nvidia-ml-py`` package (module ``pynvml``); without it, or without a GPU, nothing is
-sampled and the rows carry no state.
+hardware slowdown) reads slower than its kernel is. A GPU streaming its memory at full speed
+draws close to its power limit, so a cell timed right after another inherits its heat. So
+before each cell the bench lets the GPU settle (:func:`sampling`: no slowdown reported and the
+board below :data:`SETTLED_POWER_FRACTION` of its power limit, waiting at most
+:data:`SETTLE_MAX_S`), then samples NVML on a thread while the cell is timed and keeps the
+summary with the cell's row: a cell that still slowed is marked in the table and in the
+verdicts instead of being taken for the kernel's speed. NVML comes from the ``nvidia-ml-py``
+package (module ``pynvml``); without it, or without a GPU, nothing is sampled or waited for
+and the rows carry no state.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, Protocol
 
 #: NVML's clock-event reasons that slow a busy GPU down, by bit (nvmlClocksEventReason*). The
 #: others (idle, application clocks, sync boost, display clock) are not slowdowns of a kernel.
@@ -27,6 +32,8 @@ SLOWDOWNS: dict[int, str] = {
     0x80: "power brake",
 }
 SAMPLE_INTERVAL_S = 0.02  # one NVML sample costs about 70 us of host time (H200)
+SETTLED_POWER_FRACTION = 0.5  # of the enforced power limit: below it a cell starts (H200: 350 of 700 W)
+SETTLE_MAX_S = 3.0  # the longest wait for the GPU to settle before a cell
 
 
 class Sample(NamedTuple):
@@ -37,15 +44,25 @@ class Sample(NamedTuple):
     reasons: int
 
 
+class Gpu(Protocol):
+    """A GPU whose state can be read: NVML's (:func:`nvml_gpu`) or a test's."""
+
+    @property
+    def power_limit_w(self) -> float: ...
+
+    def read(self) -> Sample: ...
+
+
 @dataclass(frozen=True)
 class GpuState:
-    """The summary of the samples taken while one cell was timed."""
+    """The summary of the samples taken while one cell was timed, and the wait before it."""
 
     samples: int
     sm_clock_mhz_min: int
     sm_clock_mhz_max: int
     power_w_max: float
     slowdowns: tuple[str, ...]  # names of SLOWDOWNS active in any sample, in bit order
+    settle_s: float = 0.0  # waited before the cell for the GPU to settle (SETTLE_MAX_S: it did not)
 
     def describe(self) -> str:
         """``software power cap (SM clock 1935-1980 MHz, up to 660 W)``; the clocks alone when not slowed."""
@@ -64,10 +81,25 @@ def summarize(samples: Sequence[Sample]) -> GpuState | None:
                     max(s.power_w for s in samples), tuple(name for bit, name in SLOWDOWNS.items() if seen & bit))
 
 
+@dataclass(frozen=True)
+class NvmlGpu:
+    """The current CUDA device through NVML."""
+
+    nvml: Any  # the pynvml module
+    handle: Any
+    power_limit_w: float
+
+    def read(self) -> Sample:
+        reasons = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        return Sample(int(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
+                      self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0, int(reasons(self.handle)))
+
+
 @functools.cache
-def nvml_reader() -> Callable[[], Sample] | None:
-    """A function reading the current CUDA device's :class:`Sample` through NVML, or None where
-    there is no ``pynvml``, no CUDA device or NVML does not start (decided once a process)."""
+def nvml_gpu() -> NvmlGpu | None:
+    """The current CUDA device through NVML, or None where there is no ``pynvml``, no CUDA device
+    or NVML does not start (decided once a process)."""
     try:
         import pynvml
         import torch
@@ -78,16 +110,9 @@ def nvml_reader() -> Callable[[], Sample] | None:
     try:
         pynvml.nvmlInit()
         handle = _device_handle(pynvml, torch)
+        return NvmlGpu(pynvml, handle, pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0)
     except pynvml.NVMLError:
         return None
-    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-
-    def read() -> Sample:
-        return Sample(int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
-                      pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, int(reasons(handle)))
-
-    return read
 
 
 def _device_handle(pynvml: Any, torch: Any) -> Any:
@@ -102,6 +127,23 @@ def _device_handle(pynvml: Any, torch: Any) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(0)
 
 
+def settled(sample: Sample, power_limit_w: float) -> bool:
+    """No slowdown reported and the board below :data:`SETTLED_POWER_FRACTION` of its limit."""
+    return not any(sample.reasons & bit for bit in SLOWDOWNS) and \
+        sample.power_w <= SETTLED_POWER_FRACTION * power_limit_w
+
+
+def settle(gpu: Gpu, max_wait_s: float = SETTLE_MAX_S, interval_s: float = SAMPLE_INTERVAL_S) -> float:
+    """Wait until ``gpu`` is :func:`settled` or ``max_wait_s`` has passed; the seconds waited."""
+    start = time.perf_counter()
+    while not settled(gpu.read(), gpu.power_limit_w):
+        waited = time.perf_counter() - start
+        if waited >= max_wait_s:
+            return max_wait_s
+        time.sleep(min(interval_s, max_wait_s - waited))
+    return time.perf_counter() - start
+
+
 class Sampled:
     """What :func:`sampling` saw: ``state`` once the block has ended (None: nothing sampled)."""
 
@@ -109,19 +151,22 @@ class Sampled:
 
 
 @contextmanager
-def sampling(read: Callable[[], Sample] | None, interval_s: float = SAMPLE_INTERVAL_S) -> Iterator[Sampled]:
-    """Sample ``read`` every ``interval_s`` on a thread while the block runs (once at its start
-    and once at its end too); ``read`` None samples nothing."""
+def sampling(gpu: Gpu | None, interval_s: float = SAMPLE_INTERVAL_S,
+             settle_max_s: float = SETTLE_MAX_S) -> Iterator[Sampled]:
+    """Let ``gpu`` settle (at most ``settle_max_s``), then sample it every ``interval_s`` on a
+    thread while the block runs (once at its start and once at its end too); ``gpu`` None
+    waits for and samples nothing."""
     sampled = Sampled()
-    if read is None:
+    if gpu is None:
         yield sampled
         return
-    samples: list[Sample] = [read()]
+    waited = settle(gpu, settle_max_s, interval_s) if settle_max_s > 0 else 0.0
+    samples: list[Sample] = [gpu.read()]
     stop = threading.Event()
 
     def loop() -> None:
         while not stop.wait(interval_s):
-            samples.append(read())
+            samples.append(gpu.read())
 
     thread = threading.Thread(target=loop, name="gpu-state", daemon=True)
     thread.start()
@@ -130,5 +175,6 @@ def sampling(read: Callable[[], Sample] | None, interval_s: float = SAMPLE_INTER
     finally:
         stop.set()
         thread.join()
-        samples.append(read())
-        sampled.state = summarize(samples)
+        samples.append(gpu.read())
+        state = summarize(samples)
+        sampled.state = None if state is None else replace(state, settle_s=waited)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedattn.perf.ceilings import Ceilings
+from pagedattn.perf.gpu_state import SETTLE_MAX_S
 from pagedattn.perf.measure import Result
 
 REFERENCE_PEER = "sdpa"  # the unpaged reference: ratio = time / this peer's time
@@ -101,6 +102,16 @@ def slowdown_notes(results: Sequence[Result]) -> list[str]:
     """``! runner case: what the GPU reported`` for each row timed under a clock slowdown."""
     return [f"{SLOWED_MARK} {r.runner} {r.case}: timed while the GPU reported {r.gpu_state.describe()}"
             for r in results if slowed(r) and r.gpu_state is not None]
+
+
+def settle_summary(results: Sequence[Result]) -> str | None:
+    """One line on the waits before the cells for the GPU to settle; None where none was sampled."""
+    waits = [r.gpu_state.settle_s for r in results if r.gpu_state is not None]
+    if not waits:
+        return None
+    unsettled = sum(w >= SETTLE_MAX_S for w in waits)
+    return (f"the GPU settled before each of {len(waits)} cells: {sum(waits):.0f} s in all, at most "
+            f"{max(waits):.1f} s" + (f"; {unsettled} started unsettled after {SETTLE_MAX_S:g} s" if unsettled else ""))
 
 
 def document(results: Sequence[Result], ceilings: Ceilings, *, command: str, machine: dict[str, Any],

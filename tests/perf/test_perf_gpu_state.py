@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import replace
 
 from pagedattn.perf import gpu_state
-from pagedattn.perf.gpu_state import GpuState, Sample, sampling, summarize
+from pagedattn.perf.gpu_state import GpuState, Sample, sampling, settle, settled, summarize
 from pagedattn.perf.measure import Result
-from pagedattn.perf.report import SLOWED_MARK, slowdown_notes, table_rows
+from pagedattn.perf.report import SLOWED_MARK, settle_summary, slowdown_notes, table_rows
 from pagedattn.perf.targets import TARGETS, judge
 
 DECODE = TARGETS[0]
@@ -24,24 +23,43 @@ def test_summary_keeps_clock_range_peak_power_and_only_the_reasons_that_slow() -
     assert summarize([]) is None
 
 
+class FakeGpu:
+    """Readings from a list, the last one repeated; counts the reads."""
+
+    def __init__(self, samples: list[Sample], power_limit_w: float = 700.0) -> None:
+        self.samples, self.power_limit_w, self.reads = samples, power_limit_w, 0
+
+    def read(self) -> Sample:
+        self.reads += 1
+        return self.samples[min(self.reads, len(self.samples)) - 1]
+
+
 def test_sampler_reads_while_the_block_runs_and_summarizes_at_its_end() -> None:
-    readings = itertools.cycle([Sample(1980, 400.0, 0), Sample(1940, 650.0, POWER_CAP)])
-    calls = []
-
-    def read() -> Sample:
-        calls.append(time.perf_counter())
-        return next(readings)
-
-    with sampling(read, interval_s=0.005) as sampled:
+    gpu = FakeGpu([Sample(1980, 100.0, 0), Sample(1980, 400.0, 0), Sample(1940, 650.0, POWER_CAP)])
+    with sampling(gpu, interval_s=0.005) as sampled:
         assert sampled.state is None
         time.sleep(0.05)
     assert sampled.state is not None
-    assert sampled.state.samples == len(calls) >= 4  # one at each end and some between
+    assert sampled.state.samples == gpu.reads - 1 >= 4  # the settle's read, then one at each end and some between
     assert sampled.state.slowdowns == ("software power cap",)
     assert (sampled.state.sm_clock_mhz_min, sampled.state.power_w_max) == (1940, 650.0)
 
 
-def test_no_reader_samples_nothing() -> None:
+def test_a_cell_waits_for_the_gpu_to_settle_and_no_longer() -> None:
+    hot = [Sample(1500, 690.0, POWER_CAP), Sample(1980, 420.0, 0), Sample(1980, 360.0, 0)]
+    cooling = FakeGpu([*hot, Sample(1980, 340.0, 0)])
+    waited = settle(cooling, max_wait_s=5.0, interval_s=0.001)
+    assert cooling.reads == 4 and 0.0 < waited < 5.0  # 690 W capped, 420 W and 360 W are above 350 W
+    never = FakeGpu([Sample(1500, 690.0, POWER_CAP)])
+    assert settle(never, max_wait_s=0.02, interval_s=0.001) == 0.02
+    assert settled(Sample(1980, 80.0, IDLE | SYNC_BOOST), 700.0)
+    assert not settled(Sample(1980, 80.0, THERMAL), 700.0)
+    with sampling(FakeGpu([Sample(1980, 690.0, 0), Sample(1980, 80.0, 0)]), interval_s=0.001) as sampled:
+        pass
+    assert sampled.state is not None and sampled.state.settle_s > 0.0 and sampled.state.power_w_max == 80.0
+
+
+def test_no_gpu_waits_for_and_samples_nothing() -> None:
     with sampling(None) as sampled:
         pass
     assert sampled.state is None
@@ -51,7 +69,7 @@ def test_no_nvml_on_a_machine_without_a_cuda_device() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        assert gpu_state.nvml_reader() is None
+        assert gpu_state.nvml_gpu() is None
 
 
 def _rows(slowed_block: int | None) -> list[Result]:
@@ -84,3 +102,12 @@ def test_a_miss_under_a_slowdown_says_so_and_stays_a_miss() -> None:
     assert "timed while the GPU slowed: kern bs64 (software power cap)" in slowed.reason
     calm = judge("kern", DECODE, _rows(slowed_block=None))
     assert calm.status == "missed" and "slowed" not in calm.reason
+
+
+def test_the_waits_are_summed_and_cells_that_never_settled_counted() -> None:
+    rows = _rows(slowed_block=None)
+    for r, wait in zip(rows, (0.5, 3.0, 0.0, 1.0, 0.0, 0.0), strict=True):
+        r.gpu_state = replace(r.gpu_state, settle_s=wait)  # type: ignore[type-var]
+    assert settle_summary(rows) == ("the GPU settled before each of 6 cells: 4 s in all, at most 3.0 s;"
+                                    " 1 started unsettled after 3 s")
+    assert settle_summary([replace(r, gpu_state=None) for r in rows]) is None
