@@ -1,8 +1,8 @@
 """Regression benchmarks of every backend on the suite's cases (:mod:`pagedattn.perf.suite`).
 
 Each benchmark times one ``run`` plus ``synchronize`` through the Backend interface; its
-``extra_info`` carries GB/s, TFLOP/s and % of the roofline ceiling; groups are
-``backend/dtype/bs<block_size>``.
+``extra_info`` carries GB/s, TFLOP/s, % of the roofline ceiling and what NVML reported while it
+ran (``gpu_state``: the GPU settles before each benchmark); groups are ``backend/dtype/bs<block_size>``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ def test_backend(benchmark: Any, backend_name: str, case: Any, ceilings: Ceiling
     benchmark.group = f"{backend_name}/{case.dtype}/bs{case.block_size}"
     prepared = suite.prepare(backend, case, FLUSH, input_kind)
     prepared.warm_up()
-    if ON_GPU:
-        benchmark.pedantic(prepared.call, rounds=max(20, 2 * prepared.rotations), iterations=1)
-    else:
-        benchmark.pedantic(prepared.call, rounds=3, iterations=1)
+    with suite.settled_rounds(benchmark):
+        benchmark.pedantic(prepared.call, rounds=max(20, 2 * prepared.rotations) if ON_GPU else 3, iterations=1)
     benchmark.extra_info.update(suite.extra_info(prepared.work, benchmark.stats.stats.median, ceilings))
     benchmark.extra_info.update(case=case.name, rotations=prepared.rotations)

@@ -16,12 +16,11 @@ GPU the targets do not apply and these benchmarks are skipped with that reason.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from typing import Any
 
 import pytest
 
-from pagedattn.perf import device, gpu_state, inputs, shapes, suite, timing
+from pagedattn.perf import device, inputs, shapes, suite, timing
 from pagedattn.perf.ceilings import Ceilings
 from pagedattn.perf.measure import Result, case_work, figures, measure_peer, restate
 from pagedattn.perf.peers import PEERS
@@ -64,15 +63,14 @@ def test_target_case(benchmark: Any, backend_name: str, case: shapes.Case, ceili
     start = time.perf_counter()
     prepared.call()
     runs = timing.runs_per_batch(time.perf_counter() - start, timing.GPU_POLICY)
-    with gpu_state.sampling(gpu_state.nvml_gpu()) as sampled:
+    with suite.settled_rounds(benchmark) as sampled:
         benchmark.pedantic(prepared.batch(runs), rounds=max(20, 2 * prepared.rotations), iterations=1)
     seconds = benchmark.stats.stats.median / runs
     info = suite.extra_info(prepared.work, seconds, ceilings)
     reference = reference_result(case, ceilings)
     speed = None if reference.seconds is None else reference.seconds / seconds
     benchmark.extra_info.update(info, case=case.name, runs_per_call=runs, reference_seconds=reference.seconds,
-                                speed_vs_reference=speed,
-                                gpu_state=None if sampled.state is None else asdict(sampled.state))
+                                speed_vs_reference=speed)
     mine = figures(backend_name, case, timing.Timing(seconds, [], runs), prepared.work, ceilings, prepared.rotations)
     mine.gpu_state = sampled.state
     RESULTS.extend([mine, reference])

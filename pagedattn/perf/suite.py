@@ -8,12 +8,13 @@ synchronized timer; the rotation advances on every call.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pagedattn.backends.interface import Backend
-from pagedattn.perf import inputs, shapes
+from pagedattn.perf import gpu_state, inputs, shapes
 from pagedattn.perf.ceilings import Ceilings
 from pagedattn.perf.measure import DevicePool, case_work
 from pagedattn.perf.roofline import Work
@@ -105,3 +106,13 @@ def extra_info(work: Work, median_s: float, ceilings: Ceilings) -> dict[str, Any
         "matmul_ceiling_tflops": ceilings.matmul_flops_per_s / 1e12,
         "device": ceilings.device,
     }
+
+
+@contextmanager
+def settled_rounds(benchmark: Any) -> Iterator[gpu_state.Sampled]:
+    """Let the GPU settle, then sample it while the block times ``benchmark``'s rounds (as the
+    bench times a cell: :func:`pagedattn.perf.gpu_state.sampling`); the summary goes to
+    ``extra_info["gpu_state"]`` (None without NVML or a GPU)."""
+    with gpu_state.sampling(gpu_state.nvml_gpu()) as sampled:
+        yield sampled
+    benchmark.extra_info["gpu_state"] = None if sampled.state is None else asdict(sampled.state)
