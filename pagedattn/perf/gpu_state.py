@@ -133,10 +133,19 @@ def settled(sample: Sample, power_limit_w: float) -> bool:
         sample.power_w <= SETTLED_POWER_FRACTION * power_limit_w
 
 
+def read_or_none(gpu: Gpu) -> Sample | None:
+    """``gpu.read()``, or None where it fails: NVML failing must not fail a measurement."""
+    try:
+        return gpu.read()
+    except Exception:  # pynvml.NVMLError and whatever a driver in trouble raises
+        return None
+
+
 def settle(gpu: Gpu, max_wait_s: float = SETTLE_MAX_S, interval_s: float = SAMPLE_INTERVAL_S) -> float:
-    """Wait until ``gpu`` is :func:`settled` or ``max_wait_s`` has passed; the seconds waited."""
+    """Wait until ``gpu`` is :func:`settled` (or cannot be read) or ``max_wait_s`` has passed;
+    the seconds waited."""
     start = time.perf_counter()
-    while not settled(gpu.read(), gpu.power_limit_w):
+    while (sample := read_or_none(gpu)) is not None and not settled(sample, gpu.power_limit_w):
         waited = time.perf_counter() - start
         if waited >= max_wait_s:
             return max_wait_s
@@ -161,20 +170,28 @@ def sampling(gpu: Gpu | None, interval_s: float = SAMPLE_INTERVAL_S,
         yield sampled
         return
     waited = settle(gpu, settle_max_s, interval_s) if settle_max_s > 0 else 0.0
-    samples: list[Sample] = [gpu.read()]
+    samples: list[Sample] = []
     stop = threading.Event()
 
+    def take() -> bool:
+        sample = read_or_none(gpu)
+        if sample is not None:
+            samples.append(sample)
+        return sample is not None
+
     def loop() -> None:
-        while not stop.wait(interval_s):
-            samples.append(gpu.read())
+        while not stop.wait(interval_s) and take():
+            pass
 
     thread = threading.Thread(target=loop, name="gpu-state", daemon=True)
-    thread.start()
+    if take():
+        thread.start()
     try:
         yield sampled
     finally:
         stop.set()
-        thread.join()
-        samples.append(gpu.read())
+        if thread.is_alive():
+            thread.join()
+            take()
         state = summarize(samples)
         sampled.state = None if state is None else replace(state, settle_s=waited)

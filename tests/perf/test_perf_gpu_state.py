@@ -59,6 +59,31 @@ def test_a_cell_waits_for_the_gpu_to_settle_and_no_longer() -> None:
     assert sampled.state is not None and sampled.state.settle_s > 0.0 and sampled.state.power_w_max == 80.0
 
 
+class FailingGpu(FakeGpu):
+    """A GPU whose reads fail from the ``fail_from``-th on (NVML lost mid-run)."""
+
+    def __init__(self, samples: list[Sample], fail_from: int) -> None:
+        super().__init__(samples)
+        self.fail_from = fail_from
+
+    def read(self) -> Sample:
+        if self.reads + 1 >= self.fail_from:
+            self.reads += 1
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return super().read()
+
+
+def test_a_gpu_that_stops_answering_never_fails_the_measurement() -> None:
+    hot = Sample(1500, 690.0, POWER_CAP)
+    assert settle(FailingGpu([hot], fail_from=3), max_wait_s=5.0, interval_s=0.001) < 5.0  # gives up waiting
+    with sampling(FailingGpu([Sample(1980, 100.0, 0)], fail_from=4), interval_s=0.001) as sampled:
+        time.sleep(0.02)
+    assert sampled.state is not None and 1 <= sampled.state.samples <= 2
+    with sampling(FailingGpu([hot], fail_from=1), interval_s=0.001) as sampled:
+        pass
+    assert sampled.state is None
+
+
 def test_no_gpu_waits_for_and_samples_nothing() -> None:
     with sampling(None) as sampled:
         pass
