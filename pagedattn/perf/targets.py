@@ -14,6 +14,7 @@ to the other peers the target names; with none left the target is ``not measured
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -219,6 +220,18 @@ def fastest_peer_seconds(target: Target, results: Sequence[Result], field: str) 
     return times, ""
 
 
+def _short_of(value: float, bar: float, digits: int) -> str:
+    """``value`` below ``bar`` to ``digits`` decimals, never rounded up to the bar it missed."""
+    shown = f"{value:.{digits}f}"
+    return shown if float(shown) < bar else f"{math.floor(value * 10**digits) / 10**digits:.{digits}f}"
+
+
+def _past(value: float, bar: float, digits: int) -> str:
+    """``value`` above ``bar`` to ``digits`` decimals, never rounded down to the bar it passed."""
+    shown = f"{value:.{digits}f}"
+    return shown if float(shown) > bar else f"{math.ceil(value * 10**digits) / 10**digits:.{digits}f}"
+
+
 def judge(backend: str, target: Target, results: Sequence[Result], on: Sequence[str] = JUDGED_ON) -> Verdict:
     """The verdict of ``backend`` on ``target`` from one run's ``results`` (every runner's rows),
     every bar judged on each timing of ``on`` (keys of :data:`TIMINGS`); the worst figures."""
@@ -246,9 +259,9 @@ def judge(backend: str, target: Target, results: Sequence[Result], on: Sequence[
         worst_pct = pct if worst_pct is None else min(worst_pct, pct)
         worst_spread = spread if worst_spread is None else max(worst_spread, spread)
         if target.min_pct_of_ceiling is not None and pct < target.min_pct_of_ceiling:
-            misses.append(f"{timing}: {pct:.1f}% of ceiling")
+            misses.append(f"{timing}: {_short_of(pct, target.min_pct_of_ceiling, 1)}% of ceiling")
         if target.max_spread is not None and spread > target.max_spread:
-            misses.append(f"{timing}: block sizes {100 * spread:.1f}% apart")
+            misses.append(f"{timing}: block sizes {_past(100 * spread, 100 * target.max_spread, 1)}% apart")
         bar = target.speed_bar(timing)
         if bar is None:
             continue
@@ -259,7 +272,7 @@ def judge(backend: str, target: Target, results: Sequence[Result], on: Sequence[
         speed = min(ref / t for ref, t in zip(references, seconds, strict=True))
         worst_speed = speed if worst_speed is None else min(worst_speed, speed)
         if speed < bar:
-            misses.append(f"{timing}: {speed:.2f}x {target.peer_label}")
+            misses.append(f"{timing}: {_short_of(speed, bar, 2)}x {target.peer_label}")
     slowed = [r for r in results if r.case in target.cases and (r.runner == backend or r.runner in target.peers)
               and r.gpu_state is not None and r.gpu_state.slowdowns]
     if misses and slowed:  # a miss the GPU's own slowdown may explain: said, never excused

@@ -85,3 +85,11 @@ def test_the_benchmarks_reference_is_restated_per_block_size_even_when_unsupport
     assert [r.case for r in rows] == [c.name for c in small] and [r.block_size for r in rows] == [16, 32, 64]
     assert all(r.status == "unsupported" and "CUDA" in r.reason for r in rows), rows
     assert len(bench_targets.REFERENCE) == 1, "one measurement per shape"
+
+
+def test_a_miss_is_never_shown_rounded_onto_its_bar() -> None:
+    verdict = judge("kern", DECODE, decode_rows((1.0, 1.0, 1 / 0.9496)))  # 0.9496x against a 0.95x bar
+    assert verdict.status == "missed"
+    assert "0.94x" in verdict.reason and "0.95x" not in verdict.reason.replace(">= 0.95x", "")
+    close = judge("kern", DECODE, decode_rows((1.0, 1.0, 1.0), pct=89.96))  # 89.96 % against 90 %
+    assert "89.9% of ceiling" in close.reason
