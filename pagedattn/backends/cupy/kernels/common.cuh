@@ -96,16 +96,40 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// softcap * tanh(x / softcap), as softcap - 2 softcap / (2^(2 x log2(e) / softcap) + 1): one exp2
+// and two fast divisions in place of an IEEE division and tanhf, which took most of the issue slots
+// of head_dim-256 decode. Its error is a few ulp of softcap, absolute (the score's own float32
+// rounding is of the same order); at x = +-inf it gives +-softcap, and NaN stays NaN.
+__device__ __forceinline__ float soft_cap(float x, float softcap) {
+  const float e = exp2f(x * __fdividef(2.f * LOG2E, softcap));
+  return softcap - __fdividef(2.f * softcap, e + 1.f);
+}
+
+// The score s * scale of a query row against a key it sees, soft-capped and plus the ALiBi bias
+// slope * distance (distance = p - p_q), in log2 units. FAST_SOFTCAP: soft_cap, else the IEEE
+// division and tanhf (the 2-CTA wgmma kernel: with soft_cap ptxas spilled 44-532 bytes under its
+// 128-register cap).
+template <bool FAST_SOFTCAP = true>
+__device__ __forceinline__ float score_log2(float s, int distance, float slope, float scale, float softcap,
+                                            int has_alibi) {
+  float x = s * scale;
+  if (softcap > 0.f) x = FAST_SOFTCAP ? soft_cap(x, softcap) : softcap * tanhf(x / softcap);
+  if (has_alibi) x += slope * (float)distance;
+  return x * LOG2E;
+}
+
 // The score s * scale of a query row at position p_q against key position p, soft-capped and
 // plus the ALiBi bias slope * (p - p_q), in log2 units; -inf (replacing it, never added to) where
 // the row cannot see p: padding (!valid), p >= L, causal, outside the sliding window. The row
 // state is taken by reference, read where the arithmetic needs it.
-template <typename Valid>
+template <bool FAST_SOFTCAP = true, typename Valid>
 __device__ __forceinline__ float masked_score_log2(float s, int p, const int& p_q, const float& slope,
                                                    const Valid& valid, int L, float scale, float softcap,
                                                    int has_alibi, int causal, int sliding_window) {
+  // score_log2's arithmetic, written out: ptxas spilled the 2-CTA wgmma kernel (52-272 bytes under
+  // its 128-register cap) when the visibility came first and score_log2 was called
   float x = s * scale;
-  if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+  if (softcap > 0.f) x = FAST_SOFTCAP ? soft_cap(x, softcap) : softcap * tanhf(x / softcap);
   const int distance = p - p_q;
   if (has_alibi) x += slope * (float)distance;
   bool visible = valid && p < L;

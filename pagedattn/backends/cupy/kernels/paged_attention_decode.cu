@@ -353,6 +353,17 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
             m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
           }
         }
+      } else if (whole) {  // softcap or ALiBi, every row sees every key: score_log2 without the mask
+#pragma unroll
+        for (int j = 2 * t; j < 2 * t + 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int half = e / 2;
+            const int p = p0[t] + 8 * (j - 2 * t) + 2 * tig + (e & 1);
+            s[j][e] = score_log2(s[j][e], p - pq_row[half], slope_row[half], scale, softcap, has_alibi);
+            m_ij[half] = fmaxf(m_ij[half], s[j][e]);
+          }
+        }
       } else {
 #pragma unroll
         for (int j = 2 * t; j < 2 * t + 2; ++j) {

@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
         const int half = (e / 2) % 2;
         const int r = half == 0 ? row_lo : row_hi;
         const int p = p0 + 8 * (e / 4) + 2 * tig + (e & 1);
-        s[e] = masked_score_log2(s[e], p, p_q[r], slope[r], row_valid[r], L,
-                                 scale, softcap, has_alibi, causal, sliding_window);
+        s[e] = masked_score_log2<false>(s[e], p, p_q[r], slope[r], row_valid[r], L,
+                                        scale, softcap, has_alibi, causal, sliding_window);
         m_ij[half] = fmaxf(m_ij[half], s[e]);
       }
     }
