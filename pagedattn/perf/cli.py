@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="milliseconds of runs queued between two synchronizations, > 0 (default: "
                              f"{timing.GPU_POLICY.target_batch_s * 1e3:g} on a GPU; on the CPU every run is "
                              "synchronized)")
+    parser.add_argument("--settle", type=non_negative_float, default=None, metavar="SECONDS",
+                        help="longest wait before each case for the GPU to report no clock slowdown and draw under "
+                             f"half its power limit (default: {timing.GPU_POLICY.settle_max_s:g}; 0: no wait, as a "
+                             "GPU running back to back sees it)")
     parser.add_argument("--flex-budget", type=non_negative_float, default=30.0,
                         help="seconds FlexAttention may spend compiling before its remaining cases are skipped")
     parser.add_argument("--list", action="store_true", help="list the named sets and their cases, then exit")
@@ -164,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy = timing.TimingPolicy(**{**policy.__dict__, "budget_s": args.budget})
     if args.batch_ms is not None:
         policy = timing.TimingPolicy(**{**policy.__dict__, "target_batch_s": args.batch_ms / 1e3})
+    if args.settle is not None:
+        policy = timing.TimingPolicy(**{**policy.__dict__, "settle_max_s": args.settle})
     flush = GPU_FLUSH_BYTES if on_gpu else CPU_FLUSH_BYTES
 
     started = time.perf_counter()

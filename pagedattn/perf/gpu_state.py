@@ -62,7 +62,8 @@ class GpuState:
     sm_clock_mhz_max: int
     power_w_max: float
     slowdowns: tuple[str, ...]  # names of SLOWDOWNS active in any sample, in bit order
-    settle_s: float = 0.0  # waited before the cell for the GPU to settle (SETTLE_MAX_S: it did not)
+    settle_s: float = 0.0  # waited before the cell for the GPU to settle
+    unsettled: bool = False  # the wait reached its bound before the GPU settled
 
     def describe(self) -> str:
         """``software power cap (SM clock 1935-1980 MHz, up to 660 W)``; the clocks alone when not slowed."""
@@ -141,16 +142,16 @@ def read_or_none(gpu: Gpu) -> Sample | None:
         return None
 
 
-def settle(gpu: Gpu, max_wait_s: float = SETTLE_MAX_S, interval_s: float = SAMPLE_INTERVAL_S) -> float:
-    """Wait until ``gpu`` is :func:`settled` (or cannot be read) or ``max_wait_s`` has passed;
-    the seconds waited."""
+def settle(gpu: Gpu, max_wait_s: float = SETTLE_MAX_S, interval_s: float = SAMPLE_INTERVAL_S) -> tuple[float, bool]:
+    """Wait until ``gpu`` is :func:`settled` (or cannot be read) or ``max_wait_s`` has passed:
+    the seconds waited, and whether the wait reached its bound with the GPU still unsettled."""
     start = time.perf_counter()
     while (sample := read_or_none(gpu)) is not None and not settled(sample, gpu.power_limit_w):
         waited = time.perf_counter() - start
         if waited >= max_wait_s:
-            return max_wait_s
+            return waited, True
         time.sleep(min(interval_s, max_wait_s - waited))
-    return time.perf_counter() - start
+    return time.perf_counter() - start, False
 
 
 class Sampled:
@@ -169,7 +170,7 @@ def sampling(gpu: Gpu | None, interval_s: float = SAMPLE_INTERVAL_S,
     if gpu is None:
         yield sampled
         return
-    waited = settle(gpu, settle_max_s, interval_s) if settle_max_s > 0 else 0.0
+    waited, unsettled = settle(gpu, settle_max_s, interval_s) if settle_max_s > 0 else (0.0, False)
     samples: list[Sample] = []
     stop = threading.Event()
 
@@ -194,4 +195,4 @@ def sampling(gpu: Gpu | None, interval_s: float = SAMPLE_INTERVAL_S,
             thread.join()
             take()
         state = summarize(samples)
-        sampled.state = None if state is None else replace(state, settle_s=waited)
+        sampled.state = None if state is None else replace(state, settle_s=waited, unsettled=unsettled)

@@ -167,7 +167,7 @@ def measure_backend(backend: Backend, case: Case, device_pool: DevicePool, w: Wo
         gpu = backend.capabilities().device == "cuda" if on_gpu is None else on_gpu
         capture, why_not = capture_for(all(p.capturable for p in plans), gpu,
                                        f"{backend.name}: its plan is not capturable")
-        with gpu_state.sampling(gpu_state.nvml_gpu() if gpu else None) as sampled:
+        with gpu_state.sampling(gpu_state.nvml_gpu() if gpu else None, settle_max_s=policy.settle_max_s) as sampled:
             three = timing.three_timings(run, backend.synchronize, marks=engine.marks(gpu, backend.synchronize),
                                          flush=engine.flusher(gpu), capture=capture, rotations=pool.rotations,
                                          policy=policy, graph_note=why_not)
@@ -190,7 +190,7 @@ def measure_peer(peer: Any, case: Case, rotations: int, w: Work, ceilings: Ceili
         run = peer.prepare(case, rotations)
         gpu = getattr(peer, "device", "cuda") == "cuda" and device.gpu_name() is not None
         capture, why_not = capture_for(getattr(peer, "capturable", False), gpu, f"{peer.name}: not captured here")
-        with gpu_state.sampling(gpu_state.nvml_gpu() if gpu else None) as sampled:
+        with gpu_state.sampling(gpu_state.nvml_gpu() if gpu else None, settle_max_s=policy.settle_max_s) as sampled:
             three = timing.three_timings(run, peer.synchronize, marks=engine.marks(gpu, peer.synchronize),
                                          flush=engine.flusher(gpu), capture=capture, rotations=rotations,
                                          policy=policy, graph_note=why_not)

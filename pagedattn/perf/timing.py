@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pagedattn.perf.gpu_state import SETTLE_MAX_S
+
 
 @dataclass(frozen=True)
 class TimingPolicy:
@@ -37,6 +39,7 @@ class TimingPolicy:
     min_repeats: int = 5
     max_repeats: int = 100
     max_per_batch: int = 1000
+    settle_max_s: float = SETTLE_MAX_S  # longest wait for the GPU to settle before a case; 0: none
 
 
 GPU_POLICY = TimingPolicy()

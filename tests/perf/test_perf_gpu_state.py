@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import pytest
+
 from pagedattn.perf import gpu_state
 from pagedattn.perf.gpu_state import GpuState, Sample, sampling, settle, settled, summarize
 from pagedattn.perf.measure import Result
@@ -48,15 +50,19 @@ def test_sampler_reads_while_the_block_runs_and_summarizes_at_its_end() -> None:
 def test_a_cell_waits_for_the_gpu_to_settle_and_no_longer() -> None:
     hot = [Sample(1500, 690.0, POWER_CAP), Sample(1980, 420.0, 0), Sample(1980, 360.0, 0)]
     cooling = FakeGpu([*hot, Sample(1980, 340.0, 0)])
-    waited = settle(cooling, max_wait_s=5.0, interval_s=0.001)
-    assert cooling.reads == 4 and 0.0 < waited < 5.0  # 690 W capped, 420 W and 360 W are above 350 W
+    waited, unsettled = settle(cooling, max_wait_s=5.0, interval_s=0.001)
+    assert cooling.reads == 4 and 0.0 < waited < 5.0 and not unsettled  # 690 W capped, 420 and 360 W above 350 W
     never = FakeGpu([Sample(1500, 690.0, POWER_CAP)])
-    assert settle(never, max_wait_s=0.02, interval_s=0.001) == 0.02
+    waited, unsettled = settle(never, max_wait_s=0.02, interval_s=0.001)
+    assert 0.02 <= waited < 1.0 and unsettled
     assert settled(Sample(1980, 80.0, IDLE | SYNC_BOOST), 700.0)
     assert not settled(Sample(1980, 80.0, THERMAL), 700.0)
     with sampling(FakeGpu([Sample(1980, 690.0, 0), Sample(1980, 80.0, 0)]), interval_s=0.001) as sampled:
         pass
     assert sampled.state is not None and sampled.state.settle_s > 0.0 and sampled.state.power_w_max == 80.0
+    with sampling(FakeGpu([Sample(1980, 690.0, 0), Sample(1980, 80.0, 0)]), settle_max_s=0.0) as sampled:
+        pass
+    assert sampled.state is not None and sampled.state.settle_s == 0.0 and sampled.state.power_w_max == 690.0
 
 
 class FailingGpu(FakeGpu):
@@ -75,7 +81,7 @@ class FailingGpu(FakeGpu):
 
 def test_a_gpu_that_stops_answering_never_fails_the_measurement() -> None:
     hot = Sample(1500, 690.0, POWER_CAP)
-    assert settle(FailingGpu([hot], fail_from=3), max_wait_s=5.0, interval_s=0.001) < 5.0  # gives up waiting
+    assert settle(FailingGpu([hot], fail_from=3), max_wait_s=5.0, interval_s=0.001)[0] < 5.0  # gives up waiting
     with sampling(FailingGpu([Sample(1980, 100.0, 0)], fail_from=4), interval_s=0.001) as sampled:
         time.sleep(0.02)
     assert sampled.state is not None and 1 <= sampled.state.samples <= 2
@@ -132,7 +138,16 @@ def test_a_miss_under_a_slowdown_says_so_and_stays_a_miss() -> None:
 def test_the_waits_are_summed_and_cells_that_never_settled_counted() -> None:
     rows = _rows(slowed_block=None)
     for r, wait in zip(rows, (0.5, 3.0, 0.0, 1.0, 0.0, 0.0), strict=True):
-        r.gpu_state = replace(r.gpu_state, settle_s=wait)  # type: ignore[type-var]
+        r.gpu_state = replace(r.gpu_state, settle_s=wait, unsettled=wait == 3.0)  # type: ignore[type-var]
     assert settle_summary(rows) == ("the GPU settled before each of 6 cells: 4 s in all, at most 3.0 s;"
-                                    " 1 started unsettled after 3 s")
+                                    " 1 started unsettled at the wait's bound")
     assert settle_summary([replace(r, gpu_state=None) for r in rows]) is None
+
+
+def test_the_bench_takes_the_wait_bound_as_an_option() -> None:
+    from pagedattn.perf.cli import parse_args
+
+    assert parse_args(["--settle", "0"]).settle == 0.0
+    assert parse_args([]).settle is None  # the policy's default
+    with pytest.raises(SystemExit):
+        parse_args(["--settle", "-1"])
