@@ -35,6 +35,7 @@ from pagedattn.perf.report import (
     reason_notes,
     settle_summary,
     slowdown_notes,
+    slowed,
     table_rows,
     write_json,
 )
@@ -198,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             graph = format_seconds(result.graph_s) if result.graph_s is not None else result.graph_note[:40]
             figure = (f"one call {one}  back to back {format_seconds(result.seconds)}  graph {graph}  "
                       f"{format_rate(result.gbps)} GB/s  {result.pct_of_ceiling:.0f}%")
-            if result.gpu_state is not None and result.gpu_state.slowdowns:
+            if slowed(result) and result.gpu_state is not None:
                 figure += f"  {SLOWED_MARK} {', '.join(result.gpu_state.slowdowns)}"
         else:
             figure = f"{result.status}: {result.reason[:80]}"

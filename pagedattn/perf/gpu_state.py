@@ -89,12 +89,11 @@ class NvmlGpu:
     nvml: Any  # the pynvml module
     handle: Any
     power_limit_w: float
+    reasons: Any  # pynvml's clock-event reasons query (its older name in older pynvml)
 
     def read(self) -> Sample:
-        reasons = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         return Sample(int(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
-                      self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0, int(reasons(self.handle)))
+                      self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0, int(self.reasons(self.handle)))
 
 
 @functools.cache
@@ -111,7 +110,9 @@ def nvml_gpu() -> NvmlGpu | None:
     try:
         pynvml.nvmlInit()
         handle = _device_handle(pynvml, torch)
-        return NvmlGpu(pynvml, handle, pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0)
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        return NvmlGpu(pynvml, handle, pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0, reasons)
     except pynvml.NVMLError:
         return None
 

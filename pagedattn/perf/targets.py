@@ -22,7 +22,7 @@ from pagedattn.perf import shapes
 from pagedattn.perf.inputs import kv_bytes_per_rotation
 from pagedattn.perf.measure import Result
 from pagedattn.perf.peers import PEERS
-from pagedattn.perf.report import REFERENCE_PEER
+from pagedattn.perf.report import REFERENCE_PEER, slowed
 from pagedattn.perf.shapes import SMALL_BATCH_DECODE
 
 
@@ -273,12 +273,12 @@ def judge(backend: str, target: Target, results: Sequence[Result], on: Sequence[
         worst_speed = speed if worst_speed is None else min(worst_speed, speed)
         if speed < bar:
             misses.append(f"{timing}: {_short_of(speed, bar, 2)}x {target.peer_label}")
-    slowed = [r for r in results if r.case in target.cases and (r.runner == backend or r.runner in target.peers)
-              and r.gpu_state is not None and r.gpu_state.slowdowns]
-    if misses and slowed:  # a miss the GPU's own slowdown may explain: said, never excused
+    slowed_rows = [r for r in results if r.case in target.cases and (r.runner == backend or r.runner in target.peers)
+                   and slowed(r)]
+    if misses and slowed_rows:  # a miss the GPU's own slowdown may explain: said, never excused
         labels = dict.fromkeys(  # a peer timed once per shape stands for each block size: named once
             (f"{r.runner} ({', '.join(r.gpu_state.slowdowns)})" if r.runner in target.peers else
-             f"{r.runner} bs{r.block_size} ({', '.join(r.gpu_state.slowdowns)})") for r in slowed if r.gpu_state)
+             f"{r.runner} bs{r.block_size} ({', '.join(r.gpu_state.slowdowns)})") for r in slowed_rows if r.gpu_state)
         misses.append("timed while the GPU slowed: " + ", ".join(labels))
     return Verdict(backend, target, "missed" if misses else "met", worst_pct, worst_speed, worst_spread,
                    "; ".join(misses))
