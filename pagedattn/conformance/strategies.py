@@ -105,7 +105,7 @@ ARRANGEMENTS: tuple[str, ...] = ("contiguous", "shuffled", "reversed", "interlea
 FILLERS: tuple[str, ...] = ("minus_one", "int32_max", "other_valid", "random")
 #: Value patterns of query, keys and values.
 VALUE_KINDS: tuple[str, ...] = ("normal", "large", "dominant", "max_in_last_block", "equal", "very_negative",
-                                "beyond_float16")
+                                "beyond_float16", "huge_scores")
 #: What unused slots and unused blocks hold.
 GARBAGE_KINDS: tuple[str, ...] = ("random", "nan", "inf", "zero")
 
@@ -125,6 +125,12 @@ VERY_NEGATIVE_QUERY_MAGNITUDE = 64.0
 #: queries hold exactly. A kernel that rounds such a query to float16 (to multiply fp8 caches
 #: converted to float16, say) turns them into inf; the spec's scores stay finite.
 BEYOND_FLOAT16_FACTOR = 2.0**15
+#: "huge_scores" values: each sequence's last query is multiplied by this power of two, so that
+#: its scores reach about 1e10 (bfloat16 and float32 queries hold it; float16 cannot). There a
+#: float32 score's rounding is hundreds of units, and a kernel that takes the row max over rounded
+#: scores but subtracts it from unrounded ones (scale and shift in one fused multiply-add) gets
+#: the max key's weight as e to that error: inf, or 0. The spec's answer is finite.
+HUGE_SCORES_FACTOR = 2.0**32
 #: Elements a strided cell may pad each row of its pool with: the caches' strides are then odd
 #: (in elements, and in bytes for fp8), so a kernel that reads rows as 16- or 32-bit words of
 #: several values, or as 16-byte vectors, meets rows off those boundaries; the pad holds garbage.
@@ -331,9 +337,10 @@ def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens
             c = VERY_NEGATIVE_SCORE / (max(abs(scale), 1e-6) * norm2)
             c = np.minimum(c, 8192.0 / np.maximum(np.abs(q0).max(axis=1), 1e-6))
             k[:] = (-np.sign(scale or 1.0) * c)[:, None] * q0  # every position: [Hkv, D]
-        if length and kind == "beyond_float16" and q_starts[s + 1] > q_starts[s]:
+        if length and kind in ("beyond_float16", "huge_scores") and q_starts[s + 1] > q_starts[s]:
             last = int(q_starts[s + 1]) - 1
-            query[last] = (query[last].astype(np.float64) * BEYOND_FLOAT16_FACTOR).astype(query.dtype)
+            factor = BEYOND_FLOAT16_FACTOR if kind == "beyond_float16" else HUGE_SCORES_FACTOR
+            query[last] = (query[last].astype(np.float64) * factor).astype(query.dtype)
         if length and kind in ("dominant", "max_in_last_block"):
             lo = ((length - 1) // block_size) * block_size if kind == "max_in_last_block" else 0
             p = int(rng.integers(lo, length))
@@ -473,7 +480,7 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
     # fp8 caches cannot hold very_negative keys (|k| up to 8192), nor float16 queries elements
     # beyond float16's range: they get the other kinds
     kinds = tuple(k for k in VALUE_KINDS if not (k == "very_negative" and cache_dtype in FP8_DTYPES)
-                  and not (k == "beyond_float16" and dtype == "float16"))
+                  and not (k in ("beyond_float16", "huge_scores") and dtype == "float16"))
     value_kind = draw(st.sampled_from(kinds), label="values")
     if feature == "softcap" and value_kind == "normal":
         value_kind = draw(st.sampled_from(("normal", "large")), label="softcap_values")

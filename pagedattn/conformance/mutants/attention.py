@@ -348,6 +348,33 @@ class FiniteMaxSentinel(SteppedKernelBackend):
         return -5e4
 
 
+class FusedScoreShift(SteppedKernelBackend):
+    bug = ("scale and running-max shift in one fused multiply-add, the max taken over the rounded scores: the "
+           "max key's weight is e to its score's rounding error, inf or 0 once scores pass about 1e9")
+    models = ("exp2(s * scale - m) as one FFMA, the max scaled and rounded apart (Dao-AILab/flash-attention's "
+              "softmax scale_apply_exp2; its UNFUSE_FMA option rounds the product first with __fmul_rn)")
+
+    def scores(self, q, k, problem):
+        return np.einsum("nhd,bhd->nhb", q.astype(np.float64), k.astype(np.float64))  # not yet rounded
+
+    def transform(self, s_ij, p, p_q, visible, problem):
+        if problem.softcap is None and problem.alibi_slopes is None:
+            return s_ij  # plain scores stay unrounded into the fused step
+        return super().transform(s_ij.astype(F32), p, p_q, visible, problem)
+
+    def update(self, m, l, O, s_ij, visible, v):
+        if s_ij.dtype != np.float64:
+            return super().update(m, l, O, s_ij, visible, v)
+        with np.errstate(invalid="ignore", over="ignore"):
+            m_new = np.maximum(m, s_ij.astype(F32).max(axis=-1))  # over the rounded scores
+            shift = np.where(np.isneginf(m_new), F32(0), m_new)
+            alpha = self.exp(m - shift)
+            p_ij = self.exp((s_ij - shift[..., None]).astype(F32))  # the fused step's one rounding
+            l_new = alpha * l + p_ij.sum(axis=-1)
+            O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
+        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+
 class NaNMaskingKernel(SteppedKernelBackend):
     bug = "non-finite scores are masked like invisible keys and non-finite values read as 0: NaN input is hidden"
     models = ("NaN-safe attention that hides corrupted input as zeros (PyTorch's CPU flash SDPA returns 0 for a"
