@@ -8,6 +8,7 @@ Every attention case is the spec's :class:`~pagedattn.spec.case.AttentionCase`, 
 from __future__ import annotations
 
 import functools
+import itertools
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance import checks
 from pagedattn.conformance.cases import CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.conformance.strategies import HUGE_SCORES_FACTOR
 from pagedattn.spec.case import AttentionCase
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.pools import in_pool, random_paged_inputs
@@ -91,6 +93,26 @@ def gpu_case(name: str, seq_lens: Sequence[int], q_lens: Sequence[int] | None = 
     """A pytest param holding a builder of :func:`poisoned_case` (the arrays are made when a test
     runs, not when it is collected), with the case's name as its id."""
     return pytest.param(functools.partial(poisoned_case, name, seq_lens, q_lens, **settings), id=name, marks=marks)
+
+
+def huge_scores_case(name: str, seq_lens: Sequence[int], q_lens: Sequence[int] | None = None,
+                     **settings: Any) -> AttentionCase:
+    """:func:`poisoned_case` with each sequence's last query times 2**32: its scores reach about 1e10,
+    where a max subtracted from unrounded products (one fused multiply-add) gives inf or 0 weights."""
+    case = poisoned_case(name, seq_lens, q_lens, **settings)
+    query = case.query.astype(np.float64)
+    starts = case.query_start_loc if case.query_start_loc is not None else np.arange(len(seq_lens) + 1)
+    for start, stop in itertools.pairwise(starts):
+        if stop > start:
+            query[stop - 1] *= HUGE_SCORES_FACTOR
+    return case.replace(query=query.astype(case.query.dtype))
+
+
+def huge_scores_param(name: str, seq_lens: Sequence[int], q_lens: Sequence[int] | None = None, *,
+                      marks: Any = (), **settings: Any) -> Any:
+    """A pytest param holding a builder of :func:`huge_scores_case`, with the case's name as its id."""
+    return pytest.param(functools.partial(huge_scores_case, name, seq_lens, q_lens, **settings), id=name,
+                        marks=marks)
 
 
 def check_operation(backend: Backend, case: WriteKVCase | CopyBlocksCase | MergeCase) -> None:

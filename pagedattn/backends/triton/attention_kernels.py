@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): scores are kept in base 2 so exp2 can be used
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): converts the base-2 lse back to natural log
@@ -42,6 +42,20 @@ def _soft_cap(x, softcap):
     """
     e = tl.math.exp2(x * tl.fdiv(2.0 * LOG2E, softcap))
     return softcap - tl.fdiv(2.0 * softcap, e + 1.0)
+
+
+@triton.jit
+def _mul_rn(a, b, INTERPRET: tl.constexpr):
+    """``a * b`` rounded to float32 on its own (``mul.rn``), never fused into a later subtraction.
+
+    A score the row max was taken over must be the same float when the max is subtracted from
+    it: fused into ``fma(qk, scale, -m)`` the max key's weight is exp2 of its product's rounding
+    error, which past scores of 2**32 (log2 units) is beyond float32's range: inf, or 0.
+    """
+    if INTERPRET:
+        return a * b
+    else:
+        return libdevice.mul_rn(a, b)
 
 
 @triton.jit
@@ -264,9 +278,9 @@ def _attend_tiles(
                 s = _soft_cap(s, softcap)
             if HAS_ALIBI:
                 s = s + _along_rows(slopes, KEYS_MAJOR) * (p_k - p_r).to(tl.float32)
-            s = s * LOG2E
+            s = _mul_rn(s, LOG2E, INTERPRET)
         else:
-            s = qk * qk_scale2
+            s = _mul_rn(qk, qk_scale2, INTERPRET)
         if MASKED:
             visible = _along_keys(in_seq, KEYS_MAJOR) & (p_k <= _along_rows(p_last, KEYS_MAJOR)) & (p_k > p_r - window)
             s = tl.where(visible, s, float("-inf"))  # replaced, never added to: no NaN leaks

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cases import FP8_SCALES, SLOPES, check_operation, gpu_case, operation_cases, poisoned_case
+from cases import FP8_SCALES, SLOPES, check_operation, gpu_case, huge_scores_param, operation_cases, poisoned_case
 
 from pagedattn.backends.cupy.backend import CupyBackend
 from pagedattn.backends.cupy.specializations import DECODE_ROWS
@@ -50,6 +50,7 @@ SMALL = [
                   dtype="float16", head_dim=64),
     gpu_case("small pool view fp32 window", [300], [3], block_size=64, dtype="float32", kv_layout="HND",
                   pool=True, sliding_window=50),
+    gpu_case("small decode softcap alibi bs16", [0, 900, 17], softcap=30.0, alibi_slopes=SLOPES),
 ]
 
 #: Long prefill: at least 512 rows per sequence on average (the Hopper kernel's on sm_90, the
@@ -70,6 +71,7 @@ WIDE = [
     *(gpu_case(f"wide fp8 {cache} bs{bs}", [600, 129], [600, 129], block_size=bs, cache_dtype=cache,
                     **FP8_SCALES) for cache, bs in zip(FP8, (16, 64), strict=True)),
     gpu_case("wide pool view HND", [400, 300], [400, 300], kv_layout="HND", pool=True),
+    huge_scores_param("wide huge scores", [900, 700], [900, 700]),
 ]
 
 #: Short prefill the Hopper switch forces onto 128-row tiles (mostly empty rows, split-KV,
@@ -136,6 +138,11 @@ FP8_DECODE = [
                      cache_dtype=FP8[0], block_size=32),
     fp8_decode_param("fp8 decode fp16 large k_scale", [900, 40], (1.0,), 64.0, dtype="float16",
                      cache_dtype=FP8[1]),
+    # rows whose score factor scale * log2 e * 2^-shift is no normal float: the kernel's scores
+    # are scaled before the softmax, not in it
+    fp8_decode_param("fp8 decode bf16 rows near bfloat16's smallest normal", [900, 40], (1e-36, 1.0), 1.0,
+                     cache_dtype=FP8[0]),
+    gpu_case("fp8 decode negative scale", [700, 33], cache_dtype=FP8[1], scale=-0.05, **FP8_SCALES),
 ]
 
 #: Decode at head_dim 256: the tensor-core decode kernel with warp pairs (each half of O's
@@ -166,6 +173,13 @@ CASES = [
     gpu_case("decode G=16", [300, 2000], num_q_heads=16, num_kv_heads=1),
     gpu_case("decode d64 bs32", [1000, 17, 1], head_dim=64, block_size=32),
     gpu_case("decode softcap alibi scale", [700, 5, 64, 65], scale=0.2, softcap=30.0, alibi_slopes=SLOPES),
+    gpu_case("decode negative scale", [700, 5, 64, 65], scale=-0.05),
+    # each sequence's last query times 2**32 (scores near 1e10): the Hopper kernel's one-FFMA weights
+    # of whole tiles are kept only below |m| = 2**19, where its rounding error is small
+    *(huge_scores_param(f"huge scores {kind} {d}", [700, 300, 17], q_lens, dtype=d)
+      for kind, q_lens in (("decode", None), ("prefill", [700, 300, 17])) for d in ("bfloat16", "float32")),
+    huge_scores_param("huge scores fp8 decode", [900, 40], cache_dtype=FP8[0], **FP8_SCALES),
+    huge_scores_param("huge scores fp8 prefill", [300, 129], [300, 50], cache_dtype=FP8[1], **FP8_SCALES),
     gpu_case("decode window HND bs32 fp16", [3000, 40, 16], block_size=32, dtype="float16", kv_layout="HND",
                   sliding_window=200),
     gpu_case("window decode", [3000], sliding_window=100),

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cases import FP8_SCALES, SLOPES, check_operation, gpu_case, operation_cases, poisoned_case
+from cases import FP8_SCALES, SLOPES, check_operation, gpu_case, huge_scores_param, operation_cases, poisoned_case
 
 from pagedattn.conformance import checks
 from pagedattn.conformance.assertions import assert_bit_identical
@@ -83,6 +83,10 @@ CASES = [
     with_backend(gpu_case("GQA 7/1 fp16 d80", [200, 45], [20, 1], dtype="float16", num_q_heads=7,
                                num_kv_heads=1, head_dim=80)),
     with_backend(gpu_case("fp32 prefill d128", [150], [150], dtype="float32")),
+    # each sequence's last query times 2**32 (scores near 1e10): the max subtracted from the same
+    # rounded scores it was taken over, never from a fused multiply-add's unrounded products
+    *(with_backend(huge_scores_param(f"huge scores {kind} {d}", [700, 300, 17], q_lens, dtype=d))
+      for kind, q_lens in (("decode", None), ("prefill", [700, 300, 17])) for d in ("bfloat16", "float32")),
     *(with_backend(gpu_case(f"decode cache {cache}", [500, 2000], cache_dtype=cache, **FP8_SCALES))
       for cache in ("float8_e4m3fn", "float8_e5m2")),
     *(with_backend(gpu_case(f"decode cache {cache} d{d} (values as pairs)", [300, 1500], cache_dtype=cache,

@@ -28,6 +28,8 @@ constexpr int WGMMA_THREADS = 256;  // 2 warpgroups
 constexpr int WGMMA_ROWS = 128;     // 64 rows per warpgroup
 constexpr int WGMMA_TILE_N = 64;    // keys per tile
 constexpr int WGMMA_STAGES = 4;     // K/V tiles in shared memory at 1 CTA/SM: three load while one is computed
+// |m| (log2 units) below which a whole tile's P is one FFMA from the raw products (softmax_tile)
+constexpr float FAST_SCORE_LIMIT = 524288.f;  // 2^19
 
 // K/V stages for CTAS CTAs per SM (the host computes the same): 4 at one CTA; at two, as many
 // as fit two CTAs' shared memory (Q tile + stages + rows under ~113 KB each): 2 at head_dim
@@ -219,12 +221,20 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
                        (sliding_window <= 0 || p0 > wg_pq_hi - sliding_window);
     // every row of the warpgroup sees every key of the tile, and the scores are scale * q.k
     // with scale > 0: no mask, the row max taken on the raw products (scaling keeps the order),
-    // and P = exp2(s * scale * log2 e - m) one FFMA and one ex2 below
-    const bool fast = plain && whole && scale > 0.f;
+    // and P = exp2(s * scale * log2 e - m) one FFMA and one ex2 below. The FFMA leaves the max
+    // key's own weight exp2 of its product's rounding error (half an ulp of m): kept while that
+    // is at most 2^-5 (|m| < 2^19 in log2 units); a warp holding larger scores (beyond float32's
+    // exp range at 2^32: inf or 0) takes the masked path's rounded scores instead
+    const float score_log2 = scale * LOG2E;  // raw product -> log2 units (fast path)
+    bool fast = plain && whole && scale > 0.f;
     if (fast) {
       m_ij[0] = row_reduce<true>(s, 0);
       m_ij[1] = row_reduce<true>(s, 1);
-    } else {
+      fast = __all_sync(0xffffffffu, fabsf(m_ij[0] * score_log2) < FAST_SCORE_LIMIT &&
+                                         fabsf(m_ij[1] * score_log2) < FAST_SCORE_LIMIT);
+    }
+    if (!fast) {
+      m_ij[0] = m_ij[1] = PA_NEG_INF;
 #pragma unroll
       for (int e = 0; e < S_REGS; ++e) {
         const int half = (e / 2) % 2;
@@ -236,7 +246,6 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       }
     }
     float m_safe[2];
-    const float score_log2 = scale * LOG2E;  // raw product -> log2 units (fast path)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
