@@ -151,6 +151,21 @@ class SoftcapOverflow(SteppedKernelBackend):
         return super().transform(capped.astype(F32), p, p_q, visible, replace(problem, softcap=None))
 
 
+class SoftcapCancels(SteppedKernelBackend):
+    bug = ("softcap as softcap - 2 softcap / (e^(2x / softcap) + 1) in float32: off by ulps of softcap for "
+           "scores near 0, where tanh's own error is ulps of the score")
+    models = "a one-exp soft cap traded for tanh's accuracy near 0 (this project's GPU kernels, caught on the H200)"
+
+    def transform(self, s_ij, p, p_q, visible, problem):
+        if problem.softcap is None:
+            return super().transform(s_ij, p, p_q, visible, problem)
+        cap = F32(problem.softcap)
+        with np.errstate(over="ignore"):
+            e = np.exp(F32(2) * s_ij / cap).astype(F32)
+        capped = cap - (F32(2) * cap) / (e + F32(1))
+        return super().transform(capped.astype(F32), p, p_q, visible, replace(problem, softcap=None))
+
+
 class MaskBeforeSoftcap(SteppedKernelBackend):
     bug = "applies the -inf mask before softcap: tanh(-inf) = -1 gives masked keys the score -softcap"
     models = "mask applied before logit softcapping"
