@@ -99,11 +99,12 @@ __device__ __forceinline__ float warp_sum(float x) {
 // softcap * tanh(x / softcap) to a few ulp of the result: with y = x / softcap, near 0 (|y| < 0.5)
 // tanh's odd Taylor series (terms to y^15; the first left out is below 1e-8 of the value),
 // elsewhere 1 - 2 / (2^(2 |y| log2 e) + 1), whose exponential is at least e, so nothing cancels.
-// Its error is a few units of float32 rounding of the result (about 4 u_acc |x| at most, measured
-// in float32 against float64), within the error model's sqrt(head_dim) u_acc S; the form
-// softcap - 2 softcap / (e + 1) alone is off by ulps of softcap even at x near 0. One ex2 and one
-// fast division in place of tanhf and an IEEE division, which took most of the issue slots of
-// head_dim-256 decode. +-inf gives +-softcap, and NaN stays NaN.
+// Its error is a few units of float32 rounding of the result (about 4 u_acc |x| at most with exact
+// exp2 and division, measured in float32 against float64; where |y| >= 0.5, ex2.approx and the
+// fast division add at most about 8 u_acc |x|), within the error model's sqrt(head_dim) u_acc S;
+// the form softcap - 2 softcap / (e + 1) alone is off by ulps of softcap even at x near 0. One
+// ex2 and one fast division in place of tanhf and an IEEE division, which took most of the issue
+// slots of head_dim-256 decode. +-inf gives +-softcap, and NaN stays NaN.
 __device__ __forceinline__ float soft_cap(float x, float softcap) {
   const float y = x * __frcp_rn(softcap);
   const float a = fabsf(y);
