@@ -137,33 +137,37 @@ class LayoutMixup(SteppedKernelBackend):
         return array.reshape(array.shape[0], problem.block_size, problem.num_kv_heads, problem.head_dim)
 
 
-class SoftcapOverflow(SteppedKernelBackend):
-    bug = "softcap's tanh as (e^2x - 1) / (e^2x + 1) in float32: inf / inf = NaN for large scores"
-    models = "softcap overflow"
+class _SoftcapFormula(SteppedKernelBackend):
+    """The soft cap computed by :meth:`capped` in float32 in place of ``softcap * tanh(s / softcap)``."""
+
+    def capped(self, s_ij: np.ndarray, cap: np.float32) -> np.ndarray:
+        raise NotImplementedError
 
     def transform(self, s_ij, p, p_q, visible, problem):
         if problem.softcap is None:
             return super().transform(s_ij, p, p_q, visible, problem)
-        cap = F32(problem.softcap)
         with np.errstate(over="ignore", invalid="ignore"):
-            e = np.exp(F32(2) * s_ij / cap)
-            capped = cap * (e - 1) / (e + 1)
+            capped = self.capped(s_ij, F32(problem.softcap))
         return super().transform(capped.astype(F32), p, p_q, visible, replace(problem, softcap=None))
 
 
-class SoftcapCancels(SteppedKernelBackend):
+class SoftcapOverflow(_SoftcapFormula):
+    bug = "softcap's tanh as (e^2x - 1) / (e^2x + 1) in float32: inf / inf = NaN for large scores"
+    models = "softcap overflow"
+
+    def capped(self, s_ij, cap):
+        e = np.exp(F32(2) * s_ij / cap)
+        return cap * (e - 1) / (e + 1)
+
+
+class SoftcapCancels(_SoftcapFormula):
     bug = ("softcap as softcap - 2 softcap / (e^(2x / softcap) + 1) in float32: off by ulps of softcap for "
            "scores near 0, where tanh's own error is ulps of the score")
     models = "a one-exp soft cap traded for tanh's accuracy near 0 (this project's GPU kernels, caught on the H200)"
 
-    def transform(self, s_ij, p, p_q, visible, problem):
-        if problem.softcap is None:
-            return super().transform(s_ij, p, p_q, visible, problem)
-        cap = F32(problem.softcap)
-        with np.errstate(over="ignore"):
-            e = np.exp(F32(2) * s_ij / cap).astype(F32)
-        capped = cap - (F32(2) * cap) / (e + F32(1))
-        return super().transform(capped.astype(F32), p, p_q, visible, replace(problem, softcap=None))
+    def capped(self, s_ij, cap):
+        e = np.exp(F32(2) * s_ij / cap).astype(F32)
+        return cap - (F32(2) * cap) / (e + F32(1))
 
 
 class MaskBeforeSoftcap(SteppedKernelBackend):
