@@ -4,9 +4,10 @@ the worst error as a fraction of the tolerance (0.0 for rules that demand identi
 Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
 :func:`relocation_invariant`, :func:`deterministic`, :func:`alone_equals_batch` (and every
 attention check asserts that no input was written). Plans: :func:`plan_serves_many_runs`,
-:func:`replay_matches_eager`, :func:`step_writes_then_attends`. Other operations: :func:`write_kv_matches_spec`,
-:func:`copy_blocks_matches_spec`, :func:`merge_states_matches_spec`. A check uses the backend
-through the public :class:`~pagedattn.backends.interface.Backend` interface only.
+:func:`replay_matches_eager`, :func:`run_follows_callers_stream`, :func:`step_writes_then_attends`.
+Other operations: :func:`write_kv_matches_spec`, :func:`copy_blocks_matches_spec`,
+:func:`merge_states_matches_spec`. A check uses the backend through the public
+:class:`~pagedattn.backends.interface.Backend` interface only.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from pagedattn.backends.engine_calls import CaptureFailed, capture_runs, engine_array
-from pagedattn.backends.interface import Backend
+from pagedattn.backends.engine_calls import CaptureFailed, capture_runs, engine_array, takes_torch_cuda
+from pagedattn.backends.interface import Backend, Plan
 from pagedattn.conformance.assertions import (
     ConformanceFailure,
     assert_array_form,
@@ -369,6 +370,46 @@ def _assign(target: Any, source: Any) -> None:
     target[...] = source
 
 
+def _plan_as_engine(backend: Backend, case: AttentionCase) -> tuple[Plan, tuple[Any, ...], tuple[Any, Any, Any]]:
+    """``case`` planned on the arrays an engine hands over (torch CUDA tensors where the backend
+    takes them): the plan, its arrays (:func:`device_arguments`) and caches (:func:`device_caches`)."""
+    to_engine = partial(engine_array, backend)
+    caches = device_caches(backend, case, to_engine)
+    arrays, options = device_arguments(backend, case, caches, to_engine)
+    return backend.plan(*arrays, **options), arrays, caches
+
+
+def _next_layer_arrays(backend: Backend, layer: AttentionCase, arrays: tuple[Any, ...],
+                       caches: tuple[Any, Any, Any]) -> tuple[tuple[Any, Any, Any], Callable[[], None]]:
+    """``layer``'s query and caches in arrays of their own, and a function that writes them into the
+    planned ``arrays`` and ``caches`` (from :func:`_plan_as_engine`) in place."""
+    to_engine = partial(engine_array, backend)
+    layer_caches = device_caches(backend, layer, to_engine)
+    layer_arrays = (to_engine(layer.query), *layer_caches[:2])
+
+    def write() -> None:
+        pool = caches[2]
+        if pool is not None:  # the caches are views of the pool: write the next layer's pool into it
+            _assign(pool, layer_caches[2])
+        else:
+            _assign(caches[0], layer_arrays[1])
+            _assign(caches[1], layer_arrays[2])
+        _assign(arrays[0], layer_arrays[0])
+
+    return layer_arrays, write
+
+
+def _matches_eager(backend: Backend, plan: Plan, layer: AttentionCase, layer_arrays: tuple[Any, Any, Any],
+                   seen: AttentionResult, what: str, context: str) -> float:
+    """``seen`` (host copies of a run of ``plan`` on ``layer``'s contents) has the bits of an eager run
+    of ``plan`` on ``layer_arrays`` (``what`` otherwise) and is within the error model of the spec."""
+    __tracebackhide__ = True
+    eager = host_result(backend, backend.run(plan, *layer_arrays), bool(layer.options.get("return_lse")))
+    backend.synchronize()
+    _assert_same_result(backend, seen, eager, what, layer)
+    return _result_matches_spec(backend, layer, seen, context)
+
+
 def replay_matches_eager(backend: Backend, case: AttentionCase) -> float:
     """As an engine replays a captured decode step: a run of a capturable plan captured in a CUDA
     graph, the next layer's query and caches written into the captured arrays, the graph replayed.
@@ -378,10 +419,7 @@ def replay_matches_eager(backend: Backend, case: AttentionCase) -> float:
     __tracebackhide__ = True
     layer = next_layer(case, plan_check_rng(case))
     return_lse = bool(case.options.get("return_lse"))
-    to_engine = partial(engine_array, backend)  # torch CUDA tensors where the backend takes them
-    caches = device_caches(backend, case, to_engine)
-    arrays, options = device_arguments(backend, case, caches, to_engine)
-    plan = backend.plan(*arrays, **options)
+    plan, arrays, caches = _plan_as_engine(backend, case)
     if not plan.capturable:
         raise UnsupportedError("plan", "its plans are not capturable in a CUDA graph (Plan.capturable)",
                                backend=backend.name, capability="cuda_graphs")
@@ -390,23 +428,56 @@ def replay_matches_eager(backend: Backend, case: AttentionCase) -> float:
         replay = capture_runs(lambda _: captured.append(backend.run(plan, *arrays[:3])), 1)
     except CaptureFailed as error:
         raise ConformanceFailure(f"the plan says it is capturable, but {error} {_call(backend, case)}") from None
-    layer_caches = device_caches(backend, layer, to_engine)
-    layer_arrays = (to_engine(layer.query), *layer_caches[:2])
-    pool = caches[2]
-    if pool is not None:  # the caches are views of the pool: write the next layer's pool into it
-        _assign(pool, layer_caches[2])
-    else:
-        _assign(caches[0], layer_arrays[1])
-        _assign(caches[1], layer_arrays[2])
-    _assign(arrays[0], layer_arrays[0])
+    layer_arrays, write = _next_layer_arrays(backend, layer, arrays, caches)
+    write()
     replay()
     backend.synchronize()
-    replayed = host_result(backend, captured[-1], return_lse)
-    eager = host_result(backend, backend.run(plan, *layer_arrays[:3]), return_lse)
-    backend.synchronize()
-    _assert_same_result(backend, replayed, eager,
-                        "a CUDA-graph replay on new contents differs from an eager run on them", layer)
-    return _result_matches_spec(backend, layer, replayed, " (a CUDA-graph replay on the next layer's contents)")
+    return _matches_eager(backend, plan, layer, layer_arrays, host_result(backend, captured[-1], return_lse),
+                          "a CUDA-graph replay on new contents differs from an eager run on them",
+                          " (a CUDA-graph replay on the next layer's contents)")
+
+
+#: Cycles the caller's stream sleeps (``torch.cuda._sleep``) before it writes the next layer's
+#: contents: 2**26, about 34 ms on a GPU clocked near 2 GHz. That is far longer than a warmed
+#: run's host time, so a run launched on another stream runs before the writes land.
+STREAM_DELAY_CYCLES = 2**26
+
+
+def run_follows_callers_stream(backend: Backend, case: AttentionCase) -> float:
+    """As an engine runs a layer on a side stream of its own (torch's streams do not wait for the
+    default stream): the plan made and run once on the default stream; then, queued on a side
+    stream behind a delay, the next layer's query and caches written into the planned arrays, the
+    plan run and its output copied. The copies have the bits of an eager run on those contents,
+    within the error model of the spec: a run launches on the caller's current stream, not on the
+    default stream, on one of its own or on the plan's. Unsupported unless the backend takes torch
+    CUDA tensors and a CUDA device is here."""
+    __tracebackhide__ = True
+    if not takes_torch_cuda(backend):
+        raise UnsupportedError("run", "it does not take torch CUDA tensors, whose streams this check sets",
+                               backend=backend.name, capability="cuda_streams")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UnsupportedError("run", "no CUDA device, whose streams this check sets", backend=backend.name,
+                               capability="cuda_streams")
+    layer = next_layer(case, plan_check_rng(case))
+    return_lse = bool(case.options.get("return_lse"))
+    plan, arrays, caches = _plan_as_engine(backend, case)
+    backend.run(plan, *arrays[:3])  # an earlier layer: compilation and launch caches out of the way
+    layer_arrays, write = _next_layer_arrays(backend, layer, arrays, caches)
+    torch.cuda.synchronize()  # the side stream below waits for nothing queued before it
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(STREAM_DELAY_CYCLES)
+        write()
+        result = backend.run(plan, *arrays[:3])
+        # an engine reads the output on its own stream
+        copied = tuple(x.clone() for x in result) if return_lse else result.clone()
+    torch.cuda.synchronize()
+    return _matches_eager(backend, plan, layer, layer_arrays, host_result(backend, copied, return_lse),
+                          "a run on the caller's stream, behind a delay, differs from an eager run on the same "
+                          "contents", " (a run on the caller's side stream, behind a delay, on the next layer's "
+                          "contents)")
 
 
 def newest_slots(problem: AttentionProblem) -> np.ndarray:
@@ -827,7 +898,7 @@ Check = Callable[[Backend, Any], float]
 CHECKS: dict[str, Check] = {check.__name__: check for check in (
     matches_spec, garbage_ignored, nonfinite_propagates, nonfinite_scores_propagate, relocation_invariant,
     deterministic, alone_equals_batch,
-    plan_serves_many_runs, replay_matches_eager, step_writes_then_attends,
+    plan_serves_many_runs, replay_matches_eager, run_follows_callers_stream, step_writes_then_attends,
     write_kv_matches_spec, copy_blocks_matches_spec, merge_states_matches_spec,
     far_pool_matches_spec, far_write_kv_matches_spec, far_copy_blocks_matches_spec, far_rows_match_spec,
     far_merge_rows_match_spec, far_partials_match_spec, far_scores_match_spec, long_chunks_match_spec,

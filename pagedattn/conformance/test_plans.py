@@ -1,11 +1,13 @@
 """How an engine uses a backend: a plan serves many runs (planned once per batch beside other
 plans, run once per layer on that layer's query and caches, captured in a CUDA graph and
-replayed), and a step writes its newest keys and values before it attends.
+replayed, run on the engine's own stream), and a step writes its newest keys and values before
+it attends.
 
 Each cell draws the ``combined`` row of the strategies (every declared feature at random), a
 block size and a KV layout the backend declares, and checks it with
 :func:`~pagedattn.conformance.checks.plan_serves_many_runs`,
-:func:`~pagedattn.conformance.checks.replay_matches_eager` (on a CUDA device) or
+:func:`~pagedattn.conformance.checks.replay_matches_eager` (on a CUDA device),
+:func:`~pagedattn.conformance.checks.run_follows_callers_stream` (on a CUDA device) or
 :func:`~pagedattn.conformance.checks.step_writes_then_attends`.
 """
 
@@ -59,6 +61,15 @@ def test_a_captured_run_replays_new_contents(request, backend, dtype):
     and caches are written into its arrays: the bits of an eager run on those contents, within the
     error model. Unsupported off CUDA and for plans that are not capturable."""
     _run_plan_cell(request, backend, dtype, checks.replay_matches_eager, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_a_run_follows_the_callers_stream(request, backend, dtype):
+    """A plan run on a side stream of torch's, behind a delay and after the next layer's query and
+    caches are written into its arrays there, its output copied there: the bits of an eager run on
+    those contents, within the error model. Unsupported off CUDA and for backends that do not take
+    torch CUDA tensors."""
+    _run_plan_cell(request, backend, dtype, checks.run_follows_callers_stream, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)

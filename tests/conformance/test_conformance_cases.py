@@ -197,6 +197,14 @@ def test_the_replay_check_calls_a_plan_that_is_not_capturable_unsupported():
         checks.replay_matches_eager(NumpyBackend(), _case())
 
 
+def test_the_stream_check_calls_a_backend_without_torch_cuda_tensors_unsupported():
+    from pagedattn.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="torch CUDA tensors") as raised:
+        checks.run_follows_callers_stream(NumpyBackend(), _case())
+    assert raised.value.capability == "cuda_streams"
+
+
 def test_newest_slots_are_the_query_positions_slots_once_each_and_none_for_padding():
     from pagedattn.spec.arrays import check_paged_attention as check
 

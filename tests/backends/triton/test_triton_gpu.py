@@ -19,7 +19,7 @@ import pytest
 from cases import FP8_SCALES, SLOPES, check_operation, gpu_case, huge_scores_param, operation_cases, poisoned_case
 
 from pagedattn.conformance import checks
-from pagedattn.conformance.assertions import assert_bit_identical
+from pagedattn.conformance.assertions import ConformanceFailure, assert_bit_identical
 from pagedattn.conformance.cases import run_case
 from pagedattn.spec.case import AttentionCase
 
@@ -194,6 +194,31 @@ def test_one_plan_run_again_and_on_an_unaligned_query_gives_the_same_bits() -> N
         assert_bit_identical("out", out, runs[0][0], "a relaunched plan changed the output", call)
         assert_bit_identical("lse", lse, runs[0][1], "a relaunched plan changed lse", call)
     checks.matches_spec(backend, case)
+
+
+def test_a_run_on_a_stream_of_its_own_fails_the_stream_check_and_triton_passes() -> None:
+    """``checks.run_follows_callers_stream`` has teeth: triton made to launch on a stream of its own
+    (not the caller's current one) races with the writes queued before it on the caller's stream
+    and fails the check on a small decode case; triton as it is passes."""
+    import torch
+
+    from pagedattn.backends.triton.backend import TritonBackend
+
+    class OwnStreamTriton(TritonBackend):
+        """Triton launched on a stream of its own, whatever stream the caller is on."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._own_stream = torch.cuda.Stream()
+
+        def run(self, plan: Any, query: Any, key_cache: Any, value_cache: Any) -> Any:
+            with torch.cuda.stream(self._own_stream):
+                return super().run(plan, query, key_cache, value_cache)
+
+    case = poisoned_case("own stream", [700, 33, 1500])
+    assert checks.run_follows_callers_stream(backend_for(), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match="a run on the caller's stream, behind a delay, differs"):
+        checks.run_follows_callers_stream(OwnStreamTriton(), case)
 
 
 @pytest.mark.parametrize("case", [pytest.param(p.values[0], id=p.id, marks=sanitize) for p in operation_cases()])
