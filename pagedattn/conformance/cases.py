@@ -23,7 +23,7 @@ import numpy as np
 
 from pagedattn.backends.interface import Backend
 from pagedattn.errors import PagedAttentionError
-from pagedattn.spec.case import AttentionCase, pool_views, pretty, summary
+from pagedattn.spec.case import AttentionCase, pool_views, pretty, query_view, summary
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 from pagedattn.spec.pools import occupied_blocks
 
@@ -53,14 +53,16 @@ def device_caches(backend: Backend, case: AttentionCase,
 def device_arguments(backend: Backend, case: AttentionCase, caches: tuple[Any, Any, Any],
                      to_device: Callable[[np.ndarray], Any] | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)`` of ``case`` on
-    the backend's device (the caches given, from :func:`device_caches`; the query through
-    ``to_device``, by default ``backend.to_device``), and its options."""
+    the backend's device (the caches given, from :func:`device_caches`; the query, or the fused
+    rows it is a view of, through ``to_device``, by default ``backend.to_device``), and its options."""
     key_cache, value_cache, _ = caches
     options = dict(case.options)
     if options.get("alibi_slopes") is not None:
         options["alibi_slopes"] = backend.to_device(options["alibi_slopes"])
     qsl = None if case.query_start_loc is None else backend.to_device(case.query_start_loc)
-    query = (to_device or backend.to_device)(case.query)
+    to_device = to_device or backend.to_device
+    # a query of fused QKV rows reaches the backend as the strided view an engine passes
+    query = to_device(case.query) if case.qkv is None else query_view(to_device(case.qkv), case.query.shape[1])
     tables, lens = backend.to_device(case.block_tables), backend.to_device(case.seq_lens)
     arrays = (query, key_cache, value_cache, tables, lens, qsl)
     return arrays, options
@@ -189,6 +191,9 @@ def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, An
         if isinstance(value, np.ndarray):
             if f.name in ("key_cache", "value_cache") and getattr(case, "pool", None) is not None:
                 continue  # views of the pool: rebuilt from it
+            if f.name == "query" and getattr(case, "qkv", None) is not None:
+                meta["query_heads"] = int(value.shape[1])
+                continue  # a view of the fused rows: rebuilt from them
             _pack_array(arrays, meta, f.name, value)
         elif f.name == "options":
             opts = {}
@@ -238,8 +243,10 @@ def _load_case(path: Path) -> tuple[Case, str, dict[str, Any]]:
                     options[name[len("option."):]] = _unpack(data, meta, name)
             values["options"] = options
         for f in fields(cls):
-            if f.name not in values and f.name in ("query_start_loc", "pool"):
+            if f.name not in values and f.name in ("query_start_loc", "pool", "qkv"):
                 values[f.name] = None
+        if values.get("qkv") is not None:
+            values["query"] = query_view(values["qkv"], int(meta["query_heads"]))
         if values.get("pool") is not None:
             values["key_cache"], values["value_cache"] = pool_views(values["pool"], int(values["layer"]),
                                                                     int(values["query"].shape[-1]))

@@ -8,8 +8,9 @@ One strategy per contract object, small ones composed into big ones:
 - :func:`block_tables` (shuffled, reversed, interleaved, shared-prefix, huge pools with
   block ids >= 32768; unused entries holding -1, 2**31-1 or another sequence's valid id);
 - :func:`attention_cases`, which puts them together with caches of a layout and dtype
-  (optionally strided views of a multi-layer pool), a value pattern and the options of
-  one feature, into an :class:`~pagedattn.conformance.cases.AttentionCase`;
+  (optionally strided views of a multi-layer pool), a query (optionally a strided view of
+  fused QKV rows, :func:`fused_qkv_rows`), a value pattern and the options of one feature,
+  into an :class:`~pagedattn.conformance.cases.AttentionCase`;
 - :func:`write_kv_cases`, :func:`copy_blocks_cases`, :func:`merge_cases` for the other
   operations.
 
@@ -32,7 +33,7 @@ from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, MergeCase, WriteKVCase
-from pagedattn.spec.case import pool_views
+from pagedattn.spec.case import pool_views, query_view
 from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "block_sizes",
     "block_tables",
     "copy_blocks_cases",
+    "fused_qkv_rows",
     "head_configs",
     "head_dims",
     "merge_cases",
@@ -527,11 +529,26 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
         "feature": feature, "heads": heads.kind, "queries": ",".join(layout.kinds),
         "arrangement": pool.arrangement, "filler": pool.filler, "values": value_kind, "garbage": garbage,
     }
+    qkv = None
+    if draw(st.booleans(), label="fused_qkv"):  # the query a view of a fused projection's rows
+        qkv = fused_qkv_rows(rng, query, heads.num_kv_heads, garbage)
+        query = query_view(qkv, heads.num_q_heads)
     return AttentionCase(
         query=query, key_cache=key_cache, value_cache=value_cache, block_tables=pool.block_tables,
         seq_lens=layout.seq_lens, query_start_loc=layout.query_start_loc, options=options,
-        pool=pool_array, layer=layer, seed=draw(_SEEDS, label="variant_seed"), labels=labels,
+        pool=pool_array, layer=layer, qkv=qkv, seed=draw(_SEEDS, label="variant_seed"), labels=labels,
     )
+
+
+def fused_qkv_rows(rng: np.random.Generator, query: np.ndarray, num_kv_heads: int, garbage: str) -> np.ndarray:
+    """A fused QKV projection's rows ``[T, Hq + 2 * Hkv, D]`` as an engine splits them: ``query`` in
+    the first ``Hq`` heads, garbage of kind ``garbage`` in the key and value heads, which attention
+    never reads (a kernel that takes the query's rows as dense reads them from the second token on)."""
+    T, Hq, D = query.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        qkv = _garbage(rng, garbage, (T, Hq + 2 * num_kv_heads, D)).astype(query.dtype)
+    qkv[:, :Hq] = query
+    return qkv
 
 
 # -- other operations ---------------------------------------------------------------------

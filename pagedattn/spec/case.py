@@ -35,6 +35,12 @@ def pool_views(pool: Any, layer: int, head_dim: int) -> tuple[Any, Any]:
     return pool[:, 0, layer][..., :head_dim], pool[:, 1, layer][..., :head_dim]
 
 
+def query_view(qkv: Any, num_q_heads: int) -> Any:
+    """The query ``[T, Hq, D]`` as the view ``qkv[:, :Hq]`` of a fused QKV projection's rows
+    ``[T, Hq + 2 * Hkv, D]`` (host or device array): its stride between tokens is that of the rows."""
+    return qkv[:, :num_q_heads]
+
+
 @dataclass(frozen=True, repr=False)
 class AttentionCase:
     """One paged-attention call on host arrays; ``query_start_loc`` None means decode.
@@ -42,8 +48,10 @@ class AttentionCase:
     ``options`` are the keyword options of :func:`~pagedattn.spec.arrays.check_paged_attention`
     (``kv_layout`` included). ``pool`` (when not None) is the multi-layer pool
     ``[num_blocks, 2, num_layers, ...]`` of which ``key_cache`` and ``value_cache`` are strided
-    views (:func:`pool_views`: its rows may be longer than head_dim). ``seed`` drives the variants the
-    invariant checks build; ``labels`` describe the case (its name, or a strategy's draw).
+    views (:func:`pool_views`: its rows may be longer than head_dim). ``qkv`` (when not None) is a
+    fused QKV projection's rows ``[T, Hq + 2 * Hkv, D]`` of which ``query`` is the strided view
+    (:func:`query_view`). ``seed`` drives the variants the invariant checks build; ``labels``
+    describe the case (its name, or a strategy's draw).
     """
 
     query: np.ndarray
@@ -55,6 +63,7 @@ class AttentionCase:
     options: dict[str, Any] = field(default_factory=dict)
     pool: np.ndarray | None = None
     layer: int = 0
+    qkv: np.ndarray | None = None
     seed: int = 0
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -89,12 +98,25 @@ class AttentionCase:
                 self.query_start_loc)
 
     def replace(self, **changes: Any) -> AttentionCase:
-        """Return a copy with some fields changed (the caches follow ``pool`` when it changes)."""
+        """Return a copy with some fields changed. The caches follow ``pool`` when it changes, and
+        the query ``qkv``; a new query of the same shape is written into a copy of ``qkv`` (the
+        key and value rows kept), one of another shape is an array of its own."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         if "pool" in changes and changes["pool"] is not None:
             values["key_cache"], values["value_cache"] = pool_views(changes["pool"], values["layer"],
                                                                     int(values["query"].shape[-1]))
+        qkv = values["qkv"]
+        if "qkv" in changes and qkv is not None:
+            values["query"] = query_view(qkv, self.query.shape[1])
+        elif "query" in changes and qkv is not None:
+            query = changes["query"]
+            if query.shape == self.query.shape and query.dtype == qkv.dtype:
+                values["qkv"] = qkv.copy()
+                values["query"] = query_view(values["qkv"], query.shape[1])
+                values["query"][...] = query
+            else:
+                values["qkv"] = None
         return AttentionCase(**values)
 
     def with_options(self, **options: Any) -> AttentionCase:
@@ -107,8 +129,9 @@ class AttentionCase:
         opts = {k: (summary(v) if isinstance(v, np.ndarray) else v) for k, v in self.options.items()}
         qsl = None if self.query_start_loc is None else self.query_start_loc.tolist()
         pool = "" if self.pool is None else f", pool={summary(self.pool)}[:, k/v, {self.layer}]"
+        qkv = "" if self.qkv is None else f" of qkv={summary(self.qkv)}"
         return (
-            f"AttentionCase(query={summary(self.query)}, key_cache={summary(self.key_cache)}{pool},"
+            f"AttentionCase(query={summary(self.query)}{qkv}, key_cache={summary(self.key_cache)}{pool},"
             f" seq_lens={self.seq_lens.tolist()}, query_start_loc={qsl},"
             f" block_tables={self.block_tables.tolist()}, options={opts}, labels={self.labels})"
         )

@@ -11,11 +11,12 @@ from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.conformance import checks
 from pagedattn.conformance.assertions import ConformanceFailure
-from pagedattn.conformance.cases import load_case, save_case
+from pagedattn.conformance.cases import device_arguments, device_caches, load_case, save_case
 from pagedattn.conformance.strategies import (
     ARRANGEMENTS,
     attention_cases,
     block_tables,
+    fused_qkv_rows,
     head_configs,
     query_layouts,
     seq_lens,
@@ -79,6 +80,9 @@ def test_attention_cases_are_valid_calls_and_round_trip_through_npz(data, tmp_pa
         assert case.pool is not None and np.shares_memory(case.key_cache, case.pool)
     if feature == "fp8":
         assert problem.cache_dtype.startswith("float8")
+    if case.qkv is not None:
+        assert np.shares_memory(case.query, case.qkv)
+        assert case.qkv.shape[1] == case.query.shape[1] + 2 * problem.num_kv_heads
     path = save_case(tmp_path_factory.mktemp("case") / "c.npz", case, check="matches_spec", context={"x": 1})
     loaded, check, context = load_case(path)
     assert check == "matches_spec" and context == {"x": 1}
@@ -188,6 +192,23 @@ def test_the_plan_check_runs_other_blocks_and_the_next_layers_negated_contents(d
         assert (mine.view(bits) == theirs.view(bits) ^ sign).all()  # the sign bit, exactly
     assert layer.query.shape == case.query.shape and not np.array_equal(layer.query, case.query)
     assert checks.plan_serves_many_runs(NumpyBackend(), case) >= 0.0
+
+
+def test_a_fused_qkv_query_reaches_the_backend_strided_and_follows_replace():
+    plain = _case()
+    rng = np.random.default_rng(0)
+    rows = fused_qkv_rows(rng, plain.query, plain.key_cache.shape[2], "nan")
+    case = plain.replace(qkv=rows)
+    assert np.shares_memory(case.query, rows) and np.array_equal(case.query, plain.query)
+    (query, *_), _ = device_arguments(NumpyBackend(), case, device_caches(NumpyBackend(), case))
+    assert query.strides == case.query.strides != plain.query.strides
+    assert checks.matches_spec(NumpyBackend(), case) <= 1.0
+    negated = case.replace(query=-case.query)  # same shape: written into a copy of the rows
+    assert negated.qkv is not rows and np.shares_memory(negated.query, negated.qkv)
+    assert np.array_equal(negated.qkv[:, case.query.shape[1]:], rows[:, case.query.shape[1]:], equal_nan=True)
+    assert np.array_equal(case.query, plain.query)  # the original rows untouched
+    longer = np.concatenate([case.query, case.query])
+    assert case.replace(query=longer).qkv is None  # another shape: a query of its own
 
 
 def test_the_replay_check_calls_a_plan_that_is_not_capturable_unsupported():
