@@ -298,6 +298,19 @@ class StridedAssumedContiguous(SteppedKernelBackend):
         return super().slots(_read_with_strides(array, contiguous), problem)
 
 
+class QueryRowsAssumedDense(SteppedKernelBackend):
+    bug = ("reads the query's rows as dense [T, Hq, D]: a query that is a view of fused QKV rows is read "
+           "from the second token on at token * Hq * D, among other tokens' and the keys' and values' heads")
+    models = ("ai-bond/flash-attention-v100 issue 41 (varlen forward assumes dense Hq * D query rows: strided "
+              "views of a fused QKV split silently misread); flashinfer-ai/flashinfer issue 311 and "
+              "sgl-project/sglang PR 7462 (non-contiguous queries from a fused QKV projection)")
+
+    def queries(self, query: Any, problem: AttentionProblem) -> np.ndarray:
+        array = np.asarray(query)
+        dense = tuple(int(np.prod(array.shape[i + 1:])) * array.itemsize for i in range(array.ndim))
+        return _read_with_strides(array, dense)
+
+
 class CacheRowsAsWords(SteppedKernelBackend):
     bug = "reads 16-bit and fp8 caches as 32-bit words of values, its strides rounded down to whole words"
     models = ("caches read as words of two or four values (an fp8 tile has no transposing ldmatrix of bytes, "

@@ -33,6 +33,10 @@ class SteppedKernelBackend(NumpyBackend):
     models: ClassVar[str] = ""
 
     # -- steps ------------------------------------------------------------------------------
+    def queries(self, query: Any, problem: AttentionProblem) -> np.ndarray:
+        """The query ``[T, Hq, D]`` as the kernel reads it: by its strides."""
+        return np.asarray(query)
+
     def scale(self, problem: AttentionProblem) -> float:
         return problem.scale
 
@@ -133,7 +137,7 @@ class SteppedKernelBackend(NumpyBackend):
 
     def _run(self, plan: Plan, query: Any, key_cache: Any, value_cache: Any) -> tuple[Any, Any]:
         pr = plan.problem
-        query = np.asarray(query)
+        query = self.queries(query, pr)
         T, Hq, D = pr.num_tokens, pr.num_q_heads, pr.head_dim
         bs = self.block_size(pr)
         out = np.zeros((T, Hq, D), dtype=query.dtype)
