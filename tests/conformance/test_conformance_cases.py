@@ -77,7 +77,7 @@ def test_attention_cases_are_valid_calls_and_round_trip_through_npz(data, tmp_pa
     case = data.draw(attention_cases(CAPS, dtype=dtype, block_size=16, kv_layout=layout, feature=feature))
     problem = check_paged_attention(*case.args(), **case.options)
     if feature == "strided_caches":
-        assert case.pool is not None and np.shares_memory(case.key_cache, case.pool)
+        assert case.pool is not None and (np.shares_memory(case.key_cache, case.pool) or case.pool.size == 0)
     if feature == "fp8":
         assert problem.cache_dtype.startswith("float8")
     if case.qkv is not None:
