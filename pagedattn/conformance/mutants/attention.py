@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.conformance.mutants.kernel import F32, SteppedKernelBackend
+from pagedattn.conformance.mutants.kernel import F32, SteppedKernelBackend, read_as_dense, read_with_strides
 from pagedattn.spec.arrays import AttentionProblem
 
 
@@ -282,20 +282,12 @@ class Fp8QueryRoundedToFloat16(SteppedKernelBackend):
             return super().scores(q16, k, problem)
 
 
-def _read_with_strides(array: np.ndarray, strides: tuple[int, ...]) -> np.ndarray:
-    """``array``'s memory read with other byte ``strides``, as wrong address arithmetic reads it."""
-    bits = array.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[array.itemsize])  # as_strided needs a numpy dtype
-    return np.lib.stride_tricks.as_strided(bits, shape=array.shape, strides=strides).view(array.dtype)
-
-
 class StridedAssumedContiguous(SteppedKernelBackend):
     bug = "addresses blocks with contiguous strides even when the cache is a strided view of a pool"
     models = "non-contiguous (strided) KV cache read as contiguous"
 
     def slots(self, cache: Any, problem: AttentionProblem) -> np.ndarray:
-        array = np.asarray(cache)
-        contiguous = tuple(int(np.prod(array.shape[i + 1:])) * array.itemsize for i in range(array.ndim))
-        return super().slots(_read_with_strides(array, contiguous), problem)
+        return super().slots(read_as_dense(np.asarray(cache)), problem)
 
 
 class QueryRowsAssumedDense(SteppedKernelBackend):
@@ -306,9 +298,7 @@ class QueryRowsAssumedDense(SteppedKernelBackend):
               "sgl-project/sglang PR 7462 (non-contiguous queries from a fused QKV projection)")
 
     def queries(self, query: Any, problem: AttentionProblem) -> np.ndarray:
-        array = np.asarray(query)
-        dense = tuple(int(np.prod(array.shape[i + 1:])) * array.itemsize for i in range(array.ndim))
-        return _read_with_strides(array, dense)
+        return read_as_dense(np.asarray(query))
 
 
 class CacheRowsAsWords(SteppedKernelBackend):
@@ -321,7 +311,7 @@ class CacheRowsAsWords(SteppedKernelBackend):
         array = np.asarray(cache)
         word = 4  # bytes
         if array.itemsize < word:
-            array = _read_with_strides(array, (*(s // word * word for s in array.strides[:-1]), array.strides[-1]))
+            array = read_with_strides(array, (*(s // word * word for s in array.strides[:-1]), array.strides[-1]))
         return super().slots(array, problem)
 
 

@@ -22,6 +22,19 @@ F32 = np.float32
 State = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
+def read_with_strides(array: np.ndarray, strides: tuple[int, ...]) -> np.ndarray:
+    """``array``'s memory read with other byte ``strides``, as wrong address arithmetic reads it."""
+    bits = array.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[array.itemsize])  # as_strided needs a numpy dtype
+    return np.lib.stride_tricks.as_strided(bits, shape=array.shape, strides=strides).view(array.dtype)
+
+
+def read_as_dense(array: np.ndarray) -> np.ndarray:
+    """``array``'s memory read from its first element with the strides of a dense array of its
+    shape, as a kernel that ignores the strides it is given reads a view."""
+    return read_with_strides(array, tuple(int(np.prod(array.shape[i + 1:])) * array.itemsize
+                                          for i in range(array.ndim)))
+
+
 class SteppedKernelBackend(NumpyBackend):
     """NumPy paged attention in overridable steps (not registered; see the mutants catalog)."""
 
