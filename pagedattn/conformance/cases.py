@@ -68,6 +68,14 @@ def device_arguments(backend: Backend, case: AttentionCase, caches: tuple[Any, A
     return arrays, options
 
 
+def device_kv(backend: Backend, case: WriteKVCase) -> tuple[Any, Any]:
+    """``write_kv``'s key and value on the backend's device: views of the fused rows on the device
+    where the case has them (strided, as an engine passes them), else arrays of their own."""
+    if case.qkv is not None:
+        return kv_views(backend.to_device(case.qkv), case.key.shape[1])
+    return backend.to_device(case.key), backend.to_device(case.value)
+
+
 def host_result(backend: Backend, result: Any, return_lse: bool) -> AttentionResult:
     """What ``run`` returned (``out`` or ``(out, lse)``), copied to the host."""
     if return_lse:
@@ -98,9 +106,17 @@ class _ShortRepr:
     _repr_pretty_ = pretty
 
 
+def kv_views(qkv: Any, num_kv_heads: int) -> tuple[Any, Any]:
+    """``(key, value)`` ``[T, Hkv, D]`` as the views of the last ``2 * Hkv`` heads of a fused QKV
+    projection's rows ``[T, Hq + 2 * Hkv, D]`` (host or device array), as an engine splits them."""
+    first = qkv.shape[1] - 2 * num_kv_heads
+    return qkv[:, first:first + num_kv_heads], qkv[:, first + num_kv_heads:]
+
+
 @dataclass(frozen=True)
 class WriteKVCase(_ShortRepr):
-    """A ``write_kv`` call: key/value ``[T, Hkv, D]``, caches of ``kv_layout``, slot_mapping ``[T]``."""
+    """A ``write_kv`` call: key/value ``[T, Hkv, D]``, caches of ``kv_layout``, slot_mapping ``[T]``;
+    ``qkv`` (when not None) the fused QKV rows of which key and value are views (:func:`kv_views`)."""
 
     key: np.ndarray
     value: np.ndarray
@@ -110,9 +126,11 @@ class WriteKVCase(_ShortRepr):
     kv_layout: str
     k_scale: float = 1.0
     v_scale: float = 1.0
+    qkv: np.ndarray | None = None
 
     def __repr__(self) -> str:
-        return (f"WriteKVCase(key={summary(self.key)}, key_cache={summary(self.key_cache)} {self.kv_layout},"
+        qkv = "" if self.qkv is None else f" of qkv={summary(self.qkv)}"
+        return (f"WriteKVCase(key={summary(self.key)}{qkv}, key_cache={summary(self.key_cache)} {self.kv_layout},"
                 f" slot_mapping={_short(self.slot_mapping)}, k_scale={self.k_scale}, v_scale={self.v_scale})")
 
 
@@ -194,6 +212,9 @@ def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, An
             if f.name == "query" and getattr(case, "qkv", None) is not None:
                 meta["query_heads"] = int(value.shape[1])
                 continue  # a view of the fused rows: rebuilt from them
+            if f.name in ("key", "value") and getattr(case, "qkv", None) is not None:
+                meta["kv_heads"] = int(value.shape[1])
+                continue  # views of the fused rows: rebuilt from them
             _pack_array(arrays, meta, f.name, value)
         elif f.name == "options":
             opts = {}
@@ -245,8 +266,10 @@ def _load_case(path: Path) -> tuple[Case, str, dict[str, Any]]:
         for f in fields(cls):
             if f.name not in values and f.name in ("query_start_loc", "pool", "qkv"):
                 values[f.name] = None
-        if values.get("qkv") is not None:
+        if values.get("qkv") is not None and "query_heads" in meta:
             values["query"] = query_view(values["qkv"], int(meta["query_heads"]))
+        if values.get("qkv") is not None and "kv_heads" in meta:
+            values["key"], values["value"] = kv_views(values["qkv"], int(meta["kv_heads"]))
         if values.get("pool") is not None:
             values["key_cache"], values["value_cache"] = pool_views(values["pool"], int(values["layer"]),
                                                                     int(values["query"].shape[-1]))

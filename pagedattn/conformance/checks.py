@@ -37,6 +37,7 @@ from pagedattn.conformance.cases import (
     WriteKVCase,
     device_arguments,
     device_caches,
+    device_kv,
     host_result,
     run_case,
 )
@@ -577,7 +578,7 @@ def write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
     kv_ops.write_kv(case.key, case.value, expected_k, expected_v, case.slot_mapping, kv_layout=case.kv_layout,
                     k_scale=case.k_scale, v_scale=case.v_scale)
     key_cache, value_cache = backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy())
-    backend.write_kv(backend.to_device(case.key), backend.to_device(case.value), key_cache, value_cache,
+    backend.write_kv(*device_kv(backend, case), key_cache, value_cache,
                      backend.to_device(case.slot_mapping), kv_layout=case.kv_layout, k_scale=case.k_scale,
                      v_scale=case.v_scale)
     backend.synchronize()

@@ -664,7 +664,8 @@ def far_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
     key = rng.standard_normal((len(slots), heads, head_dim)).astype(numpy_dtype(dtype))
     value = rng.standard_normal((len(slots), heads, head_dim)).astype(numpy_dtype(dtype))
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
-                       slot_mapping=slots.astype(np.int64), kv_layout=kv_layout, **scales)
+                       slot_mapping=slots.astype(np.int64), kv_layout=kv_layout,
+                       k_scale=scales.get("k_scale", 1.0), v_scale=scales.get("v_scale", 1.0))
 
 
 @st.composite
@@ -1263,7 +1264,7 @@ def far_row_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype
     for x in (key, value):
         x[tokens] = rng.standard_normal((tokens.size, heads, head_dim)).astype(x.dtype)
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1], slot_mapping=slots,
-                       kv_layout=kv_layout, **scales)
+                       kv_layout=kv_layout, k_scale=scales.get("k_scale", 1.0), v_scale=scales.get("v_scale", 1.0))
 
 
 # -- many query tokens: past a grid's y and z limit ------------------------------------------------

@@ -32,7 +32,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
-from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, MergeCase, WriteKVCase
+from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, MergeCase, WriteKVCase, kv_views
 from pagedattn.spec.case import pool_views, query_view
 from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
@@ -558,7 +558,8 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
     """Return a strategy for a :class:`WriteKVCase`: unique slots (some -1) into garbage-filled caches.
 
     Slots are drawn from the whole pool, so neighbours of written slots hold garbage that must
-    survive. Shrinks towards one token, one head.
+    survive. Key and value are sometimes views of fused QKV rows, garbage in the query heads.
+    Shrinks towards one token, one head, arrays of their own.
     """
     heads = draw(st.integers(1, 3), label="num_kv_heads")
     head_dim = draw(st.sampled_from((8, 16, 64, 80)), label="head_dim")
@@ -580,9 +581,16 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
         caches = [np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in caches]
     key = rng.standard_normal((T, heads, head_dim)).astype(numpy_dtype(dtype))
     value = rng.standard_normal((T, heads, head_dim)).astype(numpy_dtype(dtype))
+    qkv = None
+    if draw(st.booleans(), label="fused_qkv"):  # key and value views of a fused projection's rows
+        query_heads = heads * draw(st.sampled_from((1, 4, 7)), label="group")
+        with np.errstate(over="ignore", invalid="ignore"):
+            qkv = _garbage(rng, garbage, (T, query_heads + 2 * heads, head_dim)).astype(numpy_dtype(dtype))
+        qkv[:, query_heads:query_heads + heads], qkv[:, query_heads + heads:] = key, value
+        key, value = kv_views(qkv, heads)
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
                        slot_mapping=slots.astype(index_dtype), kv_layout=kv_layout,
-                       k_scale=scales[0], v_scale=scales[1])
+                       k_scale=scales[0], v_scale=scales[1], qkv=qkv)
 
 
 @st.composite

@@ -11,7 +11,7 @@ from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.conformance import checks
 from pagedattn.conformance.assertions import ConformanceFailure
-from pagedattn.conformance.cases import device_arguments, device_caches, load_case, save_case
+from pagedattn.conformance.cases import WriteKVCase, device_arguments, device_caches, load_case, save_case
 from pagedattn.conformance.strategies import (
     ARRANGEMENTS,
     attention_cases,
@@ -175,6 +175,8 @@ def test_operation_cases_round_trip_and_pass_on_the_reference(data, tmp_path_fac
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
         else:
             assert a == b
+    if isinstance(case, WriteKVCase) and case.qkv is not None:  # key and value stay views of the rows
+        assert loaded.key.strides == case.key.strides and np.shares_memory(loaded.value, loaded.qkv)
     assert checks.CHECKS[name](NumpyBackend(), loaded) <= 1.0
 
 
