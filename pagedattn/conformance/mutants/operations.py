@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
+from pagedattn.conformance.mutants.kernel import SteppedKernelBackend, read_as_dense
 from pagedattn.spec import kv_ops
 from pagedattn.spec.dtypes import numpy_dtype
 
@@ -23,6 +23,18 @@ class WriteKVClobbersNeighbour(SteppedKernelBackend):
                 block, offset = divmod(int(slot), problem.block_size)
                 if slot >= 0 and offset + 1 < problem.block_size:
                     view[block, offset + 1] = (np.asarray(x[t], np.float64) / scale).astype(cache.dtype)
+
+
+class WriteKVRowsAssumedDense(SteppedKernelBackend):
+    bug = ("write_kv reads key and value rows as dense [T, Hkv, D]: views of fused QKV rows are read, from "
+           "the second token on, among other tokens' heads and the query's")
+    models = ("vLLM's reshape_and_cache takes key.stride(0) and value.stride(0), keys and values being views of "
+              "fused QKV rows (its launcher as quoted in ROCm/aiter PR 2772); the query side: ai-bond/"
+              "flash-attention-v100 issue 41")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        super()._write_kv(problem, read_as_dense(np.asarray(key)), read_as_dense(np.asarray(value)),
+                          key_cache, value_cache, slot_mapping)
 
 
 class WriteKVScaleMultiplies(SteppedKernelBackend):
