@@ -29,8 +29,8 @@ class WriteKVRowsAssumedDense(SteppedKernelBackend):
     bug = ("write_kv reads key and value rows as dense [T, Hkv, D]: views of fused QKV rows are read, from "
            "the second token on, among other tokens' heads and the query's")
     models = ("vLLM's reshape_and_cache takes key.stride(0) and value.stride(0), keys and values being views of "
-              "fused QKV rows (its launcher as quoted in ROCm/aiter PR 2772); the query side: ai-bond/"
-              "flash-attention-v100 issue 41")
+              "fused QKV rows (its launcher as quoted in ROCm/aiter PR 2772); the query side: "
+              "ai-bond/flash-attention-v100 issue 41")
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         super()._write_kv(problem, read_as_dense(np.asarray(key)), read_as_dense(np.asarray(value)),
