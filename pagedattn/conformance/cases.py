@@ -150,16 +150,29 @@ class CopyBlocksCase(_ShortRepr):
 
 @dataclass(frozen=True)
 class MergeCase(_ShortRepr):
-    """A ``merge_states`` call: outs ``[T, H, D]``, lses float32 ``[T, H]`` (-inf = empty part)."""
+    """A ``merge_states`` call: outs ``[T, H, D]``, lses float32 ``[T, H]`` (-inf = empty part);
+    with ``lse_heads_first`` the lses reach the backend as transposed views of ``[H, T]`` arrays,
+    the layout FlashAttention returns (:func:`device_merge_arguments`)."""
 
     out_a: np.ndarray
     lse_a: np.ndarray
     out_b: np.ndarray
     lse_b: np.ndarray
+    lse_heads_first: bool = False
 
     def __repr__(self) -> str:
+        layout = ", lse_heads_first=True" if self.lse_heads_first else ""
         return (f"MergeCase(out_a={summary(self.out_a)}, lse_a={self.lse_a.tolist()},"
-                f" lse_b={self.lse_b.tolist()})")
+                f" lse_b={self.lse_b.tolist()}{layout})")
+
+
+def device_merge_arguments(backend: Backend, case: MergeCase) -> tuple[Any, Any, Any, Any]:
+    """``merge_states``' arguments on the backend's device; with ``lse_heads_first`` each lse the
+    view ``.T`` of a device array ``[H, T]`` (strided, as an engine holding FlashAttention's lse passes it)."""
+    def lse(x: np.ndarray) -> Any:
+        return backend.to_device(np.ascontiguousarray(x.T)).T if case.lse_heads_first else backend.to_device(x)
+
+    return backend.to_device(case.out_a), lse(case.lse_a), backend.to_device(case.out_b), lse(case.lse_b)
 
 
 Case = AttentionCase | WriteKVCase | CopyBlocksCase | MergeCase

@@ -38,6 +38,7 @@ from pagedattn.conformance.cases import (
     device_arguments,
     device_caches,
     device_kv,
+    device_merge_arguments,
     host_result,
     run_case,
 )
@@ -649,8 +650,7 @@ def far_merge_rows_match_spec(backend: Backend, case: MergeCase) -> float:
 def _merged_rows_match_spec(backend: Backend, case: MergeCase, rows: np.ndarray) -> float:
     """merge_states of the whole case; its ``rows`` compared with the exact merge of those rows."""
     __tracebackhide__ = True
-    out, lse = backend.merge_states(backend.to_device(case.out_a), backend.to_device(case.lse_a),
-                                    backend.to_device(case.out_b), backend.to_device(case.lse_b))
+    out, lse = backend.merge_states(*device_merge_arguments(backend, case))
     backend.synchronize()
     T, H, D = case.out_a.shape
     dtype = dtype_name(case.out_a.dtype)

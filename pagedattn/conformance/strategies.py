@@ -620,7 +620,8 @@ def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout
 @st.composite
 def merge_cases(draw: st.DrawFn, *, dtype: str) -> MergeCase:
     """Return a strategy for a :class:`MergeCase`: lse values from -inf (empty part, its out NaN)
-    through large ones, one side or both empty. Shrinks towards one token, finite lse."""
+    through large ones, one side or both empty, lses sometimes strided views of ``[H, T]`` arrays.
+    Shrinks towards one token, finite lse."""
     T = draw(st.integers(1, 6), label="num_tokens")
     H = draw(st.integers(1, 4), label="num_heads")
     D = draw(st.sampled_from((8, 64)), label="head_dim")
@@ -634,4 +635,5 @@ def merge_cases(draw: st.DrawFn, *, dtype: str) -> MergeCase:
         lse[side][hole] = -np.inf
         outs[side][hole] = np.nan  # the empty side's out is ignored, even NaN
     return MergeCase(out_a=outs[0].astype(numpy_dtype(dtype)), lse_a=lse[0],
-                     out_b=outs[1].astype(numpy_dtype(dtype)), lse_b=lse[1])
+                     out_b=outs[1].astype(numpy_dtype(dtype)), lse_b=lse[1],
+                     lse_heads_first=draw(st.booleans(), label="lse_heads_first"))
