@@ -68,6 +68,17 @@ class CopyBlocksSequential(SteppedKernelBackend):
                 cache[dst] = cache[src]
 
 
+class MergeLseAssumedDense(SteppedKernelBackend):
+    bug = ("merge_states reads each lse as dense [T, H]: an lse passed as the transposed view of an [H, T] "
+           "array (FlashAttention's layout) is read with heads along the tokens")
+    models = ("vllm-project/vllm PR 57012 (an lse of (tokens, heads) indexed as (heads, tokens) in chunked-context "
+              "merges); vllm-project/vllm-xpu-kernels PR 479 (an lse layout other than merge_attn_states' "
+              "[heads, tokens]: accuracy lost); Dao-AILab/flash-attention PR 2388 (lse strides hard-coded)")
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        return super()._merge_states(out_a, read_as_dense(np.asarray(lse_a)), out_b, read_as_dense(np.asarray(lse_b)))
+
+
 class MergeNaNOnEmpty(SteppedKernelBackend):
     bug = "merge_states weights exp(lse - max) without a guard: -inf on both sides or NaN out gives NaN"
     models = "merge of attention states with -inf lse"
