@@ -23,7 +23,7 @@ import numpy as np
 
 from pagedattn.backends.interface import Backend
 from pagedattn.errors import PagedAttentionError
-from pagedattn.spec.case import AttentionCase, pool_views, pretty, query_view, summary
+from pagedattn.spec.case import AttentionCase, pool_views, pretty, query_view, summary, table_view
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 from pagedattn.spec.pools import occupied_blocks
 
@@ -54,7 +54,8 @@ def device_arguments(backend: Backend, case: AttentionCase, caches: tuple[Any, A
                      to_device: Callable[[np.ndarray], Any] | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)`` of ``case`` on
     the backend's device (the caches given, from :func:`device_caches`; the query, or the fused
-    rows it is a view of, through ``to_device``, by default ``backend.to_device``), and its options."""
+    rows it is a view of, through ``to_device``, by default ``backend.to_device``; the block table,
+    or the wider table it is a view of, through ``backend.to_device``), and its options."""
     key_cache, value_cache, _ = caches
     options = dict(case.options)
     if options.get("alibi_slopes") is not None:
@@ -63,7 +64,9 @@ def device_arguments(backend: Backend, case: AttentionCase, caches: tuple[Any, A
     to_device = to_device or backend.to_device
     # a query of fused QKV rows reaches the backend as the strided view an engine passes
     query = to_device(case.query) if case.qkv is None else query_view(to_device(case.qkv), case.query.shape[1])
-    tables, lens = backend.to_device(case.block_tables), backend.to_device(case.seq_lens)
+    tables = (backend.to_device(case.block_tables) if case.wide_tables is None
+              else table_view(backend.to_device(case.wide_tables), case.block_tables.shape[1]))
+    lens = backend.to_device(case.seq_lens)
     arrays = (query, key_cache, value_cache, tables, lens, qsl)
     return arrays, options
 
@@ -225,6 +228,9 @@ def save_case(path: str | Path, case: Case, *, check: str, context: dict[str, An
             if f.name == "query" and getattr(case, "qkv", None) is not None:
                 meta["query_heads"] = int(value.shape[1])
                 continue  # a view of the fused rows: rebuilt from them
+            if f.name == "block_tables" and getattr(case, "wide_tables", None) is not None:
+                meta["table_width"] = int(value.shape[1])
+                continue  # a view of the wider table: rebuilt from it
             if f.name in ("key", "value") and getattr(case, "qkv", None) is not None:
                 meta["kv_heads"] = int(value.shape[1])
                 continue  # views of the fused rows: rebuilt from them
@@ -277,10 +283,12 @@ def _load_case(path: Path) -> tuple[Case, str, dict[str, Any]]:
                     options[name[len("option."):]] = _unpack(data, meta, name)
             values["options"] = options
         for f in fields(cls):
-            if f.name not in values and f.name in ("query_start_loc", "pool", "qkv"):
+            if f.name not in values and f.name in ("query_start_loc", "pool", "qkv", "wide_tables"):
                 values[f.name] = None
         if values.get("qkv") is not None and "query_heads" in meta:
             values["query"] = query_view(values["qkv"], int(meta["query_heads"]))
+        if values.get("wide_tables") is not None:
+            values["block_tables"] = table_view(values["wide_tables"], int(meta["table_width"]))
         if values.get("qkv") is not None and "kv_heads" in meta:
             values["key"], values["value"] = kv_views(values["qkv"], int(meta["kv_heads"]))
         if values.get("pool") is not None:

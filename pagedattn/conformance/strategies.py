@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, MergeCase, WriteKVCase, kv_views
-from pagedattn.spec.case import pool_views, query_view
+from pagedattn.spec.case import pool_views, query_view, table_view
 from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "merge_cases",
     "query_layouts",
     "seq_lens",
+    "wider_table",
     "write_kv_cases",
 ]
 
@@ -533,11 +534,26 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
     if draw(st.booleans(), label="fused_qkv"):  # the query a view of a fused projection's rows
         qkv = fused_qkv_rows(rng, query, heads.num_kv_heads, garbage)
         query = query_view(qkv, heads.num_q_heads)
+    tables, wide = pool.block_tables, None
+    if draw(st.booleans(), label="table_view"):  # the block table a view of an engine's wider one
+        wide = wider_table(rng, tables, pool.num_blocks, draw(st.integers(1, 5), label="table_extra_columns"))
+        tables = table_view(wide, pool.block_tables.shape[1])
     return AttentionCase(
-        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=pool.block_tables,
+        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=tables,
         seq_lens=layout.seq_lens, query_start_loc=layout.query_start_loc, options=options,
-        pool=pool_array, layer=layer, qkv=qkv, seed=draw(_SEEDS, label="variant_seed"), labels=labels,
+        pool=pool_array, layer=layer, qkv=qkv, wide_tables=wide, seed=draw(_SEEDS, label="variant_seed"),
+        labels=labels,
     )
+
+
+def wider_table(rng: np.random.Generator, tables: np.ndarray, num_blocks: int, extra: int) -> np.ndarray:
+    """``tables`` with ``extra`` more columns, as an engine keeps a table as wide as its longest
+    sequence may grow and passes the columns a batch needs: the extra columns hold block ids in
+    use by other sequences (where any is), so a kernel that takes the rows as dense reads real
+    blocks, the wrong ones."""
+    in_use = tables[(tables >= 0) & (tables < num_blocks)]
+    fill = rng.choice(in_use, size=(tables.shape[0], extra)) if in_use.size else np.full((tables.shape[0], extra), -1)
+    return np.concatenate([tables, fill.astype(tables.dtype)], axis=1)
 
 
 def fused_qkv_rows(rng: np.random.Generator, query: np.ndarray, num_kv_heads: int, garbage: str) -> np.ndarray:

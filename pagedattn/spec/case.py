@@ -41,6 +41,20 @@ def query_view(qkv: Any, num_q_heads: int) -> Any:
     return qkv[:, :num_q_heads]
 
 
+def table_view(wide_tables: Any, width: int) -> Any:
+    """The block table ``[num_seqs, width]`` as the view ``wide_tables[:, :width]`` of an engine's
+    wider table (host or device array): its stride between rows is the wider table's."""
+    return wide_tables[:, :width]
+
+
+#: Fields of :class:`AttentionCase` that are views of another field when it is set: the view,
+#: the array it is a view of, and how the view is taken (from the array and the view's shape).
+_BACKED_VIEWS: tuple[tuple[str, str, Any], ...] = (
+    ("query", "qkv", lambda qkv, shape: query_view(qkv, shape[1])),
+    ("block_tables", "wide_tables", lambda wide, shape: table_view(wide, shape[1])),
+)
+
+
 @dataclass(frozen=True, repr=False)
 class AttentionCase:
     """One paged-attention call on host arrays; ``query_start_loc`` None means decode.
@@ -50,8 +64,9 @@ class AttentionCase:
     ``[num_blocks, 2, num_layers, ...]`` of which ``key_cache`` and ``value_cache`` are strided
     views (:func:`pool_views`: its rows may be longer than head_dim). ``qkv`` (when not None) is a
     fused QKV projection's rows ``[T, Hq + 2 * Hkv, D]`` of which ``query`` is the strided view
-    (:func:`query_view`). ``seed`` drives the variants the invariant checks build; ``labels``
-    describe the case (its name, or a strategy's draw).
+    (:func:`query_view`), ``wide_tables`` (when not None) a wider block table of which
+    ``block_tables`` is the view (:func:`table_view`). ``seed`` drives the variants the invariant
+    checks build; ``labels`` describe the case (its name, or a strategy's draw).
     """
 
     query: np.ndarray
@@ -64,6 +79,7 @@ class AttentionCase:
     pool: np.ndarray | None = None
     layer: int = 0
     qkv: np.ndarray | None = None
+    wide_tables: np.ndarray | None = None
     seed: int = 0
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -98,25 +114,27 @@ class AttentionCase:
                 self.query_start_loc)
 
     def replace(self, **changes: Any) -> AttentionCase:
-        """Return a copy with some fields changed. The caches follow ``pool`` when it changes, and
-        the query ``qkv``; a new query of the same shape is written into a copy of ``qkv`` (the
-        key and value rows kept), one of another shape is an array of its own."""
+        """Return a copy with some fields changed. The caches follow ``pool`` when it changes, the
+        query ``qkv`` and the block table ``wide_tables``. A new query (block table) of the same
+        shape and dtype is written into a copy of the array it was a view of, the rest of it kept;
+        one of another shape is an array of its own."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         if "pool" in changes and changes["pool"] is not None:
             values["key_cache"], values["value_cache"] = pool_views(changes["pool"], values["layer"],
                                                                     int(values["query"].shape[-1]))
-        qkv = values["qkv"]
-        if "qkv" in changes and qkv is not None:
-            values["query"] = query_view(qkv, self.query.shape[1])
-        elif "query" in changes and qkv is not None:
-            query = changes["query"]
-            if query.shape == self.query.shape and query.dtype == qkv.dtype:
-                values["qkv"] = qkv.copy()
-                values["query"] = query_view(values["qkv"], query.shape[1])
-                values["query"][...] = query
-            else:
-                values["qkv"] = None
+        for name, backing, view in _BACKED_VIEWS:
+            array, old = values[backing], getattr(self, name)
+            if backing in changes and array is not None:
+                values[name] = view(array, old.shape)
+            elif name in changes and array is not None:
+                new = np.asarray(changes[name])
+                if new.shape == old.shape and new.dtype == array.dtype:
+                    values[backing] = array.copy()
+                    values[name] = view(values[backing], old.shape)
+                    values[name][...] = new
+                else:
+                    values[backing] = None
         return AttentionCase(**values)
 
     def with_options(self, **options: Any) -> AttentionCase:
@@ -130,8 +148,9 @@ class AttentionCase:
         qsl = None if self.query_start_loc is None else self.query_start_loc.tolist()
         pool = "" if self.pool is None else f", pool={summary(self.pool)}[:, k/v, {self.layer}]"
         qkv = "" if self.qkv is None else f" of qkv={summary(self.qkv)}"
+        wide = "" if self.wide_tables is None else f" of {summary(self.wide_tables)}"
         return (
             f"AttentionCase(query={summary(self.query)}{qkv}, key_cache={summary(self.key_cache)}{pool},"
             f" seq_lens={self.seq_lens.tolist()}, query_start_loc={qsl},"
-            f" block_tables={self.block_tables.tolist()}, options={opts}, labels={self.labels})"
+            f" block_tables={self.block_tables.tolist()}{wide}, options={opts}, labels={self.labels})"
         )

@@ -20,6 +20,7 @@ from pagedattn.conformance.strategies import (
     head_configs,
     query_layouts,
     seq_lens,
+    wider_table,
 )
 from pagedattn.spec.arrays import check_paged_attention
 
@@ -211,6 +212,22 @@ def test_a_fused_qkv_query_reaches_the_backend_strided_and_follows_replace():
     assert np.array_equal(case.query, plain.query)  # the original rows untouched
     longer = np.concatenate([case.query, case.query])
     assert case.replace(query=longer).qkv is None  # another shape: a query of its own
+
+
+def test_a_block_table_view_of_a_wider_table_reaches_the_backend_strided_and_round_trips(tmp_path):
+    plain = _case()
+    wide = wider_table(np.random.default_rng(0), plain.block_tables, plain.key_cache.shape[0], 3)
+    case = plain.replace(wide_tables=wide)
+    assert np.shares_memory(case.block_tables, wide) and np.array_equal(case.block_tables, plain.block_tables)
+    arrays, _ = device_arguments(NumpyBackend(), case, device_caches(NumpyBackend(), case))
+    assert arrays[3].strides == wide.strides and arrays[3].shape == plain.block_tables.shape
+    assert checks.matches_spec(NumpyBackend(), case) <= 1.0
+    loaded, _, _ = load_case(save_case(tmp_path / "c.npz", case, check="matches_spec"))
+    assert loaded.block_tables.strides == case.block_tables.strides
+    assert np.array_equal(loaded.wide_tables, wide)
+    moved = case.replace(block_tables=plain.block_tables[::-1].copy())  # same shape: into a copy of the wide table
+    assert moved.wide_tables is not wide and np.array_equal(moved.wide_tables[:, plain.block_tables.shape[1]:],
+                                                           wide[:, plain.block_tables.shape[1]:])
 
 
 def test_the_replay_check_calls_a_plan_that_is_not_capturable_unsupported():
