@@ -301,6 +301,20 @@ class QueryRowsAssumedDense(SteppedKernelBackend):
         return read_as_dense(np.asarray(query))
 
 
+class TableRowsAssumedDense(SteppedKernelBackend):
+    bug = ("reads the block table's rows as dense [num_seqs, max_blocks_per_seq]: a view of a wider table is "
+           "read at s * max_blocks_per_seq, among the columns of other rows")
+    models = ("NVIDIA/TensorRT-LLM PR 17285 (a non-contiguous view of block indices read as a contiguous "
+              "allocation: wrong KV pages, wrong or non-finite output); vLLM's paged_attention kernels step "
+              "block_tables by block_tables.size(1)")
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return read_as_dense(np.asarray(block_tables))
+
+    def table_row(self, plan, s):
+        return plan.state[s].astype(np.int64)
+
+
 class CacheRowsAsWords(SteppedKernelBackend):
     bug = "reads 16-bit and fp8 caches as 32-bit words of values, its strides rounded down to whole words"
     models = ("caches read as words of two or four values (an fp8 tile has no transposing ldmatrix of bytes, "

@@ -24,7 +24,8 @@ State = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def read_with_strides(array: np.ndarray, strides: tuple[int, ...]) -> np.ndarray:
     """``array``'s memory read with other byte ``strides``, as wrong address arithmetic reads it."""
-    bits = array.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[array.itemsize])  # as_strided needs a numpy dtype
+    # as_strided needs a numpy dtype
+    bits = array.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[array.itemsize])
     return np.lib.stride_tricks.as_strided(bits, shape=array.shape, strides=strides).view(array.dtype)
 
 
@@ -49,6 +50,10 @@ class SteppedKernelBackend(NumpyBackend):
     def queries(self, query: Any, problem: AttentionProblem) -> np.ndarray:
         """The query ``[T, Hq, D]`` as the kernel reads it: by its strides."""
         return np.asarray(query)
+
+    def table_row(self, plan: Plan, s: int) -> np.ndarray:
+        """Sequence ``s``'s row of the block table, as the plan holds it."""
+        return plan.problem.block_tables[s]
 
     def scale(self, problem: AttentionProblem) -> float:
         return problem.scale
@@ -168,7 +173,7 @@ class SteppedKernelBackend(NumpyBackend):
             length = int(pr.seq_lens[s])
             q, p_q = q_all[start:stop], p_q_all[start:stop]
             n = stop - start
-            row = pr.block_tables[s]
+            row = self.table_row(plan, s)
             states: list[State] = []
             for part in self.parts(self.logical_blocks(length, bs, p_q, pr), length, pr):
                 m = np.full((n, Hq), self.initial_max(), dtype=F32)
