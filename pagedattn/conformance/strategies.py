@@ -9,8 +9,9 @@ One strategy per contract object, small ones composed into big ones:
   block ids >= 32768; unused entries holding -1, 2**31-1 or another sequence's valid id);
 - :func:`attention_cases`, which puts them together with caches of a layout and dtype
   (optionally strided views of a multi-layer pool), a query (optionally a strided view of
-  fused QKV rows, :func:`fused_qkv_rows`), a value pattern and the options of one feature,
-  into an :class:`~pagedattn.conformance.cases.AttentionCase`;
+  fused QKV rows, :func:`fused_qkv_rows`), a block table (optionally a view of a wider one,
+  :func:`wider_table`), a value pattern and the options of one feature, into an
+  :class:`~pagedattn.conformance.cases.AttentionCase`;
 - :func:`write_kv_cases`, :func:`copy_blocks_cases`, :func:`merge_cases` for the other
   operations.
 
