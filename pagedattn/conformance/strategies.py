@@ -533,7 +533,7 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
     }
     qkv = None
     if draw(st.booleans(), label="fused_qkv"):  # the query a view of a fused projection's rows
-        qkv = fused_qkv_rows(rng, query, heads.num_kv_heads, garbage)
+        qkv = fused_qkv_rows(rng, garbage, heads.num_q_heads, heads.num_kv_heads, query=query)
         query = query_view(qkv, heads.num_q_heads)
     tables, wide = pool.block_tables, None
     if draw(st.booleans(), label="table_view"):  # the block table a view of an engine's wider one
@@ -557,14 +557,20 @@ def wider_table(rng: np.random.Generator, tables: np.ndarray, num_blocks: int, e
     return np.concatenate([tables, fill.astype(tables.dtype)], axis=1)
 
 
-def fused_qkv_rows(rng: np.random.Generator, query: np.ndarray, num_kv_heads: int, garbage: str) -> np.ndarray:
-    """A fused QKV projection's rows ``[T, Hq + 2 * Hkv, D]`` as an engine splits them: ``query`` in
-    the first ``Hq`` heads, garbage of kind ``garbage`` in the key and value heads, which attention
-    never reads (a kernel that takes the query's rows as dense reads them from the second token on)."""
-    T, Hq, D = query.shape
+def fused_qkv_rows(rng: np.random.Generator, garbage: str, num_q_heads: int, num_kv_heads: int, *,
+                   query: np.ndarray | None = None, key: np.ndarray | None = None,
+                   value: np.ndarray | None = None) -> np.ndarray:
+    """A fused QKV projection's rows ``[T, Hq + 2 * Hkv, D]`` as an engine splits them: the parts
+    given in their heads (query, then key, then value), garbage of kind ``garbage`` in the others,
+    which the call never reads (a kernel that takes a view's rows as dense reads them from the
+    second token on)."""
+    given = next(x for x in (query, key, value) if x is not None)
+    T, _, D = given.shape
     with np.errstate(over="ignore", invalid="ignore"):
-        qkv = _garbage(rng, garbage, (T, Hq + 2 * num_kv_heads, D)).astype(query.dtype)
-    qkv[:, :Hq] = query
+        qkv = _garbage(rng, garbage, (T, num_q_heads + 2 * num_kv_heads, D)).astype(given.dtype)
+    for first, part in zip((0, num_q_heads, num_q_heads + num_kv_heads), (query, key, value), strict=True):
+        if part is not None:
+            qkv[:, first:first + part.shape[1]] = part
     return qkv
 
 
@@ -601,9 +607,7 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
     qkv = None
     if draw(st.booleans(), label="fused_qkv"):  # key and value views of a fused projection's rows
         query_heads = heads * draw(st.sampled_from((1, 4, 7)), label="group")
-        with np.errstate(over="ignore", invalid="ignore"):
-            qkv = _garbage(rng, garbage, (T, query_heads + 2 * heads, head_dim)).astype(numpy_dtype(dtype))
-        qkv[:, query_heads:query_heads + heads], qkv[:, query_heads + heads:] = key, value
+        qkv = fused_qkv_rows(rng, garbage, query_heads, heads, key=key, value=value)
         key, value = kv_views(qkv, heads)
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
                        slot_mapping=slots.astype(index_dtype), kv_layout=kv_layout,

@@ -200,7 +200,7 @@ def test_the_plan_check_runs_other_blocks_and_the_next_layers_negated_contents(d
 def test_a_fused_qkv_query_reaches_the_backend_strided_and_follows_replace():
     plain = _case()
     rng = np.random.default_rng(0)
-    rows = fused_qkv_rows(rng, plain.query, plain.key_cache.shape[2], "nan")
+    rows = fused_qkv_rows(rng, "nan", plain.query.shape[1], plain.key_cache.shape[2], query=plain.query)
     case = plain.replace(qkv=rows)
     assert np.shares_memory(case.query, rows) and np.array_equal(case.query, plain.query)
     (query, *_), _ = device_arguments(NumpyBackend(), case, device_caches(NumpyBackend(), case))
