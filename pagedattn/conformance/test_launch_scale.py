@@ -124,6 +124,29 @@ def test_large_batches_match_spec(request, backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_large_batch_plans_serve_many_runs(request, backend, dtype):
+    """A plan of the large batches used as an engine uses it: beside a second plan, run on the next
+    layer's query and caches, then on the first arrays again. Every run within the error model; an
+    earlier run's out and lse kept; the same arrays give the same bits (a persistent kernel's work
+    counter zeroed at plan, not at each run, gives a later run no work). Unsupported in an interpreter."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, large_batch_cases, checks.plan_serves_many_runs, limits, dtype=dtype,
+                   feature="large_batch_plans", max_examples=limits.batch_examples,
+                   requires={"launch_limits": True})
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_large_batch_captured_runs_replay_new_contents(request, backend, dtype):
+    """A plan of the large batches captured in a CUDA graph, replayed after the next layer's query and
+    caches are written into its arrays: the bits of an eager run (a counter or work list a launch
+    needs reset is reset in the graph too). Unsupported off CUDA and for plans that are not capturable."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, large_batch_cases, checks.replay_matches_eager, limits, dtype=dtype,
+                   feature="large_batch_replays", max_examples=limits.batch_examples,
+                   requires={"launch_limits": True, "device": "cuda"})
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
 def test_many_tokens_match_spec(request, backend, dtype):
     """More than 65,535 query tokens in one call (256 prompts of 256 queries under a short window;
     past a CUDA grid's y and z limit), within the error model; inputs untouched. A backend run in

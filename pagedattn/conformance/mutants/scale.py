@@ -480,6 +480,32 @@ class WorkListOneWave(UnwrittenOutputKernel):
         return rows
 
 
+class WorkCounterZeroedAtPlan(UnwrittenOutputKernel):
+    bug = ("past one wave, a persistent kernel's CTAs take (sequence, KV head) pairs from a counter that plan "
+           "zeroes once: the first run leaves it at the end of the list, so a later run of the plan takes no pair "
+           "and writes nothing")
+    models = ("ROCm/aiter PR 4916 (a split-K counter zeroed once where it is allocated: a replay finds it "
+              "non-zero); flashinfer-ai/flashinfer issue 4002 (a planner's scheduler entries left stale for "
+              "a graph's padded CTAs)")
+
+    #: whether the run under way found the counter at the end of its list
+    exhausted = False
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return {"taken": 0}
+
+    def unwritten(self, problem):
+        return np.full((problem.num_tokens, problem.num_q_heads), self.exhausted)
+
+    def _run(self, plan, query, key_cache, value_cache):
+        items = plan.problem.num_seqs * plan.problem.num_kv_heads
+        persistent = items > PERSISTENT_CTAS  # a smaller list launches one CTA per pair
+        self.exhausted = persistent and plan.state["taken"] >= items
+        if persistent:
+            plan.state["taken"] = items
+        return super()._run(plan, query, key_cache, value_cache)
+
+
 #: The most blocks a CUDA grid's y or z axis takes.
 GRID_YZ_LIMIT = 65_535
 
