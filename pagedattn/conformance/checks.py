@@ -445,6 +445,20 @@ def replay_matches_eager(backend: Backend, case: AttentionCase) -> float:
 STREAM_DELAY_CYCLES = 2**26
 
 
+def _torch_with_streams(backend: Backend, operation: str) -> Any:
+    """torch, for a check that sets its CUDA streams; unsupported unless ``backend`` takes torch
+    CUDA tensors and a CUDA device is here."""
+    if not takes_torch_cuda(backend):
+        raise UnsupportedError(operation, "it does not take torch CUDA tensors, whose streams this check sets",
+                               backend=backend.name, capability="cuda_streams")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UnsupportedError(operation, "no CUDA device, whose streams this check sets", backend=backend.name,
+                               capability="cuda_streams")
+    return torch
+
+
 def run_follows_callers_stream(backend: Backend, case: AttentionCase) -> float:
     """As an engine runs a layer on a side stream of its own (torch's streams do not wait for the
     default stream): the plan made and run once on the default stream; then, queued on a side
@@ -454,14 +468,7 @@ def run_follows_callers_stream(backend: Backend, case: AttentionCase) -> float:
     default stream, on one of its own or on the plan's. Unsupported unless the backend takes torch
     CUDA tensors and a CUDA device is here."""
     __tracebackhide__ = True
-    if not takes_torch_cuda(backend):
-        raise UnsupportedError("run", "it does not take torch CUDA tensors, whose streams this check sets",
-                               backend=backend.name, capability="cuda_streams")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UnsupportedError("run", "no CUDA device, whose streams this check sets", backend=backend.name,
-                               capability="cuda_streams")
+    torch = _torch_with_streams(backend, "run")
     layer = next_layer(case, plan_check_rng(case))
     return_lse = bool(case.options.get("return_lse"))
     plan, arrays, caches = _plan_as_engine(backend, case)
@@ -480,6 +487,79 @@ def run_follows_callers_stream(backend: Backend, case: AttentionCase) -> float:
                           "a run on the caller's stream, behind a delay, differs from an eager run on the same "
                           "contents", " (a run on the caller's side stream, behind a delay, on the next layer's "
                           "contents)")
+
+
+class _InputsLandLate:
+    """``backend`` as an operation check meets it when the caller works on a side stream: every array
+    the check hands over is a torch CUDA tensor, of zeros where it holds data (index arrays hold
+    theirs, so that a check of them on the host passes), and the operation is called on a side
+    stream behind a delay (:data:`STREAM_DELAY_CYCLES`), right after the arrays' contents are
+    written there. An operation launched anywhere but the caller's current stream reads the zeros,
+    or its writes are overwritten by the contents landing after them."""
+
+    def __init__(self, backend: Backend, torch: Any) -> None:
+        self._backend, self._torch = backend, torch
+        self._landing: list[tuple[Any, Any]] = []  # (the array handed over, the contents it gets)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def to_device(self, array: np.ndarray) -> Any:
+        contents = engine_array(self._backend, array)
+        handed = engine_array(self._backend, array if array.dtype.kind in "iu" else np.zeros_like(array))
+        self._landing.append((handed, contents))
+        return handed
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize()
+
+    def _late(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        torch = self._torch
+        torch.cuda.synchronize()  # the side stream below waits for nothing queued before it
+        with torch.cuda.stream(torch.cuda.Stream()):
+            torch.cuda._sleep(STREAM_DELAY_CYCLES)
+            for handed, contents in self._landing:
+                handed.copy_(contents)
+            return getattr(self._backend, operation)(*args, **kwargs)
+
+    def write_kv(self, *args: Any, **kwargs: Any) -> None:
+        self._late("write_kv", *args, **kwargs)
+
+    def copy_blocks(self, *args: Any, **kwargs: Any) -> None:
+        self._late("copy_blocks", *args, **kwargs)
+
+    def merge_states(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        return self._late("merge_states", *args, **kwargs)  # type: ignore[no-any-return]
+
+
+def _operation_on_callers_stream(check: Callable[[Backend, Any], float], operation: str,
+                                 backend: Backend, case: Any) -> float:
+    """``check`` with the operation called as an engine calls it on a side stream of its own: its
+    inputs written on that stream behind a delay, right before the call (:class:`_InputsLandLate`).
+    Unsupported unless the backend takes torch CUDA tensors and a CUDA device is here."""
+    __tracebackhide__ = True
+    return check(_InputsLandLate(backend, _torch_with_streams(backend, operation)), case)  # type: ignore[arg-type]
+
+
+def write_kv_follows_callers_stream(backend: Backend, case: WriteKVCase) -> float:
+    """:func:`write_kv_matches_spec` with key, value, caches and slot_mapping written on the caller's
+    side stream behind a delay, and write_kv called there: it launches on that stream."""
+    __tracebackhide__ = True
+    return _operation_on_callers_stream(write_kv_matches_spec, "write_kv", backend, case)
+
+
+def copy_blocks_follows_callers_stream(backend: Backend, case: CopyBlocksCase) -> float:
+    """:func:`copy_blocks_matches_spec` with the caches and pairs written on the caller's side stream
+    behind a delay, and copy_blocks called there: it launches on that stream."""
+    __tracebackhide__ = True
+    return _operation_on_callers_stream(copy_blocks_matches_spec, "copy_blocks", backend, case)
+
+
+def merge_states_follows_callers_stream(backend: Backend, case: MergeCase) -> float:
+    """:func:`merge_states_matches_spec` with both states written on the caller's side stream behind
+    a delay, and merge_states called there: it launches on that stream."""
+    __tracebackhide__ = True
+    return _operation_on_callers_stream(merge_states_matches_spec, "merge_states", backend, case)
 
 
 def newest_slots(problem: AttentionProblem) -> np.ndarray:
@@ -901,6 +981,7 @@ CHECKS: dict[str, Check] = {check.__name__: check for check in (
     deterministic, alone_equals_batch,
     plan_serves_many_runs, replay_matches_eager, run_follows_callers_stream, step_writes_then_attends,
     write_kv_matches_spec, copy_blocks_matches_spec, merge_states_matches_spec,
+    write_kv_follows_callers_stream, copy_blocks_follows_callers_stream, merge_states_follows_callers_stream,
     far_pool_matches_spec, far_write_kv_matches_spec, far_copy_blocks_matches_spec, far_rows_match_spec,
     far_merge_rows_match_spec, far_partials_match_spec, far_scores_match_spec, long_chunks_match_spec,
 )}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 import pytest
 
 from pagedattn.conformance import checks
@@ -53,4 +57,27 @@ def test_merge_states_matches_exact_merge(request, backend, dtype):
         request, backend, lambda: merge_cases(dtype=dtype), checks.merge_states_matches_spec,
         cell={"feature": "merge_states", "dtype": dtype, "block_size": "-", "kv_layout": "-"},
         requires={"dtype": dtype, "features": ("merge_states",)},
+    )
+
+
+#: The strategy and stream check of each operation, for the cell below.
+_OPERATION_CELLS: dict[str, tuple[Callable[..., Any], checks.Check]] = {
+    "write_kv": (partial(write_kv_cases, cache_dtype="bfloat16", block_size=16, kv_layout="NHD"),
+                 checks.write_kv_follows_callers_stream),
+    "copy_blocks": (partial(copy_blocks_cases, block_size=16, kv_layout="NHD"),
+                    checks.copy_blocks_follows_callers_stream),
+    "merge_states": (merge_cases, checks.merge_states_follows_callers_stream),
+}
+
+
+@pytest.mark.parametrize("operation", sorted(_OPERATION_CELLS))
+def test_an_operation_follows_the_callers_stream(request, backend, operation):
+    """The operation's inputs written on a side stream behind a delay, and the operation called
+    there: the spec's answer, as ever (it launches on the caller's current stream). Unsupported
+    off CUDA and for backends that do not take torch CUDA tensors."""
+    cases, check = _OPERATION_CELLS[operation]
+    run_property(
+        request, backend, lambda: cases(dtype="bfloat16"), check,
+        cell={"feature": f"{operation}_stream", "dtype": "bfloat16", "block_size": "-", "kv_layout": "-"},
+        requires={"dtype": "bfloat16", "block_size": 16, "kv_layout": "NHD", "features": (operation,)},
     )

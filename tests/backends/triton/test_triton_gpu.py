@@ -221,6 +221,47 @@ def test_a_run_on_a_stream_of_its_own_fails_the_stream_check_and_triton_passes()
         checks.run_follows_callers_stream(OwnStreamTriton(), case)
 
 
+#: One case of each operation (its first among ``operation_cases``) and its stream check.
+STREAM_CHECKED_OPERATIONS = {
+    "write_kv": ("write_kv bfloat16", checks.write_kv_follows_callers_stream),
+    "copy_blocks": ("copy_blocks NHD", checks.copy_blocks_follows_callers_stream),
+    "merge_states": ("merge_states bfloat16", checks.merge_states_follows_callers_stream),
+}
+
+
+@pytest.mark.parametrize("operation", sorted(STREAM_CHECKED_OPERATIONS))
+def test_an_operation_on_a_stream_of_its_own_fails_the_stream_check_and_triton_passes(operation: str) -> None:
+    """The operations' stream checks have teeth: triton made to call the operation on a stream of its
+    own runs it before its inputs land on the caller's stream (or has its writes overwritten by
+    them) and fails; triton as it is passes."""
+    import torch
+
+    from pagedattn.backends.triton.backend import TritonBackend
+
+    class OwnStreamTriton(TritonBackend):
+        """Triton whose ``operation`` launches on a stream of its own, whatever stream the caller is on."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._own_stream = torch.cuda.Stream()
+
+        def __getattribute__(self, name: str) -> Any:
+            method = super().__getattribute__(name)
+            if name != operation:
+                return method
+
+            def on_own_stream(*args: Any, **kwargs: Any) -> Any:
+                with torch.cuda.stream(self._own_stream):
+                    return method(*args, **kwargs)
+            return on_own_stream
+
+    prefix, check = STREAM_CHECKED_OPERATIONS[operation]
+    case = next(p.values[0] for p in operation_cases() if p.id.startswith(prefix))
+    assert check(backend_for(), case) <= 1.0
+    with pytest.raises(ConformanceFailure):
+        check(OwnStreamTriton(), case)
+
+
 @pytest.mark.parametrize("case", [pytest.param(p.values[0], id=p.id, marks=sanitize) for p in operation_cases()])
 def test_cache_operations_match_the_spec(case: object) -> None:
     check_operation(backend_for(), case)  # type: ignore[arg-type]
