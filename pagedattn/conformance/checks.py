@@ -12,6 +12,10 @@ Other operations: :func:`write_kv_matches_spec`, :func:`copy_blocks_matches_spec
 
 from __future__ import annotations
 
+import gc
+import sys
+import tracemalloc
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -365,6 +369,87 @@ def plan_serves_many_runs(backend: Backend, case: AttentionCase) -> float:
         _result_matches_spec(backend, layer, host_result(backend, last, return_lse),
                              " (the first plan's second run: the next layer's query and caches)"),
     )
+
+
+#: Runs of a plan :func:`runs_hold_no_memory` measures, after two that warm caches up.
+MEMORY_RUNS = 8
+
+
+def host_array_bytes() -> int:
+    """Bytes of NumPy array data alive now that tracemalloc traced (NumPy reports its buffers in a
+    tracemalloc domain of its own; Python's own objects are left out)."""
+    gc.collect()
+    traces = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
+    return sum(trace.size for trace in traces.traces)
+
+
+def device_memory_in_use() -> int:
+    """Bytes torch's and CuPy's allocators hand out on the GPU now (their cached free memory not
+    counted), after the device has finished its work; 0 where neither has used a GPU."""
+    total = 0
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        total += torch.cuda.memory_allocated()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        total += cupy.get_default_memory_pool().used_bytes()
+    return total
+
+
+def runs_hold_no_memory(backend: Backend, case: AttentionCase) -> float:
+    """As an engine runs a plan step after step, each time on a query and caches it allocated anew
+    and drops after the step. Once dropped, a step's arrays are freed (the backend keeps no
+    reference to them); over :data:`MEMORY_RUNS` runs, after two that warm caches up, the device
+    memory in use (:func:`device_memory_in_use`) and the NumPy arrays alive on the host
+    (:func:`host_array_bytes`) each grow by less than one run's out and lse. A backend that keeps
+    every run's arrays, or allocates on every run and never frees, runs an engine out of memory.
+    The second run within the error model of its inputs."""
+    __tracebackhide__ = True
+    rng = plan_check_rng(case)
+    return_lse = bool(case.options.get("return_lse"))
+    to_engine = partial(engine_array, backend)
+    plan, arrays, caches = _plan_as_engine(backend, case)
+    del arrays, caches  # an engine keeps its index arrays; the plan holds what it needs of them
+    T, Hq, D = case.query.shape
+    out_bytes = T * Hq * (D * case.query.dtype.itemsize + (4 if return_lse else 0))
+
+    def step() -> tuple[AttentionCase, AttentionResult, list[weakref.ref[Any]]]:
+        layer = next_layer(case, rng)
+        layer_arrays, _ = device_arguments(backend, layer, device_caches(backend, layer, to_engine), to_engine)
+        handed = [weakref.ref(x) for x in layer_arrays[:3]]
+        result = host_result(backend, backend.run(plan, *layer_arrays[:3]), return_lse)
+        return layer, result, handed
+
+    step()
+    layer, result, _ = step()
+    gc.collect()
+    device_before = device_memory_in_use()
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        host_before = host_array_bytes()
+        for _ in range(MEMORY_RUNS):
+            handed = step()[2]
+            gc.collect()
+            names = ("query", "key_cache", "value_cache")
+            kept = [name for name, ref in zip(names, handed, strict=True) if ref() is not None]
+            if kept:
+                raise ConformanceFailure(
+                    f"the backend keeps a reference to {', '.join(kept)} of a run after the caller dropped them and "
+                    f"the run's outputs: an engine's every step would stay in memory {_call(backend, case)}")
+        host_grown = host_array_bytes() - host_before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    for where, grown in (("device", device_memory_in_use() - device_before), ("host array", host_grown)):
+        if grown >= out_bytes:
+            raise ConformanceFailure(
+                f"{where} memory in use grew by {grown:,} bytes over {MEMORY_RUNS} runs of one plan, each on arrays "
+                f"of its own dropped after it ({out_bytes:,} bytes of out and lse a run): the backend keeps "
+                f"something of every run {_call(backend, case)}")
+    return _result_matches_spec(backend, layer, result, " (the second of several runs of one plan)")
 
 
 def _assign(target: Any, source: Any) -> None:
@@ -980,6 +1065,7 @@ CHECKS: dict[str, Check] = {check.__name__: check for check in (
     matches_spec, garbage_ignored, nonfinite_propagates, nonfinite_scores_propagate, relocation_invariant,
     deterministic, alone_equals_batch,
     plan_serves_many_runs, replay_matches_eager, run_follows_callers_stream, step_writes_then_attends,
+    runs_hold_no_memory,
     write_kv_matches_spec, copy_blocks_matches_spec, merge_states_matches_spec,
     write_kv_follows_callers_stream, copy_blocks_follows_callers_stream, merge_states_follows_callers_stream,
     far_pool_matches_spec, far_write_kv_matches_spec, far_copy_blocks_matches_spec, far_rows_match_spec,

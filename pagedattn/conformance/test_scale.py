@@ -127,6 +127,14 @@ def test_long_captured_runs_replay_new_contents(request, backend):
                    check=checks.replay_matches_eager, examples=few_long_examples, groups=PLAN_GROUPS)
 
 
+def test_long_runs_hold_no_memory(request, backend):
+    """A split plan of the long-sequence batches run step after step on arrays allocated anew and
+    dropped after each step: the step's arrays freed, and the memory in use grows by less than one
+    run's out and lse (a split run that allocates its partials and never frees them fails)."""
+    _run_long_cell(request, backend, PLAN_DTYPE, "long_memory", check=checks.runs_hold_no_memory,
+                   examples=few_long_examples, groups=PLAN_GROUPS)
+
+
 #: dtypes of the long-tail cells: the 16-bit ones (a float32 kernel that drops weights of 2**-10 is
 #: off by more than float32's bound on short rows, where the other cells see it).
 TAIL_DTYPES = ("float16", "bfloat16")

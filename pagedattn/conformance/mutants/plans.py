@@ -91,3 +91,18 @@ class WriteKVLandsLate(SteppedKernelBackend):
         result = super()._run(plan, query, key_cache, value_cache)
         self._land()  # after the attention has read the caches
         return result
+
+
+class LaunchCacheKeepsEveryRunsArrays(SteppedKernelBackend):
+    bug = ("a plan caches a launch for every (query, key_cache, value_cache) it is run on, keyed by the arrays and "
+           "holding them: every step of an engine adds an entry, and no step's arrays are ever freed")
+    models = ("sgl-project/sglang PR 40175 review (a plan cache holding views of the last Q/K/V per shape: a "
+              "long-running worker runs out of memory); launch caches keyed by argument addresses")
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return {"launches": {}}
+
+    def _run(self, plan, query, key_cache, value_cache):
+        launches = plan.state["launches"]
+        launches.setdefault((id(query), id(key_cache), id(value_cache)), (query, key_cache, value_cache))
+        return super()._run(plan, query, key_cache, value_cache)

@@ -711,3 +711,15 @@ class SplitPlanBindsFirstRunArrays(LaunchBindsFirstRunArrays, AddressedKernelBac
 
     def caches_launch(self, plan):
         return _plan_splits(self, plan.problem)
+
+
+class SplitPartialsNeverFreed(AddressedKernelBackend):
+    bug = ("a split plan's run allocates its parts' partial m, l and O anew and never frees them: every run of a "
+           "long sequence leaves them behind; a plan that does not split allocates none")
+    models = ("apache/tvm PR 14723 (a workspace cudaMalloc'ed on every attention call and never freed); "
+              "split-KV partial buffers allocated per call outside the framework's allocator")
+
+    def merge(self, states):
+        if len(states) > 1:
+            self.__dict__.setdefault("partials", []).append([np.array(x) for state in states for x in state])
+        return super().merge(states)
