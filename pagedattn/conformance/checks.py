@@ -392,7 +392,7 @@ def device_memory_in_use() -> int:
         torch.cuda.synchronize()
         total += torch.cuda.memory_allocated()
     cupy = sys.modules.get("cupy")
-    if cupy is not None:
+    if cupy is not None and cupy.cuda.is_available():
         total += cupy.get_default_memory_pool().used_bytes()
     return total
 
@@ -450,6 +450,39 @@ def runs_hold_no_memory(backend: Backend, case: AttentionCase) -> float:
                 f"of its own dropped after it ({out_bytes:,} bytes of out and lse a run): the backend keeps "
                 f"something of every run {_call(backend, case)}")
     return _result_matches_spec(backend, layer, result, " (the second of several runs of one plan)")
+
+
+#: Plans alive at once in :func:`many_plans_stay_independent`: as many as an engine keeps for its
+#: CUDA graphs, one per capture size of vLLM's default list (1, 2, 4, then 8 to 512 in steps of 8).
+MANY_PLANS = 67
+
+
+def many_plans_stay_independent(backend: Backend, case: AttentionCase) -> float:
+    """As an engine keeps a plan per CUDA-graph batch size: the case planned and run, then
+    :data:`MANY_PLANS` - 1 more plans made and kept (the batch relocated, each time to other
+    blocks), the last of them run on its own arrays, and the first plan run again on its arrays.
+    The first plan gives its first run's bits (no later plan took its place); each run within the
+    error model of its inputs."""
+    __tracebackhide__ = True
+    rng = plan_check_rng(case)
+    return_lse = bool(case.options.get("return_lse"))
+    caches = device_caches(backend, case)
+    arrays, options = device_arguments(backend, case, caches)
+    plan = backend.plan(*arrays, **options)
+    seen = host_result(backend, backend.run(plan, *arrays[:3]), return_lse)
+    first = AttentionResult(seen.out.copy(), None if seen.lse is None else seen.lse.copy())
+    plans = []
+    for _ in range(MANY_PLANS - 1):
+        other = relocated(case, rng)
+        other_arrays, other_options = device_arguments(backend, other, caches)  # planning needs their shapes only
+        plans.append(backend.plan(*other_arrays, **other_options))
+    last_arrays = device_arguments(backend, other, device_caches(backend, other))[0]
+    last = host_result(backend, backend.run(plans[-1], *last_arrays[:3]), return_lse)
+    again = host_result(backend, backend.run(plan, *arrays[:3]), return_lse)
+    _assert_same_result(backend, again, first, f"the first of {MANY_PLANS} plans alive at once, run again on the "
+                        "same arrays, gave other bits than its first run", case)
+    return max(_result_matches_spec(backend, case, first, f" (the first of {MANY_PLANS} plans)"),
+               _result_matches_spec(backend, other, last, f" (the last of {MANY_PLANS} plans)"))
 
 
 def _assign(target: Any, source: Any) -> None:
@@ -1065,7 +1098,7 @@ CHECKS: dict[str, Check] = {check.__name__: check for check in (
     matches_spec, garbage_ignored, nonfinite_propagates, nonfinite_scores_propagate, relocation_invariant,
     deterministic, alone_equals_batch,
     plan_serves_many_runs, replay_matches_eager, run_follows_callers_stream, step_writes_then_attends,
-    runs_hold_no_memory,
+    runs_hold_no_memory, many_plans_stay_independent,
     write_kv_matches_spec, copy_blocks_matches_spec, merge_states_matches_spec,
     write_kv_follows_callers_stream, copy_blocks_follows_callers_stream, merge_states_follows_callers_stream,
     far_pool_matches_spec, far_write_kv_matches_spec, far_copy_blocks_matches_spec, far_rows_match_spec,

@@ -1,15 +1,17 @@
 """How an engine uses a backend: a plan serves many runs (planned once per batch beside other
 plans, run once per layer on that layer's query and caches, captured in a CUDA graph and
-replayed, run on the engine's own stream, run step after step without holding memory), and a
-step writes its newest keys and values before it attends.
+replayed, run on the engine's own stream, run step after step without holding memory, kept
+beside as many plans as an engine keeps for its CUDA graphs), and a step writes its newest keys
+and values before it attends.
 
 Each cell draws the ``combined`` row of the strategies (every declared feature at random), a
 block size and a KV layout the backend declares, and checks it with
 :func:`~pagedattn.conformance.checks.plan_serves_many_runs`,
 :func:`~pagedattn.conformance.checks.replay_matches_eager` (on a CUDA device),
 :func:`~pagedattn.conformance.checks.run_follows_callers_stream` (on a CUDA device),
-:func:`~pagedattn.conformance.checks.step_writes_then_attends` or
-:func:`~pagedattn.conformance.checks.runs_hold_no_memory`.
+:func:`~pagedattn.conformance.checks.step_writes_then_attends`,
+:func:`~pagedattn.conformance.checks.runs_hold_no_memory` or
+:func:`~pagedattn.conformance.checks.many_plans_stay_independent`.
 """
 
 from __future__ import annotations
@@ -85,3 +87,10 @@ def test_runs_hold_no_memory(request, backend, dtype):
     """A plan run step after step on arrays allocated anew and dropped after each step: the memory
     in use grows by less than two steps' arrays, the last run within the error model."""
     _run_plan_cell(request, backend, dtype, checks.runs_hold_no_memory)
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_many_plans_stay_independent(request, backend, dtype):
+    """A plan run, 66 more plans made and kept (one per CUDA-graph capture size an engine keeps), then
+    the first plan run again: its first run's bits, every run within the error model."""
+    _run_plan_cell(request, backend, dtype, checks.many_plans_stay_independent)

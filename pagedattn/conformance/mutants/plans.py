@@ -106,3 +106,27 @@ class LaunchCacheKeepsEveryRunsArrays(SteppedKernelBackend):
         launches = plan.state["launches"]
         launches.setdefault((id(query), id(key_cache), id(value_cache)), (query, key_cache, value_cache))
         return super()._run(plan, query, key_cache, value_cache)
+
+
+#: Device slots of :class:`PlanStateInARingOf32`.
+PLAN_SLOTS = 32
+
+
+class PlanStateInARingOf32(SteppedKernelBackend):
+    bug = ("plan uploads its batch into one of 32 slots the backend keeps, taken in turn: the 33rd plan "
+           "overwrites the first plan's batch, whose runs then follow it")
+    models = ("fixed pools of per-plan device buffers sized below the plans an engine keeps (one per CUDA-graph "
+              "capture size: 67 in vLLM's default list); ROCm/aiter PR 4916 (a fixed pool of per-launch slots)")
+
+    #: the batch each slot holds, and how many plans were made
+    plan_slots: dict[int, Any]
+    planned = 0
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        slot = self.planned % PLAN_SLOTS
+        self.planned += 1
+        self.__dict__.setdefault("plan_slots", {})[slot] = problem
+        return {"slot": slot}
+
+    def _run(self, plan, query, key_cache, value_cache):
+        return super()._run(replace(plan, problem=self.plan_slots[plan.state["slot"]]), query, key_cache, value_cache)
