@@ -4,10 +4,11 @@ the worst error as a fraction of the tolerance (0.0 for rules that demand identi
 Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
 :func:`relocation_invariant`, :func:`deterministic`, :func:`alone_equals_batch` (and every
 attention check asserts that no input was written). Plans: :func:`plan_serves_many_runs`,
-:func:`replay_matches_eager`, :func:`run_follows_callers_stream`, :func:`step_writes_then_attends`.
-Other operations: :func:`write_kv_matches_spec`, :func:`copy_blocks_matches_spec`,
-:func:`merge_states_matches_spec`. A check uses the backend through the public
-:class:`~pagedattn.backends.interface.Backend` interface only.
+:func:`replay_matches_eager`, :func:`run_follows_callers_stream`, :func:`step_writes_then_attends`,
+:func:`runs_hold_no_memory`, :func:`many_plans_stay_independent`. Other operations:
+:func:`write_kv_matches_spec`, :func:`copy_blocks_matches_spec`, :func:`merge_states_matches_spec`,
+and each on the caller's side stream (:func:`write_kv_follows_callers_stream` and its siblings).
+A check uses the backend through the public :class:`~pagedattn.backends.interface.Backend` interface only.
 """
 
 from __future__ import annotations

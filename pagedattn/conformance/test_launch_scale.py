@@ -1,5 +1,6 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
-batches larger than one wave of CTAs, more than 65,535 tokens, sequences or block pairs in one
+batches larger than one wave of CTAs (run once, and planned once and run as an engine runs a
+plan), more than 65,535 tokens, sequences or block pairs in one
 call (attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of
 several query tiles per sequence, chunks of thousands of queries after thousands of keys (split
 plans of many query tiles), a sequence of more than 65,536 keys (more split parts than a

@@ -84,8 +84,9 @@ def test_a_step_writes_then_attends(request, backend, dtype):
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 def test_runs_hold_no_memory(request, backend, dtype):
-    """A plan run step after step on arrays allocated anew and dropped after each step: the memory
-    in use grows by less than two steps' arrays, the last run within the error model."""
+    """A plan run step after step on arrays allocated anew and dropped after each step: the dropped
+    arrays freed, the memory in use grows by less than one run's out and lse, the runs within the
+    error model."""
     _run_plan_cell(request, backend, dtype, checks.runs_hold_no_memory)
 
 

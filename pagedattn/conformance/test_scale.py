@@ -2,7 +2,8 @@
 elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output
 (and merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out
 by sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
-split plans run as an engine runs a plan (once per layer, and captured in a CUDA graph), split
+split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, and step
+after step without holding memory), split
 parts whose lse lie past float32's exp range apart or are not finite, and sizes that are no
 power of two. How kernels
 divide their work at scale (tiles of heads and queries, waves, grid axes) is
