@@ -2,8 +2,8 @@
 elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output
 (and merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out
 by sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
-split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, and step
-after step without holding memory), split
+split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, on the
+caller's stream, and step after step without holding memory), split
 parts whose lse lie past float32's exp range apart or are not finite, and sizes that are no
 power of two. How kernels
 divide their work at scale (tiles of heads and queries, waves, grid axes) is
@@ -126,6 +126,16 @@ def test_long_captured_runs_replay_new_contents(request, backend):
     off CUDA and for plans that are not capturable."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_replays", requires={"device": "cuda"},
                    check=checks.replay_matches_eager, examples=few_long_examples, groups=PLAN_GROUPS)
+
+
+def test_long_runs_follow_the_callers_stream(request, backend):
+    """A split plan of the long-sequence batches run on a side stream of torch's, behind a delay and
+    after the next layer's query and caches are written into its arrays there: the bits of an eager
+    run. Every launch of a split run (the parts, the merge) goes on the caller's stream; the small
+    cases of the plan cell never split. Unsupported off CUDA and for backends that do not take
+    torch CUDA tensors."""
+    _run_long_cell(request, backend, PLAN_DTYPE, "long_streams", requires={"device": "cuda"},
+                   check=checks.run_follows_callers_stream, examples=few_long_examples, groups=PLAN_GROUPS)
 
 
 def test_long_runs_hold_no_memory(request, backend):

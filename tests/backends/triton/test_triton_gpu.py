@@ -221,6 +221,44 @@ def test_a_run_on_a_stream_of_its_own_fails_the_stream_check_and_triton_passes()
         checks.run_follows_callers_stream(OwnStreamTriton(), case)
 
 
+def test_a_split_merge_on_a_stream_of_its_own_fails_the_stream_check_and_triton_passes() -> None:
+    """``checks.run_follows_callers_stream`` on a split plan has teeth: triton whose split-KV merge
+    alone launches on a stream of its own (the parts on the caller's) merges partials the parts
+    have not written yet and fails the check; triton as it is passes."""
+    import torch
+
+    from pagedattn.backends.triton.attention_kernels import merge_splits_kernel
+    from pagedattn.backends.triton.backend import TritonBackend
+
+    class MergeOnItsOwnStream(TritonBackend):
+        """Triton whose merge kernel launches on a stream of its own; every run through the JIT."""
+
+        def __init__(self) -> None:
+            super().__init__(num_splits=4)
+            self._own_stream = torch.cuda.Stream()
+
+        def _run(self, plan: Any, query: Any, key_cache: Any, value_cache: Any) -> Any:
+            relauncher = plan.state.relauncher
+            launch = relauncher.launch
+
+            def merge_on_own_stream(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+                if kernel is not merge_splits_kernel:
+                    return launch(kernel, *args, **kwargs)
+                with torch.cuda.stream(self._own_stream):
+                    return launch(kernel, *args, **kwargs)
+
+            relauncher.launch = merge_on_own_stream
+            try:
+                return self._run_through_jit(plan, query, key_cache, value_cache)
+            finally:
+                del relauncher.launch
+
+    case = poisoned_case("split merge stream", [9000, 700])
+    assert checks.run_follows_callers_stream(backend_for(num_splits=4), case) <= 1.0
+    with pytest.raises(ConformanceFailure):
+        checks.run_follows_callers_stream(MergeOnItsOwnStream(), case)
+
+
 #: One case of each operation (its first among ``operation_cases``) and its stream check.
 STREAM_CHECKED_OPERATIONS = {
     "write_kv": ("write_kv bfloat16", checks.write_kv_follows_callers_stream),
