@@ -373,13 +373,12 @@ def plan_serves_many_runs(backend: Backend, case: AttentionCase) -> float:
 
 
 #: Runs of a plan :func:`runs_hold_no_memory` measures, after two that warm caches up.
-MEMORY_RUNS = 8
+MEMORY_RUNS = 4
 
 
 def host_array_bytes() -> int:
     """Bytes of NumPy array data alive now that tracemalloc traced (NumPy reports its buffers in a
     tracemalloc domain of its own; Python's own objects are left out)."""
-    gc.collect()
     traces = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
     return sum(trace.size for trace in traces.traces)
 
@@ -431,19 +430,18 @@ def runs_hold_no_memory(backend: Backend, case: AttentionCase) -> float:
         tracemalloc.start()
     try:
         host_before = host_array_bytes()
-        for _ in range(MEMORY_RUNS):
-            handed = step()[2]
-            gc.collect()
-            names = ("query", "key_cache", "value_cache")
-            kept = [name for name, ref in zip(names, handed, strict=True) if ref() is not None]
-            if kept:
-                raise ConformanceFailure(
-                    f"the backend keeps a reference to {', '.join(kept)} of a run after the caller dropped them and "
-                    f"the run's outputs: an engine's every step would stay in memory {_call(backend, case)}")
+        handed = [ref for _ in range(MEMORY_RUNS) for ref in step()[2]]
+        gc.collect()
         host_grown = host_array_bytes() - host_before
     finally:
         if not tracing:
             tracemalloc.stop()
+    kept = sorted({name for name, ref in zip(("query", "key_cache", "value_cache") * MEMORY_RUNS, handed, strict=True)
+                   if ref() is not None})
+    if kept:
+        raise ConformanceFailure(
+            f"the backend keeps a reference to {', '.join(kept)} of a run after the caller dropped them and the "
+            f"run's outputs: an engine's every step would stay in memory {_call(backend, case)}")
     for where, grown in (("device", device_memory_in_use() - device_before), ("host array", host_grown)):
         if grown >= out_bytes:
             raise ConformanceFailure(
