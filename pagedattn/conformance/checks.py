@@ -169,6 +169,13 @@ def with_garbage(case: AttentionCase, rng: np.random.Generator) -> AttentionCase
     return case.replace(key_cache=caches[0], value_cache=caches[1], block_tables=tables)
 
 
+def _kept_result(backend: Backend, result: Any, return_lse: bool) -> AttentionResult:
+    """What ``run`` returned, copied to the host and kept apart (a host backend's out may be its own
+    array, which a later run writes)."""
+    seen = host_result(backend, result, return_lse)
+    return AttentionResult(seen.out.copy(), None if seen.lse is None else seen.lse.copy())
+
+
 def _assert_same_result(backend: Backend, a: AttentionResult, b: AttentionResult, what: str,
                         case: AttentionCase) -> None:
     __tracebackhide__ = True
@@ -352,8 +359,7 @@ def plan_serves_many_runs(backend: Backend, case: AttentionCase) -> float:
     other_plan = backend.plan(*other_arrays, **other_options)
     first = backend.run(plan, *arrays[:3])
     backend.synchronize()
-    seen = host_result(backend, first, return_lse)  # copied: a host backend's out may be its own array
-    first_seen = AttentionResult(seen.out.copy(), None if seen.lse is None else seen.lse.copy())
+    first_seen = _kept_result(backend, first, return_lse)
     between = backend.run(other_plan, *other_arrays[:3])
     last = backend.run(plan, *layer_arrays[:3])
     backend.synchronize()
@@ -468,8 +474,7 @@ def many_plans_stay_independent(backend: Backend, case: AttentionCase) -> float:
     caches = device_caches(backend, case)
     arrays, options = device_arguments(backend, case, caches)
     plan = backend.plan(*arrays, **options)
-    seen = host_result(backend, backend.run(plan, *arrays[:3]), return_lse)
-    first = AttentionResult(seen.out.copy(), None if seen.lse is None else seen.lse.copy())
+    first = _kept_result(backend, backend.run(plan, *arrays[:3]), return_lse)
     plans = []
     for _ in range(MANY_PLANS - 1):
         other = relocated(case, rng)
