@@ -107,6 +107,7 @@ __all__ = [
     "SCALE_LIMITS",
     "VERY_LONG_KEYS",
     "VERY_LONG_MAX",
+    "VERY_LONG_MAX_WINDOW",
     "WIDE_GROUPS",
     "ScaleLimits",
     "far_copy_blocks_cases",
@@ -135,6 +136,7 @@ __all__ = [
     "scale_block_sizes",
     "scale_limits",
     "very_long_sequence_cases",
+    "very_long_window_sequence_cases",
     "wide_group_cases",
 ]
 
@@ -219,6 +221,9 @@ MILLION_KEYS = 2**20 + 1
 MILLION_MAX = 2**20 + 2**18
 #: Shortest sliding window of the long cells with a window (a few blocks and tiles).
 LONG_WINDOW_MIN = 100
+#: Widest sliding window of the very-long cell with a window: Mistral's and Gemma 2's 4,096 (Gemma 3
+#: takes 1,024, gpt-oss 128). A kernel visits only the window, so an interpreter's cost stays low.
+VERY_LONG_MAX_WINDOW = 4096
 #: The long cells' ALiBi slopes are those of a model with at least this many heads (its first).
 LONG_ALIBI_HEADS = 8
 #: GQA ratios of the wide-group cells, all past the other cells' 8: across the row tiles that
@@ -350,8 +355,8 @@ def _case(query: np.ndarray, caches: tuple[np.ndarray, np.ndarray], tables: np.n
 @st.composite
 def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                         limits: ScaleLimits | None = None, fp8: bool = False,
-                        window: bool = False, max_kv_heads: int = 3,
-                        groups: tuple[int, ...] = LONG_GROUPS,
+                        window: bool = False, max_window: int | None = None, window_alibi: bool = True,
+                        max_kv_heads: int = 3, groups: tuple[int, ...] = LONG_GROUPS,
                         kinds: tuple[str, ...] = LONG_VALUE_KINDS) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
@@ -367,6 +372,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     softcap: most of each range is outside every row's window, so a plan that splits the whole
     range has parts that see no key, which its merge must weigh as nothing; and ALiBi takes
     positions in the thousands, which bfloat16 (256) and float16 (2,048) do not hold exactly.
+    ``max_window`` caps the window; without ``window_alibi``, ALiBi is drawn only sometimes.
     ``max_kv_heads`` bounds the KV heads (1 to it), ``groups`` are the GQA ratios drawn, ``kinds``
     the value patterns (:data:`LONG_VALUE_KINDS`, or :data:`LONG_TAIL_KINDS`).
     """
@@ -402,11 +408,14 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     if caps.supports("lse"):  # a split plan merges lse too: every long case asks for it
         options["return_lse"] = True
     if window:
-        options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, max(LONG_WINDOW_MIN, min(lens) // 4)),
-                                         label="sliding_window")
+        widest = max(LONG_WINDOW_MIN, min(lens) // 4)
+        if max_window is not None:
+            widest = min(widest, max_window)
+        options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, widest), label="sliding_window")
         if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
             options["softcap"] = 30.0
-        if caps.supports("alibi"):  # positions in the thousands: beyond 16-bit integers
+        # positions in the thousands: beyond 16-bit integers
+        if caps.supports("alibi") and (window_alibi or draw(st.booleans(), label="alibi")):
             # the steepest slopes (an 8-head model's first heads, from 1/2): a few keys' error in a
             # distance moves a score by whole units
             options["alibi_slopes"] = alibi_slopes(max(num_q_heads, LONG_ALIBI_HEADS))[:num_q_heads]
@@ -430,9 +439,24 @@ def very_long_sequence_cases(capabilities: Capabilities, *, dtype: str,
     """Return a strategy for one sequence of :data:`VERY_LONG_KEYS` to :data:`VERY_LONG_MAX` keys
     on one KV head: :func:`long_sequence_cases` past the lengths where 16-bit positions wrap and
     where a merge of a fixed number of split parts runs out (the shrink target: 76,460 keys)."""
-    limits = (limits or scale_limits())._replace(min_long=VERY_LONG_KEYS, max_long=VERY_LONG_MAX, max_long_seqs=1,
-                                                 max_batch_keys=VERY_LONG_MAX)
-    return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1)
+    return long_sequence_cases(capabilities, dtype=dtype, limits=_very_long_limits(limits), max_kv_heads=1)
+
+
+def very_long_window_sequence_cases(capabilities: Capabilities, *, dtype: str,
+                                    limits: ScaleLimits | None = None) -> st.SearchStrategy[AttentionCase]:
+    """Return a strategy for :func:`very_long_sequence_cases` under a sliding window of
+    :data:`LONG_WINDOW_MIN` to :data:`VERY_LONG_MAX_WINDOW` keys, softcap and ALiBi each sometimes
+    (the shrink target: 76,460 keys, a window of 100, neither): every query position is past
+    32,767 (the shrink target's past 65,535), so a window's test on positions held in 16 bits
+    passes keys far outside it."""
+    return long_sequence_cases(capabilities, dtype=dtype, limits=_very_long_limits(limits), max_kv_heads=1,
+                               window=True, max_window=VERY_LONG_MAX_WINDOW, window_alibi=False)
+
+
+def _very_long_limits(limits: ScaleLimits | None) -> ScaleLimits:
+    """The profile's limits with one sequence of :data:`VERY_LONG_KEYS` to :data:`VERY_LONG_MAX` keys."""
+    return (limits or scale_limits())._replace(min_long=VERY_LONG_KEYS, max_long=VERY_LONG_MAX, max_long_seqs=1,
+                                               max_batch_keys=VERY_LONG_MAX)
 
 
 def million_key_sequence_cases(capabilities: Capabilities, *, dtype: str,

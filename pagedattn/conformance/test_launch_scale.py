@@ -4,9 +4,10 @@ plan), more than 65,535 tokens, sequences or block pairs in one
 call (attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of
 several query tiles per sequence, chunks of thousands of queries after thousands of keys (split
 plans of many query tiles), a sequence of more than 65,536 keys (more split parts than a
-fixed-size merge holds; positions past 16 bits), and one of more than a million keys (past what
-a plan or merge sized for a 131,072-key context holds). The cells about a GPU's launch limits
-(waves, grid axes) are unsupported for a backend run in an interpreter, which has none.
+fixed-size merge holds; positions past 16 bits, under a sliding window too), and one of more
+than a million keys (past what a plan or merge sized for a 131,072-key context holds). The
+cells about a GPU's launch limits (waves, grid axes) are unsupported for a backend run in an
+interpreter, which has none.
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
@@ -36,6 +37,7 @@ from pagedattn.conformance.scale import (
     million_key_sequence_cases,
     scale_limits,
     very_long_sequence_cases,
+    very_long_window_sequence_cases,
     wide_group_cases,
 )
 from pagedattn.spec.dtypes import QUERY_DTYPES
@@ -179,6 +181,17 @@ def test_very_long_sequences_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, very_long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="very_long_sequences", max_examples=limits.batch_examples)
+
+
+@pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
+def test_very_long_sequences_with_a_window_match_spec(request, backend, dtype):
+    """The very long sequence under a sliding window of 100 to 4,096 keys (query positions past
+    32,767, where a window's test on 16-bit positions passes keys far outside it), softcap and
+    ALiBi each sometimes, within the error model; inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, very_long_window_sequence_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="very_long_sequences_window", max_examples=limits.batch_examples,
+                   requires={"features": ("sliding_window",)})
 
 
 @pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)

@@ -616,6 +616,22 @@ def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_trito
         assert int(work.merges[:, 6].max()) > MERGE_MAX_PARTS, work.merges  # more parts than a fixed merge holds
 
 
+def test_very_long_window_cases_put_every_query_past_16_bit_positions_under_a_narrow_window():
+    """The first cases: every query past position 32,767 (where a signed 16-bit position wraps), a
+    window of 100 to 4,096 keys; the shrink target's queries past 65,535 too, without ALiBi (whose
+    slopes would weigh far keys at nothing) and softcap; ALiBi in some."""
+    cases = drawn(scale.very_long_window_sequence_cases(ANY, dtype="float16", limits=scale.scale_limits("quick")), 8)
+    for case in cases:
+        problem = checks.problem_of(case)
+        positions = problem.token_positions()[1]
+        assert problem.num_seqs == 1 and int(positions.min()) >= 2**15
+        assert scale.LONG_WINDOW_MIN <= problem.sliding_window <= scale.VERY_LONG_MAX_WINDOW
+    first = checks.problem_of(cases[0])
+    assert int(first.token_positions()[1].min()) >= 2**16
+    assert first.sliding_window == scale.LONG_WINDOW_MIN and first.alibi_slopes is None and first.softcap is None
+    assert any(checks.problem_of(case).alibi_slopes is not None for case in cases)
+
+
 def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_triton_and_cupy():
     from pagedattn.backends.triton.launch_config import MAX_SPLITS
     from pagedattn.conformance.mutants.scale import MERGE_MAX_KEYS, PART_KEYS

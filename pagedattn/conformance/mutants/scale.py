@@ -581,6 +581,24 @@ class KeyPositionsIn16Bits(AddressedKernelBackend):
         return super().locate(p % UINT16_POSITIONS, block_size)
 
 
+def _int16(values: np.ndarray) -> np.ndarray:
+    """``values`` as a signed 16-bit integer (a ``short``) holds them: two's complement wrap-around."""
+    return (np.asarray(values, dtype=np.int64) + 2**15) % 2**16 - 2**15
+
+
+class WindowMaskIn16BitPositions(AddressedKernelBackend):
+    bug = ("the sliding window's test compares key and query positions held in 16 bits (a signed short): past "
+           "32,767 they wrap, and keys far outside the window pass it")
+    models = ("ml-explore/mlx issue 3360 (mask positions in a 16-bit short in the SDPA kernel: 2 to 10 times the "
+              "output past 32K keys when the mask hides most positions)")
+
+    def visible(self, p, p_q, length, problem):
+        if problem.sliding_window is None:
+            return super().visible(p, p_q, length, problem)
+        vis = super().visible(p, p_q, length, replace(problem, sliding_window=None))
+        return vis & (_int16(p)[None, :] > _int16(p_q)[:, None] - problem.sliding_window)
+
+
 # -- a sequence of more than a million keys ----------------------------------------------------
 
 #: Keys a merge sized for a 131,072-key context holds the parts of (128 parts of PART_KEYS).
