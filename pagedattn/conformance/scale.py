@@ -9,11 +9,13 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   of 4,096+ visible keys are where 16-bit accumulation error shows), odd lengths so that
   the last part is partial;
 - :func:`very_long_sequence_cases`: one sequence of more than 65,536 keys, where positions
-  held in 16 bits wrap and a long split plan has more parts than a fixed-size merge holds;
+  held in 16 bits wrap and a long split plan has more parts than a fixed-size merge holds
+  (:func:`very_long_window_sequence_cases`: under a sliding window);
 - :func:`million_key_sequence_cases`: one sequence of more than 2**20 keys, past what a plan or
   merge sized for a 131,072-key context holds;
 - :func:`long_prefill_cases`: 1 or 2 sequences of hundreds of queries (512 rows and up each),
-  after up to 1,000 keys of context: several query tiles per sequence, causal diagonals;
+  after up to 1,000 keys of context: several query tiles per sequence, causal diagonals (or,
+  without the mask, every tile's range to the sequence's end);
 - :func:`long_chunk_cases`: 1 or 2 chunks of more than 1,100 queries after thousands of keys of
   context: split plans of many query tiles, parts past a tile's causal bound;
 - :func:`far_pool_cases`, :func:`far_write_kv_cases`, :func:`far_copy_blocks_cases`: caches
@@ -1436,13 +1438,14 @@ def many_pair_copy_blocks_cases(draw: st.DrawFn, capabilities: Capabilities, *, 
 
 @st.composite
 def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                       limits: ScaleLimits | None = None) -> AttentionCase:
+                       limits: ScaleLimits | None = None, causal: bool = True) -> AttentionCase:
     """Return a strategy for 1 or 2 sequences of many queries each (a prompt's prefill, or a chunk of it).
 
     Each sequence holds at least :data:`LONG_PREFILL_ROWS` rows (queries x query heads of a KV
     head) and :data:`LONG_PREFILL_MIN_QUERIES` queries, so kernels run several query tiles per
     sequence, and cupy takes its Hopper prefill kernel; the queries follow 0 to about 1,000 keys
-    of context (chunked prefill). Causal; lse, a sliding window, ALiBi and softcap each
+    of context (chunked prefill). Causal, or without ``causal`` not (every query sees every key
+    of its sequence, later queries' too); lse, a sliding window, ALiBi and softcap each
     sometimes; the smallest declared head_dim of at most 128, or another.
     """
     limits = limits or scale_limits()
@@ -1462,13 +1465,16 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
     lens = [q + c for q, c in zip(q_lens, contexts, strict=True)]
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
     options = _sometimes_lse_alibi_softcap(draw, caps, num_q_heads)
+    if not causal:
+        options["causal"] = False
     if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
         options["sliding_window"] = draw(st.integers(1, max(lens)), label="sliding_window")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
     query = rng.standard_normal((sum(q_lens), num_q_heads, head_dim)).astype(numpy_dtype(dtype))
-    labels = {"feature": "long_prefill", "garbage": garbage, "arrangement": pool.arrangement,
+    labels = {"feature": "long_prefill" if causal else "long_prefill_non_causal", "garbage": garbage,
+              "arrangement": pool.arrangement,
               "heads": f"{num_q_heads}/{num_kv_heads}", "queries": "+".join(map(str, q_lens)),
               "context": "+".join(map(str, contexts))}
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,

@@ -1,11 +1,11 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
 batches larger than one wave of CTAs (run once, and planned once and run as an engine runs a
-plan), more than 65,535 tokens, sequences or block pairs in one
-call (attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of
-several query tiles per sequence, chunks of thousands of queries after thousands of keys (split
-plans of many query tiles), a sequence of more than 65,536 keys (more split parts than a
-fixed-size merge holds; positions past 16 bits, under a sliding window too), and one of more
-than a million keys (past what a plan or merge sized for a 131,072-key context holds). The
+plan), more than 65,535 tokens, sequences or block pairs in one call (attention, write_kv,
+copy_blocks: a CUDA grid's y and z axes take no more), prefills of several query tiles per
+sequence (with and without the causal mask), chunks of thousands of queries after thousands of
+keys (split plans of many query tiles), a sequence of more than 65,536 keys (more split parts
+than a fixed-size merge holds; positions past 16 bits, under a sliding window too), and one of
+more than a million keys (past what a plan or merge sized for a 131,072-key context holds). The
 cells about a GPU's launch limits (waves, grid axes) are unsupported for a backend run in an
 interpreter, which has none.
 
@@ -57,6 +57,17 @@ def test_long_prefills_match_spec(request, backend, dtype):
     run_scale_cell(request, backend, long_prefill_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="long_prefill", max_examples=limits.long_examples,
                    requires={"features": ("varlen",)})
+
+
+@pytest.mark.parametrize("dtype", PREFILL_DTYPES)
+def test_long_non_causal_prefills_match_spec(request, backend, dtype):
+    """The long prefills without the causal mask (an encoder's prompt, a bidirectional block):
+    every query tile sees every key of its sequence, past its own diagonal, within the error
+    model; inputs untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(long_prefill_cases, causal=False), checks.matches_spec,
+                   limits, dtype=dtype, feature="long_prefill_non_causal", max_examples=limits.long_examples,
+                   requires={"features": ("varlen", "non_causal")})
 
 
 def test_long_chunks_match_spec(request, backend):

@@ -596,6 +596,16 @@ def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
         assert int(problem.q_lens.max()) > 2 * tiles.block_q  # several of triton's query tiles
 
 
+def test_non_causal_long_prefill_cases_take_several_query_tiles_without_the_mask():
+    for case in drawn(scale.long_prefill_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick"),
+                                               causal=False), 3):
+        problem = checks.problem_of(case)
+        assert not problem.causal and int(problem.q_lens.min()) >= 64
+        tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
+                             problem.block_size)
+        assert int(problem.q_lens.max()) > 2 * tiles.block_q  # several of triton's query tiles
+
+
 def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_triton_and_cupy():
     from pagedattn.backends.triton.launch_config import MAX_SPLITS
     from pagedattn.conformance.mutants.scale import MERGE_MAX_PARTS, PART_KEYS, UINT16_POSITIONS

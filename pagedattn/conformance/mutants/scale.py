@@ -435,6 +435,21 @@ class CausalBoundOfFirstQueryTile(SteppedKernelBackend):
         return vis
 
 
+class NonCausalKeysEndAtItsQueryTile(SteppedKernelBackend):
+    bug = ("prefill in 64-query tiles whose key loop ends at the KV tile holding the tile's last query, "
+           "causal or not: without the causal mask, the queries of every tile but the last miss the later keys")
+    models = ("sgl-project/sglang PR 39593 (Triton extend attention's key loop stopped at the causal query tile's "
+              "end while a mask exposed later keys: bidirectional blocks silently missed them)")
+
+    def visible(self, p, p_q, length, problem):
+        vis = super().visible(p, p_q, length, problem)
+        if not problem.causal and len(p_q) > QUERY_TILE_TOKENS:
+            tiles_last = np.minimum((np.arange(len(p_q)) // QUERY_TILE_TOKENS + 1) * QUERY_TILE_TOKENS, len(p_q)) - 1
+            last_key = (p_q[tiles_last] // KV_TILE_KEYS + 1) * KV_TILE_KEYS - 1
+            vis &= p[None, :] <= last_key[:, None]
+        return vis
+
+
 class UnwrittenOutputKernel(SteppedKernelBackend):
     """The stepped kernel leaving some (token, query head) rows of out and lse as allocated (zero, and
     -inf): the base of the mutants whose launch never reaches part of the output (not registered)."""
