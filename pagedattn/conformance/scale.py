@@ -436,12 +436,13 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
                  options, draw(_SEEDS, label="variant_seed"), labels)
 
 
-def very_long_sequence_cases(capabilities: Capabilities, *, dtype: str,
-                             limits: ScaleLimits | None = None) -> st.SearchStrategy[AttentionCase]:
+def very_long_sequence_cases(capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,
+                             fp8: bool = False) -> st.SearchStrategy[AttentionCase]:
     """Return a strategy for one sequence of :data:`VERY_LONG_KEYS` to :data:`VERY_LONG_MAX` keys
     on one KV head: :func:`long_sequence_cases` past the lengths where 16-bit positions wrap and
-    where a merge of a fixed number of split parts runs out (the shrink target: 76,460 keys)."""
-    return long_sequence_cases(capabilities, dtype=dtype, limits=_very_long_limits(limits), max_kv_heads=1)
+    where a merge of a fixed number of split parts runs out (the shrink target: 76,460 keys);
+    with ``fp8``, fp8 caches and scales (``v_scale`` never 1)."""
+    return long_sequence_cases(capabilities, dtype=dtype, limits=_very_long_limits(limits), max_kv_heads=1, fp8=fp8)
 
 
 def very_long_window_sequence_cases(capabilities: Capabilities, *, dtype: str,

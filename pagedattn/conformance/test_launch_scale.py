@@ -4,10 +4,10 @@ plan), more than 65,535 tokens, sequences or block pairs in one call (attention,
 copy_blocks: a CUDA grid's y and z axes take no more), prefills of several query tiles per
 sequence (with and without the causal mask), chunks of thousands of queries after thousands of
 keys (split plans of many query tiles), a sequence of more than 65,536 keys (more split parts
-than a fixed-size merge holds; positions past 16 bits, under a sliding window too), and one of
-more than a million keys (past what a plan or merge sized for a 131,072-key context holds). The
-cells about a GPU's launch limits (waves, grid axes) are unsupported for a backend run in an
-interpreter, which has none.
+than a fixed-size merge holds; positions past 16 bits; with fp8 caches, under a sliding window),
+and one of more than a million keys (past what a plan or merge sized for a 131,072-key context
+holds). The cells about a GPU's launch limits (waves, grid axes) are unsupported for a backend
+run in an interpreter, which has none.
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
@@ -192,6 +192,18 @@ def test_very_long_sequences_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, very_long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="very_long_sequences", max_examples=limits.batch_examples)
+
+
+@pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
+def test_very_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
+    """The very long sequence with fp8 caches and scales (v_scale never 1): the fp8 paths' split
+    plans and merges of more than 65,536 keys (a backend may split them finer than its 16-bit
+    caches), within the error model; inputs untouched. In an interpreter (a tile at a time, every
+    key) only under PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(very_long_sequence_cases, fp8=True), checks.matches_spec,
+                   limits, dtype=dtype, feature="very_long_sequences_fp8", max_examples=limits.batch_examples,
+                   requires={"features": ("fp8",), "many_programs": True})
 
 
 @pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)

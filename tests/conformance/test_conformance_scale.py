@@ -642,6 +642,22 @@ def test_very_long_window_cases_put_every_query_past_16_bit_positions_under_a_na
     assert any(checks.problem_of(case).alibi_slopes is not None for case in cases)
 
 
+def test_very_long_fp8_cases_take_cupys_fp8_plan_past_the_parts_of_its_16_bit_plan():
+    from pagedattn.conformance.mutants.scale import MERGE_MAX_PARTS
+
+    caps = Capabilities(head_dims=(64, 128, 256), block_sizes=(16, 32, 64),
+                        cache_dtypes=("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"))
+    limits = scale.scale_limits("quick")
+    (fp8,) = drawn(scale.very_long_sequence_cases(caps, dtype="float16", limits=limits, fp8=True), 1)
+    (same,) = drawn(scale.very_long_sequence_cases(caps, dtype="float16", limits=limits), 1)
+    fp8_problem, same_problem = checks.problem_of(fp8), checks.problem_of(same)
+    assert fp8_problem.cache_dtype.startswith("float8") and fp8_problem.v_scale != 1.0
+    assert list(fp8_problem.seq_lens) == list(same_problem.seq_lens)
+    fp8_parts = int(h200_cupy_work(fp8_problem).merges[:, 6].max())
+    same_parts = int(h200_cupy_work(same_problem).merges[:, 6].max())
+    assert fp8_parts > same_parts > MERGE_MAX_PARTS  # the fp8 plan splits finer
+
+
 def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_triton_and_cupy():
     from pagedattn.backends.triton.launch_config import MAX_SPLITS
     from pagedattn.conformance.mutants.scale import MERGE_MAX_KEYS, PART_KEYS

@@ -586,6 +586,19 @@ class SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
         return super().merge(states[:MERGE_MAX_PARTS])
 
 
+class Fp8SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
+    bug = ("the fp8-cache path's split-KV merge holds at most 64 parts (the 16-bit path's holds them all): on fp8 "
+           "caches, parts past the 64th are dropped")
+    models = ("flashinfer-ai/flashinfer PR 4573 and ROCm/aiter PR 3669 (merges of a fixed number of splits), in a "
+              "separate fp8 path whose plan splits finer than the 16-bit one; vllm-project/vllm issue 6429 (FP8 "
+              "KV-cache models failed at contexts the 16-bit cache served)")
+
+    def merge(self, states):
+        from pagedattn.spec.dtypes import FP8_DTYPES
+
+        return super().merge(states[:MERGE_MAX_PARTS] if self.cache_dtype in FP8_DTYPES else states)
+
+
 class KeyPositionsIn16Bits(AddressedKernelBackend):
     bug = ("a key's position is held in 16 bits where its block-table column and slot are found: the key at "
            "p >= 65,536 is read from position p - 65,536")
