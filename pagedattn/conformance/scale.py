@@ -985,13 +985,14 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 
 @st.composite
 def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                      limits: ScaleLimits | None = None) -> AttentionCase:
+                      limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
     """Return a strategy for a batch of at least :data:`LARGE_BATCH_SEQS` sequences (and more pairs).
 
     1, 2 or 4 KV heads with GQA 1, 4 or 8; short sequences (1 to :data:`LARGE_BATCH_MAX_LEN`
     keys, block edges among them) in an interleaved or shuffled pool; decode, or a mixed batch
     where some sequences take a few queries. A kernel whose grid, or persistent work list,
-    covers one wave of CTAs must still reach the last pair.
+    covers one wave of CTAs must still reach the last pair. With ``fp8``, fp8 caches and scales
+    (``v_scale`` never 1).
     """
     del limits  # one size for every profile: the threshold is the GPU's, not the profile's
     caps = capabilities
@@ -1014,15 +1015,17 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    options.update(scales)
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens.tolist(), num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables, lens,
-                         logical, garbage, dtype, 1.0, 1.0)
+                         logical, garbage, cache_dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
     num_tokens = num_seqs if q_lens is None else sum(q_lens)
     query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
     labels = {"feature": "large_batch", "garbage": garbage, "arrangement": pool.arrangement,
               "heads": f"{num_kv_heads * group}/{num_kv_heads}", "sequences": str(num_seqs),
-              "queries": "mixed" if mixed else "decode"}
+              "queries": "mixed" if mixed else "decode", "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens.tolist(), q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
 

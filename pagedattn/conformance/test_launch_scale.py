@@ -1,13 +1,13 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
-batches larger than one wave of CTAs (run once, and planned once and run as an engine runs a
-plan), more than 65,535 tokens, sequences or block pairs in one call (attention, write_kv,
-copy_blocks: a CUDA grid's y and z axes take no more), prefills of several query tiles per
-sequence (with and without the causal mask), chunks of thousands of queries after thousands of
-keys (split plans of many query tiles), a sequence of more than 65,536 keys (more split parts
-than a fixed-size merge holds; positions past 16 bits; with fp8 caches, under a sliding window),
-and one of more than a million keys (past what a plan or merge sized for a 131,072-key context
-holds). The cells about a GPU's launch limits (waves, grid axes) are unsupported for a backend
-run in an interpreter, which has none.
+batches larger than one wave of CTAs (run once, with fp8 caches too, and planned once and run as
+an engine runs a plan), more than 65,535 tokens, sequences or block pairs in one call
+(attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of several
+query tiles per sequence (with and without the causal mask), chunks of thousands of queries
+after thousands of keys (split plans of many query tiles), a sequence of more than 65,536 keys
+(more split parts than a fixed-size merge holds; positions past 16 bits; with fp8 caches, under
+a sliding window), and one of more than a million keys (past what a plan or merge sized for a
+131,072-key context holds). The cells about a GPU's launch limits (waves, grid axes) are
+unsupported for a backend run in an interpreter, which has none.
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
@@ -135,6 +135,17 @@ def test_large_batches_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, large_batch_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="large_batch", max_examples=limits.batch_examples, requires={"launch_limits": True})
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_large_batches_with_fp8_caches_match_spec(request, backend, dtype):
+    """The large batches with fp8 caches and scales: the waves (or persistent work list) of the
+    fp8 decode paths, within the error model; inputs untouched. A backend run in an interpreter
+    is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(large_batch_cases, fp8=True), checks.matches_spec, limits,
+                   dtype=dtype, feature="large_batch_fp8", max_examples=limits.batch_examples,
+                   requires={"features": ("fp8",), "launch_limits": True})
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)

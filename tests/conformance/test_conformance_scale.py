@@ -543,6 +543,17 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
         assert h200_cupy_work(problem).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
 
 
+def test_large_batch_fp8_cases_hold_fp8_caches_past_one_wave_of_cupy():
+    caps = Capabilities(head_dims=(64, 128, 256), block_sizes=(16, 32, 64),
+                        cache_dtypes=("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"))
+    for case in drawn(scale.large_batch_cases(caps, dtype="bfloat16", limits=scale.scale_limits("quick"), fp8=True),
+                      3):
+        problem = checks.problem_of(case)
+        assert problem.cache_dtype.startswith("float8") and problem.v_scale != 1.0
+        assert problem.num_seqs > scale.MAX_RESIDENT_CTAS
+        assert h200_cupy_work(problem).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
+
+
 def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
     from pagedattn.conformance.mutants.scale import GRID_YZ_LIMIT
 

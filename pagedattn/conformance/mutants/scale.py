@@ -495,6 +495,20 @@ class WorkListOneWave(UnwrittenOutputKernel):
         return rows
 
 
+class Fp8WorkListOneWave(WorkListOneWave):
+    bug = ("the fp8-cache decode path is a persistent kernel of 132 x 4 CTAs that walks its (sequence, KV head) "
+           "work list once (the 16-bit path covers every pair): on fp8 caches, pairs past the 528th are never computed")
+    models = ("persistent-kernel work loops that stop after the first wave, in a separate fp8 KV-cache kernel; "
+              "vllm-project/vllm issue 6429 (FP8 KV-cache models failed where the 16-bit cache served)")
+
+    def unwritten(self, problem):
+        from pagedattn.spec.dtypes import FP8_DTYPES
+
+        if problem.cache_dtype in FP8_DTYPES:
+            return super().unwritten(problem)
+        return UnwrittenOutputKernel.unwritten(self, problem)
+
+
 class WorkCounterZeroedAtPlan(UnwrittenOutputKernel):
     bug = ("past one wave, a persistent kernel's CTAs take (sequence, KV head) pairs from a counter that plan "
            "zeroes once: the first run leaves it at the end of the list, so a later run of the plan takes no pair "
