@@ -31,6 +31,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   tile of a KV head's query heads, where kernels cut a group into tiles;
 - :func:`large_batch_cases`: more than :data:`MAX_RESIDENT_CTAS` short sequences, more work
   than one wave of CTAs on the GPU;
+- :func:`shared_prefix_batch_cases`: 16 to 128 sequences sharing the blocks of a prefix of
+  hundreds or thousands of keys (in one group, or two), the batches engines run on a cascade path;
 - :func:`far_partial_cases`: more than 16,384 short sequences beside one of 2**15 keys, so that
   split-KV partials laid out by sequence, as many parts each as the longest has, pass 2**31
   elements;
@@ -107,6 +109,9 @@ __all__ = [
     "NEEDLE_GAP",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
+    "SHARED_PREFIX_KEYS",
+    "SHARED_PREFIX_SEQS",
+    "SHARED_PREFIX_SUFFIX",
     "VERY_LONG_KEYS",
     "VERY_LONG_MAX",
     "VERY_LONG_MAX_WINDOW",
@@ -137,6 +142,7 @@ __all__ = [
     "odd_size_cases",
     "scale_block_sizes",
     "scale_limits",
+    "shared_prefix_batch_cases",
     "very_long_sequence_cases",
     "very_long_window_sequence_cases",
     "wide_group_cases",
@@ -240,6 +246,14 @@ MAX_RESIDENT_CTAS = 32 * 132
 LARGE_BATCH_SEQS = MAX_RESIDENT_CTAS + 1
 #: Keys of a sequence in a large batch, at most (many short sequences: the engine's decode batch).
 LARGE_BATCH_MAX_LEN = 80
+#: Sequences of a shared-prefix batch, at least and at most: past the 8 from which engines take
+#: a cascade path (the prefix computed once for every sequence, then merged with each suffix),
+#: up to 128 requests of one system prompt.
+SHARED_PREFIX_SEQS = (16, 128)
+#: Keys of a shared prefix, at least and at most: past the 256 a cascade path asks for.
+SHARED_PREFIX_KEYS = (256, 2048)
+#: Keys of a sequence after its shared prefix, in blocks of its own, at least and at most.
+SHARED_PREFIX_SUFFIX = (1, 200)
 #: Rows (queries x query heads of a KV head) of each sequence of a long prefill, at least: 4 of
 #: the 128-row tiles of cupy's Hopper prefill kernel, which takes batches of that many rows per
 #: sequence; and queries, at least: several 16- to 64-query tiles.
@@ -1028,6 +1042,82 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
               "queries": "mixed" if mixed else "decode", "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens.tolist(), q_lens, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
+
+
+# -- a batch of many sequences sharing a long prefix -------------------------------------------
+
+@st.composite
+def shared_prefix_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                              limits: ScaleLimits | None = None, prefixes: int = 1) -> AttentionCase:
+    """Return a strategy for :data:`SHARED_PREFIX_SEQS` sequences in ``prefixes`` groups, each
+    group's sequences sharing the physical blocks of a prefix of :data:`SHARED_PREFIX_KEYS` keys
+    (whole blocks, as prefix caching shares them), then :data:`SHARED_PREFIX_SUFFIX` keys each in
+    blocks of their own (200 first), shuffled in the pool; values of :func:`_shared_prefix_values`.
+    Every query lies in its sequence's suffix: decode, or a mixed batch where some sequences take
+    a few queries. The first two sequences are in the first group. GQA 4 or 8 (a prefix pass's
+    rows are tokens x query heads); lse, ALiBi and softcap each sometimes.
+    """
+    del limits  # one size for every profile: the thresholds are an engine's, not the profile's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
+    num_q_heads = num_kv_heads * draw(st.sampled_from((4, 8)), label="gqa_ratio")
+    declared = tuple(d for d in (caps.head_dims or (16, 64, 128)) if d <= 128) or (min(caps.head_dims or (16,)),)
+    head_dim = min(declared)
+    num_seqs = draw(st.integers(*SHARED_PREFIX_SEQS), label="num_seqs")
+    first, rest = -(-SHARED_PREFIX_KEYS[0] // block_size), SHARED_PREFIX_KEYS[1] // block_size
+    prefix_blocks = [draw(st.integers(first, max(first, rest)), label=f"prefix_blocks[{g}]") for g in range(prefixes)]
+    group = np.minimum(np.arange(num_seqs) * prefixes // num_seqs, prefixes - 1)  # contiguous groups
+    low, high = SHARED_PREFIX_SUFFIX  # the longest first: a suffix weighs about as much as the prefix
+    suffixes = [high - draw(st.integers(0, high - low), label=f"suffix_shortfall[{s}]") for s in range(num_seqs)]
+    lens = [prefix_blocks[g] * block_size + n for g, n in zip(group.tolist(), suffixes, strict=True)]
+    mixed = caps.supports("varlen") and draw(st.booleans(), label="mixed")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    q_lens = None
+    if mixed:  # a quarter of the sequences take up to 4 queries, all in their suffix
+        q_lens = np.where(rng.random(num_seqs) < 0.25, np.minimum(suffixes, rng.integers(1, 5, num_seqs)), 1).tolist()
+    own = [-(-n // block_size) for n in suffixes]
+    num_blocks = sum(prefix_blocks) + sum(own) + draw(st.integers(0, 3), label="spare_blocks")
+    ids = rng.permutation(num_blocks)
+    starts = np.cumsum([0, *prefix_blocks])
+    own_ids = iter(ids[starts[-1]:].tolist())
+    tables = np.full((num_seqs, max(prefix_blocks) + max(own) + 1), -1, dtype=np.int64)
+    for s, g in enumerate(group.tolist()):
+        tables[s, :prefix_blocks[g]] = ids[starts[g]:starts[g + 1]]
+        for j in range(own[s]):
+            tables[s, prefix_blocks[g] + j] = next(own_ids)
+    tables[tables < 0] = rng.integers(0, num_blocks, int((tables < 0).sum()))  # unused entries: any block
+    options = _sometimes_lse_alibi_softcap(draw, caps, num_q_heads)
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    logical = _shared_prefix_values(rng, lens, [prefix_blocks[g] * block_size for g in group.tolist()],
+                                    group.tolist(), num_kv_heads, head_dim)
+    caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), tables, np.array(lens), logical,
+                         garbage, dtype, 1.0, 1.0)
+    num_tokens = num_seqs if q_lens is None else sum(q_lens)
+    query = rng.standard_normal((num_tokens, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "shared_prefix_batch", "garbage": garbage, "prefixes": str(prefixes),
+              "prefix_keys": "+".join(str(n * block_size) for n in prefix_blocks), "sequences": str(num_seqs),
+              "heads": f"{num_q_heads}/{num_kv_heads}", "queries": "mixed" if mixed else "decode"}
+    return _case(query, caches, tables.astype(np.int32), lens, q_lens, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+def _shared_prefix_values(rng: np.random.Generator, lens: list[int], prefix_lens: list[int], groups: list[int],
+                          num_kv_heads: int, head_dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """K, V float64 ``[L, Hkv, D]`` of each sequence of a shared-prefix batch: keys of the prefix near
+    ``+2`` in every dim and of the suffix near ``-2``, so that a standard normal query's weight moves
+    between the two with the sign of its sum (each row its own split of the mass); values near 1 in
+    the first group's prefix, 0.5 in the second's, -1 in every suffix, so that each pass's output,
+    and which prefix a row read, shows."""
+    result = []
+    for length, prefix, group in zip(lens, prefix_lens, groups, strict=True):
+        sign = np.where(np.arange(length) < prefix, 1.0, -1.0)[:, None, None]
+        k = 2.0 * sign + 0.5 * rng.standard_normal((length, num_kv_heads, head_dim))
+        level = np.where(sign > 0, 1.0 - 0.5 * group, -1.0)
+        v = level + 0.1 * rng.standard_normal((length, num_kv_heads, head_dim))
+        result.append((k, v))
+    return result
 
 
 # -- a long-tail batch: a GPU full without split-KV --------------------------------------------

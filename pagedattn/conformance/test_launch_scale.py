@@ -1,13 +1,14 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
 batches larger than one wave of CTAs (run once, with fp8 caches too, and planned once and run as
-an engine runs a plan), more than 65,535 tokens, sequences or block pairs in one call
-(attention, write_kv, copy_blocks: a CUDA grid's y and z axes take no more), prefills of several
-query tiles per sequence (with and without the causal mask), chunks of thousands of queries
-after thousands of keys (split plans of many query tiles), a sequence of more than 65,536 keys
-(more split parts than a fixed-size merge holds; positions past 16 bits; with fp8 caches, under
-a sliding window), and one of more than a million keys (past what a plan or merge sized for a
-131,072-key context holds). The cells about a GPU's launch limits (waves, grid axes) are
-unsupported for a backend run in an interpreter, which has none.
+an engine runs a plan), batches of many sequences sharing a long prefix (a cascade path's), more
+than 65,535 tokens, sequences or block pairs in one call (attention, write_kv, copy_blocks: a
+CUDA grid's y and z axes take no more), prefills of several query tiles per sequence (with and
+without the causal mask), chunks of thousands of queries after thousands of keys (split plans of
+many query tiles), a sequence of more than 65,536 keys (more split parts than a fixed-size merge
+holds; positions past 16 bits; with fp8 caches, under a sliding window), and one of more than a
+million keys (past what a plan or merge sized for a 131,072-key context holds). The cells about
+a GPU's launch limits (waves, grid axes) are unsupported for a backend run in an interpreter,
+which has none.
 
 Each cell draws one size past the limit it is about (the GPU's, not the profile's; see
 :mod:`pagedattn.conformance.scale`), few examples, and stops at the first failure. The mutant
@@ -36,6 +37,7 @@ from pagedattn.conformance.scale import (
     many_token_write_kv_cases,
     million_key_sequence_cases,
     scale_limits,
+    shared_prefix_batch_cases,
     very_long_sequence_cases,
     very_long_window_sequence_cases,
     wide_group_cases,
@@ -146,6 +148,27 @@ def test_large_batches_with_fp8_caches_match_spec(request, backend, dtype):
     run_scale_cell(request, backend, functools.partial(large_batch_cases, fp8=True), checks.matches_spec, limits,
                    dtype=dtype, feature="large_batch_fp8", max_examples=limits.batch_examples,
                    requires={"features": ("fp8",), "launch_limits": True})
+
+
+def test_shared_prefix_batches_match_spec(request, backend):
+    """16 to 128 sequences sharing the blocks of a prefix of 256 to 2,048 keys, every query in its
+    sequence's own blocks: the batches for which engines take a cascade path (the prefix once for
+    every sequence, merged with each suffix), within the error model; inputs untouched."""
+    _run_shared_prefix_cell(request, backend, 1)
+
+
+def test_two_shared_prefix_batches_match_spec(request, backend):
+    """The shared-prefix batches in two groups, each sharing a prefix of its own (the first two
+    sequences in the first): a batch with no prefix common to all, which a cascade path must not
+    take as one."""
+    _run_shared_prefix_cell(request, backend, 2)
+
+
+def _run_shared_prefix_cell(request, backend, prefixes: int) -> None:
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(shared_prefix_batch_cases, prefixes=prefixes),
+                   checks.matches_spec, limits, dtype="bfloat16", feature=f"shared_prefix_x{prefixes}",
+                   max_examples=limits.batch_examples)
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)

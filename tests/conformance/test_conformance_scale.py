@@ -554,6 +554,24 @@ def test_large_batch_fp8_cases_hold_fp8_caches_past_one_wave_of_cupy():
         assert h200_cupy_work(problem).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
 
 
+@pytest.mark.parametrize("prefixes", [1, 2])
+def test_shared_prefix_cases_share_the_blocks_of_a_long_prefix_before_every_query(prefixes):
+    from pagedattn.conformance.mutants.scale import CASCADE_MIN_KEYS, CASCADE_MIN_SEQS, CascadeKernelBackend
+
+    for case in drawn(scale.shared_prefix_batch_cases(ANY, dtype="bfloat16", prefixes=prefixes), 3):
+        problem = checks.problem_of(case)
+        tables, bs = problem.block_tables, problem.block_size
+        assert problem.num_seqs >= 2 * CASCADE_MIN_SEQS and problem.num_q_heads >= 4
+        shared = CascadeKernelBackend().shared_blocks(problem)  # leading blocks alike in every row
+        first_two = int((tables[0] == tables[1]).argmin())  # leading blocks the first two rows share
+        assert first_two * bs >= CASCADE_MIN_KEYS
+        assert shared == (first_two if prefixes == 1 else 0)
+        if prefixes == 1:  # every query past the prefix: a cascade path takes the batch
+            assert CascadeKernelBackend().cascade_blocks(problem) == shared
+        groups = {tuple(row[:CASCADE_MIN_KEYS // bs]) for row in tables}
+        assert len(groups) == prefixes
+
+
 def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
     from pagedattn.conformance.mutants.scale import GRID_YZ_LIMIT
 

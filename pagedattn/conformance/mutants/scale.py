@@ -3,7 +3,8 @@ sequences, index arithmetic that holds only for power-of-two sizes, groups wider
 rows, batches larger than one wave of CTAs, more query tokens, sequences or copied blocks than a
 grid's y or z axis takes, prefills of several query tiles, sequences of more than 65,536 keys,
 blocks and head dims larger than a fixed tile, long rows whose mass lies in weights far below
-their maximum, and split plans run more than once.
+their maximum, split plans run more than once, and a cascade path for batches sharing a long
+prefix (:class:`CascadeKernelBackend`).
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -639,6 +640,120 @@ class WindowMaskIn16BitPositions(AddressedKernelBackend):
             return super().visible(p, p_q, length, problem)
         vis = super().visible(p, p_q, length, replace(problem, sliding_window=None))
         return vis & (_int16(p)[None, :] > _int16(p_q)[:, None] - problem.sliding_window)
+
+
+# -- many sequences sharing a long prefix: a cascade path ----------------------------------------
+
+#: Sequences, and keys of a prefix they all share, from which the cascade kernel takes its
+#: cascade path (vLLM's FlashAttention backend asks for a common prefix of 256 tokens and more).
+CASCADE_MIN_SEQS, CASCADE_MIN_KEYS = 8, 256
+
+
+class CascadeKernelBackend(SteppedKernelBackend):
+    """The stepped kernel with a cascade path (not registered; base of the cascade mutants): where
+    at least :data:`CASCADE_MIN_SEQS` sequences share their first blocks (:data:`CASCADE_MIN_KEYS`
+    keys and more) and every query lies past them, one pass runs every query over the shared
+    prefix and another over each sequence's own keys, and their states merge by lse."""
+
+    name = "cascade-kernel"
+    description = "the stepped kernel computing a prefix every sequence shares once, merged with each suffix"
+
+    #: the logical blocks [first, stop) and the block-table rows of the pass under way (None: all, the plan's)
+    _visit: tuple[int, int] | None = None
+    _rows: np.ndarray | None = None
+
+    # -- steps ------------------------------------------------------------------------------
+    def shared_blocks(self, problem: AttentionProblem) -> int:
+        """Leading block-table columns alike in every sequence's row, within every sequence's blocks."""
+        lens = problem.seq_lens.astype(np.int64)
+        needed = int((-(-lens // problem.block_size)).min()) if len(lens) else 0
+        tables = problem.block_tables[:, :needed]
+        alike = (tables == tables[:1]).all(axis=0)
+        return int(alike.argmin()) if not alike.all() else needed
+
+    def prefix_rows(self, problem: AttentionProblem, blocks: int) -> np.ndarray:
+        """The block-table rows the prefix pass reads: the plan's."""
+        return problem.block_tables
+
+    def prefix_lse(self, lse: np.ndarray) -> np.ndarray:
+        """The prefix pass's lse ``[T, Hq]`` as the merge reads it."""
+        return lse
+
+    def cascade_blocks(self, problem: AttentionProblem) -> int:
+        """Blocks of the cascade path's prefix (0: no cascade path)."""
+        blocks = self.shared_blocks(problem)
+        if problem.num_seqs < CASCADE_MIN_SEQS or blocks * problem.block_size < CASCADE_MIN_KEYS:
+            return 0
+        if int(problem.token_positions()[1].min()) < blocks * problem.block_size:
+            return 0
+        return blocks
+
+    def table_row(self, plan, s):
+        return super().table_row(plan, s) if self._rows is None else self._rows[s]
+
+    def logical_blocks(self, length, block_size, p_q, problem):
+        blocks = super().logical_blocks(length, block_size, p_q, problem)
+        if self._visit is None:
+            return blocks
+        first, stop = self._visit
+        return [j for j in blocks if first <= j < stop]
+
+    # -- the kernel -----------------------------------------------------------------------------
+    def _run(self, plan, query, key_cache, value_cache):
+        problem = plan.problem
+        blocks = self.cascade_blocks(problem)
+        if blocks == 0:
+            return super()._run(plan, query, key_cache, value_cache)
+        both = replace(plan, problem=replace(problem, return_lse=True))  # each pass's lse, for the merge
+        wide = np.asarray(query).astype(F32)  # each pass's out in float32, rounded once after the merge
+        try:
+            self._visit, self._rows = (0, blocks), self.prefix_rows(problem, blocks)
+            out_p, lse_p = super()._run(both, wide, key_cache, value_cache)
+            self._visit, self._rows = (blocks, 2**62), None
+            out_s, lse_s = super()._run(both, wide, key_cache, value_cache)
+        finally:
+            self._visit = self._rows = None
+        lse_p = self.prefix_lse(lse_p)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            top = np.maximum(lse_p, lse_s)
+            shift = np.where(np.isneginf(top), F32(0), top)
+            w_p, w_s = np.exp(lse_p - shift), np.exp(lse_s - shift)
+            total = w_p + w_s
+            out = (w_p[..., None] * out_p + w_s[..., None] * out_s) / np.where(total == 0, F32(1), total)[..., None]
+            lse = np.where(total == 0, F32(-np.inf), shift + np.log(total)).astype(F32)
+        return out.astype(np.asarray(query).dtype), (lse if problem.return_lse else None)
+
+
+class CascadePrefixLseTransposed(CascadeKernelBackend):
+    bug = ("the cascade path's prefix pass writes its lse as [query heads, tokens] and the merge reads it as "
+           "[tokens, query heads]: each row's prefix is weighed by another row's lse")
+    models = ("vllm-project/vllm PR 22003 (cascade attention's prefix lse, a non-contiguous view, read as "
+              "contiguous: garbled output when 128 requests share a system prompt); vllm-project/vllm issue "
+              "22103 (cascade attention's accuracy loss on a batch of repeated prompts)")
+
+    def prefix_lse(self, lse):
+        return np.ascontiguousarray(lse.T).reshape(lse.shape)
+
+
+class CascadePrefixOfTheFirstSequence(CascadeKernelBackend):
+    bug = ("the cascade path finds the shared prefix from the first two sequences' block tables and reads it "
+           "from the first sequence's row for every sequence: a batch of two prefix groups reads the second "
+           "group's prefix from the first's blocks")
+    models = ("vllm-project/vllm PR 55227 (a common prefix found for requests that do not share one: the "
+              "cascade path used the first request's prefix block table for the others); vllm-project/vllm "
+              "issue 22103 (a batch of 32 repeats of one prompt and 18 of another)")
+
+    def shared_blocks(self, problem):
+        lens = problem.seq_lens.astype(np.int64)
+        needed = int((-(-lens // problem.block_size)).min()) if len(lens) else 0
+        first, second = problem.block_tables[0, :needed], problem.block_tables[min(1, problem.num_seqs - 1), :needed]
+        alike = first == second
+        return int(alike.argmin()) if not alike.all() else needed
+
+    def prefix_rows(self, problem, blocks):
+        rows = problem.block_tables.copy()
+        rows[:, :blocks] = rows[0, :blocks]
+        return rows
 
 
 # -- a sequence of more than a million keys ----------------------------------------------------
