@@ -740,8 +740,8 @@ class CascadePrefixOfTheFirstSequence(CascadeKernelBackend):
            "from the first sequence's row for every sequence: a batch of two prefix groups reads the second "
            "group's prefix from the first's blocks")
     models = ("vllm-project/vllm PR 55227 (a common prefix found for requests that do not share one: the "
-              "cascade path used the first request's prefix block table for the others); vllm-project/vllm "
-              "issue 22103 (a batch of 32 repeats of one prompt and 18 of another)")
+              "cascade path used the first request's prefix block table for the others); "
+              "vllm-project/vllm issue 22103 (a batch of 32 repeats of one prompt and 18 of another)")
 
     def shared_blocks(self, problem):
         lens = problem.seq_lens.astype(np.int64)
