@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -47,13 +48,22 @@ def suite_location(modules: Sequence[str] = SUITE_MODULES) -> list[str]:
 
 
 class MutantResult(NamedTuple):
-    """killed: the suite failed; seconds: wall time; killed_by: the first failing test id."""
+    """killed: the suite failed; seconds: wall time; killed_by: the first failing test id;
+    cpu_seconds: the processor time the run took (its process's, or its child's when isolated),
+    which other work on the machine does not stretch as it stretches the wall time."""
 
     name: str
     killed: bool
     seconds: float
     killed_by: str
     exit_code: int
+    cpu_seconds: float = float("nan")
+
+
+def _children_cpu_seconds() -> float:
+    """User and system time of this process's waited-for children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 class _FirstFailure:
@@ -110,14 +120,18 @@ def run_mutant(
                 "--backend", f"mutant:{name}", *suite_location(modules), *extra_args]
         start = time.perf_counter()
         if isolated:
+            cpu_start = _children_cpu_seconds()
             done = subprocess.run([sys.executable, "-m", "pytest", "-rf", *args], capture_output=True, text=True)
+            cpu = _children_cpu_seconds() - cpu_start
             code = done.returncode
             failed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
             first.nodeid = failed[0] if failed else ""
         else:
+            cpu_start = time.process_time()
             code = run_pytest_in_process(args, [first])
+            cpu = time.process_time() - cpu_start
         seconds = time.perf_counter() - start
-    return MutantResult(name, code == pytest.ExitCode.TESTS_FAILED, seconds, first.nodeid, int(code))
+    return MutantResult(name, code == pytest.ExitCode.TESTS_FAILED, seconds, first.nodeid, int(code), cpu)
 
 
 def kill_table(names: Sequence[str], profiles: Sequence[str], *,
@@ -138,7 +152,7 @@ def kill_table(names: Sequence[str], profiles: Sequence[str], *,
 
 def _cell(result: MutantResult) -> str:
     if result.killed:
-        return f"{result.seconds:.1f} s"
+        return f"{result.seconds:.1f} s ({result.cpu_seconds:.1f} s cpu)"
     return f"SURVIVED ({result.seconds:.0f} s, exit {result.exit_code})"
 
 
