@@ -112,6 +112,7 @@ __all__ = [
     "SHARED_PREFIX_KEYS",
     "SHARED_PREFIX_SEQS",
     "SHARED_PREFIX_SUFFIX",
+    "SMALL_BLOCK_SIZES",
     "VERY_LONG_KEYS",
     "VERY_LONG_MAX",
     "VERY_LONG_MAX_WINDOW",
@@ -143,6 +144,8 @@ __all__ = [
     "scale_block_sizes",
     "scale_limits",
     "shared_prefix_batch_cases",
+    "small_block_cases",
+    "small_block_sizes",
     "very_long_sequence_cases",
     "very_long_window_sequence_cases",
     "wide_group_cases",
@@ -786,6 +789,10 @@ def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 #: Block sizes of the large-block cell: pages of more slots than a fixed tile of 128 keys holds
 #: (FlashAttention-2's paged path takes multiples of 256).
 LARGE_BLOCK_SIZES: tuple[int, ...] = (128, 256, 512)
+#: Blocks of fewer slots than the contract's 16, drawn for backends that accept any block size:
+#: SGLang's page of one token, and sizes that are no multiple of 8 (a run of 8 consecutive slots
+#: then spans blocks).
+SMALL_BLOCK_SIZES: tuple[int, ...] = (1, 4, 12)
 #: The large-block cell's first sequence passes this many keys by a block and more: a public kernel
 #: with pages over 128 slots saw only the first 4,096 keys and the last page.
 LARGE_BLOCK_FAR_KEYS = 4096
@@ -797,6 +804,49 @@ def large_block_sizes(capabilities: Capabilities) -> tuple[int, ...]:
     its sizes does not take)."""
     declared = tuple(b for b in capabilities.block_sizes or () if b >= min(LARGE_BLOCK_SIZES))
     return tuple(sorted(declared or LARGE_BLOCK_SIZES, reverse=True))
+
+
+def small_block_sizes(capabilities: Capabilities) -> tuple[int, ...]:
+    """The block sizes the small-block cell draws, smallest first (the first example takes it): the
+    backend's declared ones below 16, else :data:`SMALL_BLOCK_SIZES` (which a backend that declares
+    its sizes does not take)."""
+    declared = tuple(b for b in capabilities.block_sizes or () if b < min(CONTRACT_BLOCK_SIZES))
+    return tuple(sorted(declared or SMALL_BLOCK_SIZES))
+
+
+@st.composite
+def small_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                      limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for attention on blocks of fewer than 16 slots (:data:`SMALL_BLOCK_SIZES`,
+    or the backend's declared sizes below 16; a backend that declares none is unsupported).
+
+    As :func:`large_block_cases`: the first of 1 to 4 sequences past :data:`LARGE_BLOCK_FAR_KEYS`
+    keys (at one slot a block, a block-table row of more than 4,096 columns), the others at block
+    edges or anywhere up to 48 keys; "trend" or normal values; decode or a few queries each; GQA 1,
+    4 or 8; garbage in every unused slot; lse and a sliding window each where declared and drawn.
+    """
+    del limits  # one size for every profile: the threshold is a tile's
+    caps = capabilities
+    block_size = draw(st.sampled_from(small_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
+    group = draw(st.sampled_from((1, 4, 8)), label="gqa_ratio")
+    head_dim = draw(st.sampled_from(tuple(sorted(caps.head_dims or (64, 128)))), label="head_dim")
+    num_seqs = draw(st.integers(1, 4), label="num_seqs")
+    edges = (1, max(1, block_size - 1), block_size, block_size + 1, 2 * block_size + 1)
+    lens = [draw(st.integers(LARGE_BLOCK_FAR_KEYS + 1, LARGE_BLOCK_FAR_KEYS + 2048), label="seq_lens[0]")]
+    lens += [draw(st.one_of(st.sampled_from(edges), st.integers(1, 48)), label=f"seq_lens[{s}]")
+             for s in range(1, num_seqs)]
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
+        options["sliding_window"] = draw(st.integers(2, 64), label="sliding_window")
+    kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")  # "trend": which keys are seen shows
+    return _few_sequences_case(draw, caps, dtype=dtype, lens=lens, q_counts=(1, 2, 5), block_size=block_size,
+                               kv_layout=kv_layout, heads=(num_kv_heads, group), head_dim=head_dim, options=options,
+                               labels={"feature": "small_blocks", "block_size": str(block_size), "values": kind},
+                               kind=kind)
 
 
 @st.composite

@@ -3,10 +3,10 @@ elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query
 (and merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out
 by sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
 split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, on the
-caller's stream, and step after step without holding memory), split
-parts whose lse lie past float32's exp range apart or are not finite, and sizes that are no
-power of two. How kernels
-divide their work at scale (tiles of heads and queries, waves, grid axes) is
+caller's stream, and step after step without holding memory), split parts whose lse lie past
+float32's exp range apart or are not finite, sizes that are no power of two, blocks larger than
+a tile and smaller than a run of slots, and head dims past 256. How kernels divide their work
+at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
 Sizes and example counts follow the profile (:func:`pagedattn.conformance.scale.scale_limits`);
@@ -48,6 +48,8 @@ from pagedattn.conformance.scale import (
     long_sequence_cases,
     odd_size_cases,
     scale_limits,
+    small_block_cases,
+    small_block_sizes,
 )
 from pagedattn.spec.dtypes import QUERY_DTYPES
 
@@ -206,6 +208,18 @@ def test_large_blocks_match_spec(request, backend, dtype):
     run_scale_cell(request, backend, large_block_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="large_blocks", max_examples=limits.odd_examples,
                    requires={"block_size": large_block_sizes(backend.capabilities())[0]})
+
+
+@pytest.mark.parametrize("dtype", LARGE_BLOCK_DTYPES)
+def test_small_blocks_match_spec(request, backend, dtype):
+    """Blocks of 1, 4 and 12 slots (fewer than a tile of keys, or a run of 8 consecutive slots,
+    holds), a sequence of more than 4,096 blocks and others ending at and around block edges,
+    within the error model; inputs untouched. A backend that declares no block size below 16 is
+    unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, small_block_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="small_blocks", max_examples=limits.odd_examples,
+                   requires={"block_size": small_block_sizes(backend.capabilities())[0]})
 
 
 #: The check of each operation of the large-block operation cell.

@@ -472,6 +472,28 @@ def test_large_block_cases_of_a_backend_declaring_small_blocks_only_are_unsuppor
         == {256}
 
 
+def test_small_block_cases_take_blocks_of_a_slot_and_sizes_no_run_of_8_fits():
+    cases = drawn(scale.small_block_cases(ANY, dtype="float32"), 12)
+    assert checks.problem_of(cases[0]).block_size == 1  # the shrink target: SGLang's page of one token
+    sizes = {checks.problem_of(case).block_size for case in cases}
+    assert sizes <= set(scale.SMALL_BLOCK_SIZES) and len(sizes) >= 2, sizes
+    assert any(bs % 8 for bs in sizes), "a size of which a run of 8 slots spans two blocks"
+    for case in cases:
+        problem = checks.problem_of(case)
+        assert -(-int(problem.seq_lens[0]) // problem.block_size) > scale.LARGE_BLOCK_FAR_KEYS // problem.block_size
+        assert problem.seq_lens[1:].max(initial=1) <= 48
+
+
+def test_small_block_cases_of_a_backend_declaring_the_contracts_blocks_only_are_unsupported():
+    """cupy's kind (16, 32, 64): every case draws a block size it does not declare; one declaring 8
+    gets 8 only."""
+    (case,) = drawn(scale.small_block_cases(DECLARED, dtype="float32"), 1)
+    assert DECLARED.unsupported_reason(checks.problem_of(case)) is not None
+    declared = Capabilities(block_sizes=(8, 16))
+    assert {checks.problem_of(c).block_size for c in drawn(scale.small_block_cases(declared, dtype="float32"), 4)} \
+        == {8}
+
+
 def test_large_block_operation_cases_write_past_the_128th_slot_of_a_block():
     write_cases = drawn(scale.large_block_operation_cases(ANY, dtype="bfloat16", operation="write_kv"), 6)
     block_sizes = {case.key_cache.shape[1 if case.kv_layout == "NHD" else 2] for case in write_cases}

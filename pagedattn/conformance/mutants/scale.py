@@ -1,10 +1,10 @@
-"""Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of long
-sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a tile of
-rows, batches larger than one wave of CTAs, more query tokens, sequences or copied blocks than a
-grid's y or z axis takes, prefills of several query tiles, sequences of more than 65,536 keys,
-blocks and head dims larger than a fixed tile, long rows whose mass lies in weights far below
-their maximum, split plans run more than once, and a cascade path for batches sharing a long
-prefix (:class:`CascadeKernelBackend`).
+"""Mutants whose bug shows only at scale: 32-bit offsets past 2**31 elements, split-KV merges of
+long sequences, index arithmetic that holds only for power-of-two sizes, groups wider than a
+tile of rows, batches larger than one wave of CTAs, more query tokens, sequences or copied
+blocks than a grid's y or z axis takes, prefills of several query tiles, sequences of more than
+65,536 keys, blocks and head dims larger than a fixed tile, blocks smaller than a run of slots,
+long rows whose mass lies in weights far below their maximum, split plans run more than once,
+and a cascade path for batches sharing a long prefix (:class:`CascadeKernelBackend`).
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -162,6 +162,23 @@ class PageTileOf128Slots(AddressedKernelBackend):
     def locate(self, p, block_size):
         columns, slots = super().locate(p, block_size)
         return columns, slots % 128
+
+
+#: Consecutive slots the mutant below reads as one run from the block of the run's first position.
+SLOT_RUN = 8
+
+
+class SlotRunsOf8WithinOneBlock(AddressedKernelBackend):
+    bug = ("attention reads keys in runs of 8 consecutive positions, all from the block of the run's first "
+           "position: right when a block holds a multiple of 8 slots, and with blocks of 1, 4 or 12 slots "
+           "the run reads past its block into whatever block follows in memory")
+    models = ("Dao-AILab/flash-attention PR 824 (a tile's copy from the paged cache assumed to lie in one "
+              "page, which held for pages of 256 and not for the 16 engines use); sgl-project/sglang issue "
+              "38196 (a backend silently wrong at page size 16 and right at 128)")
+
+    def locate(self, p, block_size):
+        start = p // SLOT_RUN * SLOT_RUN
+        return start // block_size, start % block_size + (p - start)
 
 
 class LargePagesSeeFirst4096Keys(SteppedKernelBackend):
