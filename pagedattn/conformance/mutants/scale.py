@@ -173,8 +173,8 @@ class SlotRunsOf8WithinOneBlock(AddressedKernelBackend):
            "position: right when a block holds a multiple of 8 slots, and with blocks of 1, 4 or 12 slots "
            "the run reads past its block into whatever block follows in memory")
     models = ("Dao-AILab/flash-attention PR 824 (a tile's copy from the paged cache assumed to lie in one "
-              "page, which held for pages of 256 and not for the 16 engines use); sgl-project/sglang issue "
-              "38196 (a backend silently wrong at page size 16 and right at 128)")
+              "page, which held for pages of 256 and not for the 16 engines use); "
+              "sgl-project/sglang issue 38196 (a backend silently wrong at page size 16 and right at 128)")
 
     def locate(self, p, block_size):
         start = p // SLOT_RUN * SLOT_RUN
@@ -622,8 +622,8 @@ class Fp8SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
     bug = ("the fp8-cache path's split-KV merge holds at most 64 parts (the 16-bit path's holds them all): on fp8 "
            "caches, parts past the 64th are dropped")
     models = ("flashinfer-ai/flashinfer PR 4573 and ROCm/aiter PR 3669 (merges of a fixed number of splits), in a "
-              "separate fp8 path whose plan splits finer than the 16-bit one; vllm-project/vllm issue 6429 (FP8 "
-              "KV-cache models failed at contexts the 16-bit cache served)")
+              "separate fp8 path whose plan splits finer than the 16-bit one; "
+              "vllm-project/vllm issue 6429 (FP8 KV-cache models failed at contexts the 16-bit cache served)")
 
     def merge(self, states):
         from pagedattn.spec.dtypes import FP8_DTYPES
@@ -745,8 +745,8 @@ class CascadePrefixLseTransposed(CascadeKernelBackend):
     bug = ("the cascade path's prefix pass writes its lse as [query heads, tokens] and the merge reads it as "
            "[tokens, query heads]: each row's prefix is weighed by another row's lse")
     models = ("vllm-project/vllm PR 22003 (cascade attention's prefix lse, a non-contiguous view, read as "
-              "contiguous: garbled output when 128 requests share a system prompt); vllm-project/vllm issue "
-              "22103 (cascade attention's accuracy loss on a batch of repeated prompts)")
+              "contiguous: garbled output when 128 requests share a system prompt); "
+              "vllm-project/vllm issue 22103 (cascade attention's accuracy loss on a batch of repeated prompts)")
 
     def prefix_lse(self, lse):
         return np.ascontiguousarray(lse.T).reshape(lse.shape)
