@@ -826,27 +826,9 @@ def small_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     4 or 8; garbage in every unused slot; lse and a sliding window each where declared and drawn.
     """
     del limits  # one size for every profile: the threshold is a tile's
-    caps = capabilities
-    block_size = draw(st.sampled_from(small_block_sizes(caps)), label="block_size")
-    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
-    group = draw(st.sampled_from((1, 4, 8)), label="gqa_ratio")
-    head_dim = draw(st.sampled_from(tuple(sorted(caps.head_dims or (64, 128)))), label="head_dim")
-    num_seqs = draw(st.integers(1, 4), label="num_seqs")
-    edges = (1, max(1, block_size - 1), block_size, block_size + 1, 2 * block_size + 1)
-    lens = [draw(st.integers(LARGE_BLOCK_FAR_KEYS + 1, LARGE_BLOCK_FAR_KEYS + 2048), label="seq_lens[0]")]
-    lens += [draw(st.one_of(st.sampled_from(edges), st.integers(1, 48)), label=f"seq_lens[{s}]")
-             for s in range(1, num_seqs)]
-    options: dict[str, Any] = {}
-    if caps.supports("lse") and draw(st.booleans(), label="lse"):
-        options["return_lse"] = True
-    if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
-        options["sliding_window"] = draw(st.integers(2, 64), label="sliding_window")
-    kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")  # "trend": which keys are seen shows
-    return _few_sequences_case(draw, caps, dtype=dtype, lens=lens, q_counts=(1, 2, 5), block_size=block_size,
-                               kv_layout=kv_layout, heads=(num_kv_heads, group), head_dim=head_dim, options=options,
-                               labels={"feature": "small_blocks", "block_size": str(block_size), "values": kind},
-                               kind=kind)
+    block_size = draw(st.sampled_from(small_block_sizes(capabilities)), label="block_size")
+    return _blocks_case(draw, capabilities, dtype=dtype, block_size=block_size, first_past=LARGE_BLOCK_FAR_KEYS,
+                        others_max=48, widest_window=64, feature="small_blocks")
 
 
 @st.composite
@@ -864,27 +846,36 @@ def large_block_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     where declared and drawn.
     """
     del limits  # one size for every profile: the threshold is a tile's
-    caps = capabilities
-    block_size = draw(st.sampled_from(large_block_sizes(caps)), label="block_size")
+    block_size = draw(st.sampled_from(large_block_sizes(capabilities)), label="block_size")
+    return _blocks_case(draw, capabilities, dtype=dtype, block_size=block_size,
+                        first_past=LARGE_BLOCK_FAR_KEYS + block_size, others_max=3 * block_size,
+                        widest_window=block_size + block_size // 2, feature="large_blocks")
+
+
+def _blocks_case(draw: st.DrawFn, caps: Capabilities, *, dtype: str, block_size: int, first_past: int,
+                 others_max: int, widest_window: int, feature: str) -> AttentionCase:
+    """A case of the block-size cells at ``block_size``: 1 to 4 sequences, the first of ``first_past``
+    + 1 to ``first_past`` + 2,048 keys, the others at a block's edges or of up to ``others_max`` keys;
+    "trend" or normal values; decode or a few queries each; GQA 1, 4 or 8 on one or two KV heads;
+    lse, and a sliding window of 2 to ``widest_window`` keys, each where declared and drawn."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
     group = draw(st.sampled_from((1, 4, 8)), label="gqa_ratio")
     head_dim = draw(st.sampled_from(tuple(sorted(caps.head_dims or (64, 128)))), label="head_dim")
     num_seqs = draw(st.integers(1, 4), label="num_seqs")
-    edges = (1, block_size - 1, block_size, block_size + 1, 2 * block_size + 1)
-    far = LARGE_BLOCK_FAR_KEYS + block_size
-    lens = [draw(st.integers(far + 1, far + 2048), label="seq_lens[0]")]
-    lens += [draw(st.one_of(st.sampled_from(edges), st.integers(1, 3 * block_size)), label=f"seq_lens[{s}]")
+    edges = (1, max(1, block_size - 1), block_size, block_size + 1, 2 * block_size + 1)
+    lens = [draw(st.integers(first_past + 1, first_past + 2048), label="seq_lens[0]")]
+    lens += [draw(st.one_of(st.sampled_from(edges), st.integers(1, others_max)), label=f"seq_lens[{s}]")
              for s in range(1, num_seqs)]
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
     if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
-        options["sliding_window"] = draw(st.integers(2, block_size + block_size // 2), label="sliding_window")
+        options["sliding_window"] = draw(st.integers(2, widest_window), label="sliding_window")
     kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")  # "trend": which keys are seen shows
     return _few_sequences_case(draw, caps, dtype=dtype, lens=lens, q_counts=(1, 2, 5), block_size=block_size,
                                kv_layout=kv_layout, heads=(num_kv_heads, group), head_dim=head_dim, options=options,
-                               labels={"feature": "large_blocks", "block_size": str(block_size), "values": kind},
+                               labels={"feature": feature, "block_size": str(block_size), "values": kind},
                                kind=kind)
 
 
