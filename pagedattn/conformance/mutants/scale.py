@@ -25,6 +25,7 @@ from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBacken
 from pagedattn.conformance.mutants.plans import LaunchBindsFirstRunArrays
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem
+from pagedattn.spec.online_softmax import merge_states
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT
 
 #: Sequences from this many keys are split when the batch is small (at most SPLIT_MAX_SEQS).
@@ -680,11 +681,15 @@ class CascadeKernelBackend(SteppedKernelBackend):
     _rows: np.ndarray | None = None
 
     # -- steps ------------------------------------------------------------------------------
+    def compared_rows(self, problem: AttentionProblem) -> np.ndarray:
+        """The block-table rows whose common leading blocks are taken as the batch's shared prefix: all."""
+        return problem.block_tables
+
     def shared_blocks(self, problem: AttentionProblem) -> int:
-        """Leading block-table columns alike in every sequence's row, within every sequence's blocks."""
+        """Leading block-table columns alike in :meth:`compared_rows`, within every sequence's blocks."""
         lens = problem.seq_lens.astype(np.int64)
         needed = int((-(-lens // problem.block_size)).min()) if len(lens) else 0
-        tables = problem.block_tables[:, :needed]
+        tables = self.compared_rows(problem)[:, :needed]
         alike = (tables == tables[:1]).all(axis=0)
         return int(alike.argmin()) if not alike.all() else needed
 
@@ -730,15 +735,8 @@ class CascadeKernelBackend(SteppedKernelBackend):
             out_s, lse_s = super()._run(both, wide, key_cache, value_cache)
         finally:
             self._visit = self._rows = None
-        lse_p = self.prefix_lse(lse_p)
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            top = np.maximum(lse_p, lse_s)
-            shift = np.where(np.isneginf(top), F32(0), top)
-            w_p, w_s = np.exp(lse_p - shift), np.exp(lse_s - shift)
-            total = w_p + w_s
-            out = (w_p[..., None] * out_p + w_s[..., None] * out_s) / np.where(total == 0, F32(1), total)[..., None]
-            lse = np.where(total == 0, F32(-np.inf), shift + np.log(total)).astype(F32)
-        return out.astype(np.asarray(query).dtype), (lse if problem.return_lse else None)
+        out, lse = merge_states(out_p, self.prefix_lse(lse_p), out_s, lse_s)
+        return out.astype(np.asarray(query).dtype), (lse.astype(F32) if problem.return_lse else None)
 
 
 class CascadePrefixLseTransposed(CascadeKernelBackend):
@@ -760,12 +758,8 @@ class CascadePrefixOfTheFirstSequence(CascadeKernelBackend):
               "cascade path used the first request's prefix block table for the others); "
               "vllm-project/vllm issue 22103 (a batch of 32 repeats of one prompt and 18 of another)")
 
-    def shared_blocks(self, problem):
-        lens = problem.seq_lens.astype(np.int64)
-        needed = int((-(-lens // problem.block_size)).min()) if len(lens) else 0
-        first, second = problem.block_tables[0, :needed], problem.block_tables[min(1, problem.num_seqs - 1), :needed]
-        alike = first == second
-        return int(alike.argmin()) if not alike.all() else needed
+    def compared_rows(self, problem):
+        return problem.block_tables[:2]
 
     def prefix_rows(self, problem, blocks):
         rows = problem.block_tables.copy()
