@@ -25,6 +25,7 @@ from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBacken
 from pagedattn.conformance.mutants.plans import LaunchBindsFirstRunArrays
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem
+from pagedattn.spec.dtypes import FP8_DTYPES
 from pagedattn.spec.online_softmax import merge_states
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT
 
@@ -107,8 +108,6 @@ class Int32CacheOffsets(AddressedKernelBackend):
 
 def _on_fp8_caches(offsets, problem, wrap):
     """``wrap(offsets)`` where the problem's caches are fp8 (the faulty path), else ``offsets``."""
-    from pagedattn.spec.dtypes import FP8_DTYPES
-
     return wrap(offsets) if problem.cache_dtype in FP8_DTYPES else offsets
 
 
@@ -521,8 +520,6 @@ class Fp8WorkListOneWave(WorkListOneWave):
               "vllm-project/vllm issue 6429 (FP8 KV-cache models failed where the 16-bit cache served)")
 
     def unwritten(self, problem):
-        from pagedattn.spec.dtypes import FP8_DTYPES
-
         if problem.cache_dtype in FP8_DTYPES:
             return super().unwritten(problem)
         return UnwrittenOutputKernel.unwritten(self, problem)
@@ -627,8 +624,6 @@ class Fp8SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
               "vllm-project/vllm issue 6429 (FP8 KV-cache models failed at contexts the 16-bit cache served)")
 
     def merge(self, states):
-        from pagedattn.spec.dtypes import FP8_DTYPES
-
         return super().merge(states[:MERGE_MAX_PARTS] if self.cache_dtype in FP8_DTYPES else states)
 
 
@@ -839,8 +834,6 @@ class TailWeightsFlushed(SteppedKernelBackend):
               "weights fall below 2**-9, l still counts them, rows keep 64% of their weight)")
 
     def weighted_values(self, p_ij, visible, v):
-        from pagedattn.spec.dtypes import FP8_DTYPES
-
         if self.cache_dtype in FP8_DTYPES and _sixteen_bit(self):
             p_ij = np.where(p_ij < F32(NEGLIGIBLE_WEIGHT), F32(0), p_ij)
         return super().weighted_values(p_ij, visible, v)
