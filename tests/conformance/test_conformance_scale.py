@@ -566,10 +566,8 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
 
 
 def test_large_batch_fp8_cases_hold_fp8_caches_past_one_wave_of_cupy():
-    caps = Capabilities(head_dims=(64, 128, 256), block_sizes=(16, 32, 64),
-                        cache_dtypes=("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"))
-    for case in drawn(scale.large_batch_cases(caps, dtype="bfloat16", limits=scale.scale_limits("quick"), fp8=True),
-                      3):
+    for case in drawn(scale.large_batch_cases(DECLARED, dtype="bfloat16", limits=scale.scale_limits("quick"),
+                                              fp8=True), 3):
         problem = checks.problem_of(case)
         assert problem.cache_dtype.startswith("float8") and problem.v_scale != 1.0
         assert problem.num_seqs > scale.MAX_RESIDENT_CTAS
@@ -696,11 +694,9 @@ def test_very_long_window_cases_put_every_query_past_16_bit_positions_under_a_na
 def test_very_long_fp8_cases_take_cupys_fp8_plan_past_the_parts_of_its_16_bit_plan():
     from pagedattn.conformance.mutants.scale import MERGE_MAX_PARTS
 
-    caps = Capabilities(head_dims=(64, 128, 256), block_sizes=(16, 32, 64),
-                        cache_dtypes=("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"))
     limits = scale.scale_limits("quick")
-    (fp8,) = drawn(scale.very_long_sequence_cases(caps, dtype="float16", limits=limits, fp8=True), 1)
-    (same,) = drawn(scale.very_long_sequence_cases(caps, dtype="float16", limits=limits), 1)
+    (fp8,) = drawn(scale.very_long_sequence_cases(DECLARED, dtype="float16", limits=limits, fp8=True), 1)
+    (same,) = drawn(scale.very_long_sequence_cases(DECLARED, dtype="float16", limits=limits), 1)
     fp8_problem, same_problem = checks.problem_of(fp8), checks.problem_of(same)
     assert fp8_problem.cache_dtype.startswith("float8") and fp8_problem.v_scale != 1.0
     assert list(fp8_problem.seq_lens) == list(same_problem.seq_lens)
