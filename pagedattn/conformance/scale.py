@@ -7,7 +7,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
 - :func:`long_sequence_cases`: 1 to a few sequences of thousands of keys (a small batch of
   long sequences is where kernels split the key range, split-KV, and merge the parts; rows
   of 4,096+ visible keys are where 16-bit accumulation error shows), odd lengths so that
-  the last part is partial;
+  the last part is partial; with ``short_seqs``, beside short sequences that fit in one part
+  (one plan holding split and unsplit sequences);
 - :func:`very_long_sequence_cases`: one sequence of more than 65,536 keys, where positions
   held in 16 bits wrap and a long split plan has more parts than a fixed-size merge holds
   (:func:`very_long_window_sequence_cases`: under a sliding window);
@@ -106,6 +107,8 @@ __all__ = [
     "MANY_SEQUENCES",
     "MANY_TOKENS",
     "MAX_RESIDENT_CTAS",
+    "MIXED_LONG_SEQS",
+    "MIXED_SHORT_MAX",
     "NEEDLE_GAP",
     "ODD_BLOCK_SIZES",
     "SCALE_LIMITS",
@@ -212,6 +215,11 @@ LONG_NEEDLE_KINDS: tuple[str, ...] = ("needle",)
 NEEDLE_GAP = 100.0
 #: Queries a sequence of the long cells holds at most (its last positions: a decode of a few tokens).
 LONG_MAX_QUERIES = 4
+#: Long sequences of a mixed-length batch, at most, and keys of its short sequences, at most: a
+#: batch of at most four sequences, which kernels split, where the short ones fit in one part
+#: (a split plan leaves them whole, or gives them parts past their end that see no key).
+MIXED_LONG_SEQS = 2
+MIXED_SHORT_MAX = 300
 #: GQA ratios the long cells draw.
 LONG_GROUPS: tuple[int, ...] = (1, 2, 3, 5, 8)
 #: The sink's score above the other keys' in the "tail" pattern (natural-log units).
@@ -376,7 +384,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
                         limits: ScaleLimits | None = None, fp8: bool = False,
                         window: bool = False, max_window: int | None = None, window_alibi: bool = True,
                         max_kv_heads: int = 3, groups: tuple[int, ...] = LONG_GROUPS,
-                        kinds: tuple[str, ...] = LONG_VALUE_KINDS) -> AttentionCase:
+                        kinds: tuple[str, ...] = LONG_VALUE_KINDS, short_seqs: int = 0) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
@@ -393,7 +401,10 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     positions in the thousands, which bfloat16 (256) and float16 (2,048) do not hold exactly.
     ``max_window`` caps the window; without ``window_alibi``, ALiBi is drawn only sometimes.
     ``max_kv_heads`` bounds the KV heads (1 to it), ``groups`` are the GQA ratios drawn, ``kinds``
-    the value patterns (:data:`LONG_VALUE_KINDS`, or :data:`LONG_TAIL_KINDS`).
+    the value patterns (:data:`LONG_VALUE_KINDS`, or :data:`LONG_TAIL_KINDS`). With ``short_seqs``,
+    1 or :data:`MIXED_LONG_SEQS` long sequences share the batch with 1 to ``short_seqs`` short ones
+    (:data:`MIXED_SHORT_MAX` keys at most, a block's edges among them), a short one first and the
+    rest in any order: split and unsplit sequences in one plan.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -409,7 +420,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     q_len = 1 if decode else draw(st.integers(1, max(1, min(LONG_MAX_QUERIES, budget // limits.min_long))),
                                   label="q_len")
     top = max(limits.min_long, min(limits.max_long, budget // q_len))
-    num_seqs = draw(st.integers(1, limits.max_long_seqs), label="num_seqs")
+    most = min(limits.max_long_seqs, MIXED_LONG_SEQS) if short_seqs else limits.max_long_seqs
+    num_seqs = draw(st.integers(1, most), label="num_seqs")
     lens = []
     for s in range(num_seqs):
         # first (the shrink target): an odd length whose last block, tile and split part are partial
@@ -419,6 +431,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
         lens.append(draw(st.one_of(edge, st.integers(limits.min_long, top)), label=f"seq_lens[{s}]"))
     while len(lens) > 1 and sum(lens) * num_kv_heads > limits.max_batch_keys:  # the interpreter's cost
         lens.pop()
+    if short_seqs:
+        lens = _with_short_sequences(draw, lens, block_size, short_seqs)
     pool = draw(block_tables(np.array(lens), block_size, ("contiguous", "shuffled", "reversed", "interleaved")),
                 label="pool")
     value_kind = draw(st.sampled_from(kinds), label="values")
@@ -442,15 +456,27 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     options.update(scales)
     k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    query = _query(rng, value_kind, (len(lens) * q_len, num_q_heads, head_dim), dtype)
+    q_lens = [min(q_len, n) for n in lens]  # a short sequence may hold fewer keys than q_len
+    query = _query(rng, value_kind, (sum(q_lens), num_q_heads, head_dim), dtype)
     logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
                          np.array(lens), logical, garbage, cache_dtype, k_scale, v_scale)
     labels = {"feature": "long_sequences", "values": value_kind, "garbage": garbage,
               "arrangement": pool.arrangement, "queries": "decode" if decode else f"last {q_len}",
               "cache_dtype": cache_dtype}
-    return _case(query, caches, pool.block_tables, lens, None if decode else [q_len] * len(lens), kv_layout,
+    return _case(query, caches, pool.block_tables, lens, None if decode else q_lens, kv_layout,
                  options, draw(_SEEDS, label="variant_seed"), labels)
+
+
+def _with_short_sequences(draw: st.DrawFn, lens: list[int], block_size: int, most: int) -> list[int]:
+    """``lens`` (long sequences) with 1 to ``most`` short ones: the first of the batch short, the
+    others and the long ones in a drawn order (the shrink target: one short of one key, then the
+    long ones)."""
+    edges = st.sampled_from(list(dict.fromkeys((1, max(1, block_size - 1), block_size, block_size + 1))))
+    count = draw(st.integers(1, most), label="short_seqs")
+    shorts = [draw(st.one_of(edges, st.integers(1, MIXED_SHORT_MAX)), label=f"short_lens[{s}]")
+              for s in range(count)]
+    return shorts[:1] + draw(st.permutations(shorts[1:] + lens), label="order")
 
 
 def very_long_sequence_cases(capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,

@@ -1,12 +1,12 @@
-"""Bugs that show only at scale: split-KV on long sequences, long 16-bit rows, pools past 2**31
-elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output
-(and merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out
-by sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
-split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, on the
-caller's stream, and step after step without holding memory), split parts whose lse lie past
-float32's exp range apart or are not finite, sizes that are no power of two, blocks larger than
-a tile and smaller than a run of slots, and head dims past 256. How kernels divide their work
-at scale (tiles of heads and queries, waves, grid axes) is
+"""Bugs that show only at scale: split-KV on long sequences (beside short ones that are not split),
+long 16-bit rows, pools past 2**31 elements (attention, write_kv, copy_blocks; fp8 caches past
+byte 2**32), a query and output (and merge_states' states, write_kv's inputs) past 2**31
+elements, split-KV partials laid out by sequence past 2**31 elements, a prefill whose scores
+(queries x keys of a head) pass 2**31, split plans run as an engine runs a plan (once per layer,
+captured in a CUDA graph, on the caller's stream, and step after step without holding memory),
+split parts whose lse lie past float32's exp range apart or are not finite, sizes that are no
+power of two, blocks larger than a tile and smaller than a run of slots, and head dims past 256.
+How kernels divide their work at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
 Sizes and example counts follow the profile (:func:`pagedattn.conformance.scale.scale_limits`);
@@ -64,12 +64,15 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
                    requires: dict[str, Any] | None = None, fp8: bool = False, window: bool = False,
                    kinds: tuple[str, ...] = LONG_VALUE_KINDS,
                    check: Callable[[Backend, Any], float] = checks.matches_spec,
-                   examples: Callable[[int], int] = int, groups: tuple[int, ...] = LONG_GROUPS) -> None:
+                   examples: Callable[[int], int] = int, groups: tuple[int, ...] = LONG_GROUPS,
+                   short_seqs: int = 0) -> None:
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
-    window, of value patterns ``kinds``, of GQA ratios ``groups``), held to ``check`` (the spec's
-    answer unless given), in ``examples(long_examples)`` examples."""
+    window, of value patterns ``kinds``, of GQA ratios ``groups``, beside up to ``short_seqs`` short
+    sequences), held to ``check`` (the spec's answer unless given), in ``examples(long_examples)``
+    examples."""
     limits = scale_limits()
-    cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups)
+    cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups,
+                    short_seqs=short_seqs)
     run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
                    max_examples=examples(limits.long_examples), cell={"max_keys": limits.max_long},
                    requires=requires)
@@ -96,6 +99,18 @@ def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
     of the fp8 paths, their partials and merge, within the error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "long_sequences_fp8", requires={"features": ("fp8",)}, fp8=True)
+
+
+#: Short sequences of a mixed-length batch, at most: with its one or two long ones, four sequences.
+MIXED_SHORT_SEQS = 2
+
+
+@pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
+def test_mixed_length_batches_match_spec(request, backend, dtype):
+    """Long sequences beside short ones in one small batch, a short one first: a plan that splits
+    the long ones and leaves the short ones whole (or gives them parts past their end), within the
+    error model; inputs untouched."""
+    _run_long_cell(request, backend, dtype, "mixed_lengths", short_seqs=MIXED_SHORT_SEQS)
 
 
 #: dtype of the long-plan cells: float32, whose output keeps the bits a merge's order changes (a

@@ -120,6 +120,30 @@ def test_long_cases_reach_split_plans_of_triton_and_cupy(profile, cell):
                 assert build_work(problem).num_partials > 0, case
 
 
+@pytest.mark.parametrize("profile", ["quick", "ci"])
+def test_mixed_length_cases_put_split_and_unsplit_sequences_in_one_plan_of_triton_and_cupy(profile):
+    from pagedattn.conformance.mutants.scale import SPLIT_MAX_SEQS
+
+    limits = scale.scale_limits(profile)
+    cases = drawn(scale.long_sequence_cases(DECLARED, dtype="float16", limits=limits,
+                                            short_seqs=test_scale.MIXED_SHORT_SEQS), limits.long_examples)
+    for case in cases:
+        problem = checks.problem_of(case)
+        lens = problem.seq_lens
+        assert lens[0] <= scale.MIXED_SHORT_MAX and lens.max() >= limits.min_long, lens  # a short one first
+        assert problem.num_seqs <= SPLIT_MAX_SEQS  # a batch the mutants' kernel splits
+        # cupy on an H200: the long sequences' parts merged into rows after the first sequence's,
+        # the short ones written whole
+        work = h200_cupy_work(problem)
+        assert (work.items[:, 8] < 0).any() and work.merges.shape[0] > 0, work.items
+        assert work.merges[:, 0].min() > 0, work.merges
+        # triton on an H200: as many parts for every sequence; the short ones' later parts hold no key
+        tiles, programs, key_tiles = triton_grid(problem)
+        splits = choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation)
+        assert splits > int(key_tiles.min()), (splits, key_tiles)
+    assert list(cases[0].seq_lens) == [1, limits.min_long + limits.min_long // 6 + 1]  # the shrink target
+
+
 def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_part():
     from pagedattn.backends.cupy.planning import build_work
 

@@ -4,7 +4,8 @@ tile of rows, batches larger than one wave of CTAs, more query tokens, sequences
 blocks than a grid's y or z axis takes, prefills of several query tiles, sequences of more than
 65,536 keys, blocks and head dims larger than a fixed tile, blocks smaller than a run of slots,
 long rows whose mass lies in weights far below their maximum, split plans run more than once,
-and a cascade path for batches sharing a long prefix (:class:`CascadeKernelBackend`).
+split and unsplit sequences in one plan, and a cascade path for batches sharing a long prefix
+(:class:`CascadeKernelBackend`).
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -858,11 +859,16 @@ class SkipsNegligibleBlocks(SteppedKernelBackend):
 
 # -- a split plan used as an engine uses it: run once per layer, on other arrays ------------------
 
+def _split_sequences(backend: AddressedKernelBackend, problem: AttentionProblem) -> list[int]:
+    """The sequences of ``problem`` that ``backend`` cuts into more than one part, in batch order."""
+    bs = problem.block_size
+    return [s for s, length in enumerate(problem.seq_lens)
+            if len(backend.parts(list(range(-(-int(length) // bs))), int(length), problem)) > 1]
+
+
 def _plan_splits(backend: AddressedKernelBackend, problem: AttentionProblem) -> bool:
     """Whether ``backend`` cuts a sequence of ``problem`` into more than one part (a split plan)."""
-    bs = problem.block_size
-    return any(len(backend.parts(list(range(-(-int(length) // bs))), int(length), problem)) > 1
-               for length in problem.seq_lens)
+    return bool(_split_sequences(backend, problem))
 
 
 class SplitMergeInArrivalOrder(AddressedKernelBackend):
@@ -902,3 +908,33 @@ class SplitPartialsNeverFreed(AddressedKernelBackend):
         if len(states) > 1:
             self.__dict__.setdefault("partials", []).append([np.array(x) for state in states for x in state])
         return super().merge(states)
+
+
+# -- a batch of long and short sequences: split and unsplit ones in one plan ---------------------
+
+class SplitMergeWritesTheKthSequencesRows(AddressedKernelBackend):
+    bug = ("split-KV merge runs over the split sequences alone and writes the k-th one's rows from the first row "
+           "of the batch's k-th sequence: right while the split sequences come first; after a short sequence that "
+           "is not split, the short one's rows get a long one's output and the long one's rows are never written")
+    models = ("pytorch/pytorch PR 194168 (the split-KV combine kernel addressed a varlen batch's output by a "
+              "batch index its path never set: every sequence's rows written over the first one's, the rest never "
+              "written); vllm-project/flash-attention PR 190 (its combine kernel made to address out and lse "
+              "through cu_seqlens_q)")
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        problem = plan.problem
+        split = _split_sequences(self, problem)
+        starts = problem.query_start_loc
+        wrong_out, wrong_lse = out.copy(), None if lse is None else lse.copy()
+        for s in split:  # only the merge writes a split sequence's rows: what out and lse held stays
+            wrong_out[starts[s]:starts[s + 1]] = 0
+            if wrong_lse is not None:
+                wrong_lse[starts[s]:starts[s + 1]] = -np.inf
+        for k, s in enumerate(split):
+            first, rows = int(starts[k]), int(starts[s + 1] - starts[s])
+            rows = min(rows, problem.num_tokens - first)
+            wrong_out[first:first + rows] = out[starts[s]:starts[s] + rows]
+            if wrong_lse is not None and lse is not None:
+                wrong_lse[first:first + rows] = lse[starts[s]:starts[s] + rows]
+        return wrong_out, wrong_lse
