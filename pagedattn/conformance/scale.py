@@ -102,6 +102,7 @@ __all__ = [
     "LONG_PREFILL_ROWS",
     "LONG_TAIL_KINDS",
     "LONG_VALUE_KINDS",
+    "LONG_WIDE_GROUPS",
     "LONG_WINDOW_MIN",
     "MANY_PAIRS",
     "MANY_SEQUENCES",
@@ -222,6 +223,10 @@ MIXED_LONG_SEQS = 2
 MIXED_SHORT_MAX = 300
 #: GQA ratios the long cells draw.
 LONG_GROUPS: tuple[int, ...] = (1, 2, 3, 5, 8)
+#: GQA ratios of the long cell of wide groups: past 8, the most the other long cells draw, and the
+#: 8 rows of an MMA tile's first row slot (16 first: one full 16-row tile); 17 and 24 past it.
+#: Models with long contexts take them (64 query heads on 4 KV heads: 16).
+LONG_WIDE_GROUPS: tuple[int, ...] = (16, 12, 17, 24, 32)
 #: The sink's score above the other keys' in the "tail" pattern (natural-log units).
 TAIL_GAP = 8.0
 #: fp8 scales of the long cells with fp8 caches: v_scale is never 1, so that applying it once per

@@ -31,6 +31,7 @@ from pagedattn.conformance.scale import (
     LONG_NEEDLE_KINDS,
     LONG_TAIL_KINDS,
     LONG_VALUE_KINDS,
+    LONG_WIDE_GROUPS,
     far_copy_blocks_cases,
     far_layer_view_cases,
     far_merge_row_cases,
@@ -65,14 +66,14 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
                    kinds: tuple[str, ...] = LONG_VALUE_KINDS,
                    check: Callable[[Backend, Any], float] = checks.matches_spec,
                    examples: Callable[[int], int] = int, groups: tuple[int, ...] = LONG_GROUPS,
-                   short_seqs: int = 0) -> None:
+                   short_seqs: int = 0, max_kv_heads: int = 3) -> None:
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
-    window, of value patterns ``kinds``, of GQA ratios ``groups``, beside up to ``short_seqs`` short
-    sequences), held to ``check`` (the spec's answer unless given), in ``examples(long_examples)``
-    examples."""
+    window, of value patterns ``kinds``, of GQA ratios ``groups`` on up to ``max_kv_heads`` KV
+    heads, beside up to ``short_seqs`` short sequences), held to ``check`` (the spec's answer
+    unless given), in ``examples(long_examples)`` examples."""
     limits = scale_limits()
     cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups,
-                    short_seqs=short_seqs)
+                    short_seqs=short_seqs, max_kv_heads=max_kv_heads)
     run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
                    max_examples=examples(limits.long_examples), cell={"max_keys": limits.max_long},
                    requires=requires)
@@ -99,6 +100,18 @@ def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
     of the fp8 paths, their partials and merge, within the error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "long_sequences_fp8", requires={"features": ("fp8",)}, fp8=True)
+
+
+#: KV heads of the long cell of wide groups, at most: its query heads (up to 64) bound the spec's cost.
+WIDE_LONG_KV_HEADS = 2
+
+
+@pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
+def test_long_sequences_of_wide_groups_match_spec(request, backend, dtype):
+    """The long-sequence batches at 12 to 32 query heads a KV head: split plans whose parts hold a
+    group wider than 8 rows, within the error model; inputs untouched."""
+    _run_long_cell(request, backend, dtype, "long_sequences_wide_groups", groups=LONG_WIDE_GROUPS,
+                   max_kv_heads=WIDE_LONG_KV_HEADS)
 
 
 #: Short sequences of a mixed-length batch, at most: with its one or two long ones, four sequences.

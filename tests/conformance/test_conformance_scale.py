@@ -144,6 +144,22 @@ def test_mixed_length_cases_put_split_and_unsplit_sequences_in_one_plan_of_trito
     assert list(cases[0].seq_lens) == [1, limits.min_long + limits.min_long // 6 + 1]  # the shrink target
 
 
+@pytest.mark.parametrize("profile", ["quick", "ci"])
+def test_wide_group_long_cases_split_groups_past_8_rows_in_triton_and_cupy(profile):
+    from pagedattn.conformance.mutants.scale import ROW_SLOT_ROWS, SPLIT_MIN_KEYS
+
+    limits = scale.scale_limits(profile)
+    cases = drawn(scale.long_sequence_cases(DECLARED, dtype="float16", limits=limits, groups=scale.LONG_WIDE_GROUPS,
+                                            max_kv_heads=test_scale.WIDE_LONG_KV_HEADS), limits.long_examples)
+    for case in cases:
+        problem = checks.problem_of(case)
+        assert problem.group_size > ROW_SLOT_ROWS and problem.seq_lens.min() >= SPLIT_MIN_KEYS
+        tiles, programs, key_tiles = triton_grid(problem)
+        assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) > 1
+        assert h200_cupy_work(problem).merges.shape[0] > 0, case  # cupy's H200 plan splits too
+    assert checks.problem_of(cases[0]).group_size == scale.LONG_WIDE_GROUPS[0]  # the shrink target
+
+
 def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_part():
     from pagedattn.backends.cupy.planning import build_work
 

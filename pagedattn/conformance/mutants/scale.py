@@ -403,6 +403,30 @@ class SplitMergeDropsNonFiniteParts(AddressedKernelBackend):
 
 # -- power-of-two index arithmetic ---------------------------------------------------------------
 
+#: Rows of an MMA tile (a KV head's query heads), and rows of its first row slot.
+MMA_ROWS, ROW_SLOT_ROWS = 16, 8
+
+
+class SplitPartialsOfTheFirstRowSlot(AddressedKernelBackend):
+    bug = ("a split part stores the partials of the first 8 rows of each 16-row tile of a KV head's query heads "
+           "alone (an MMA tile's first row slot): past 8 query heads a KV head, the other rows' partials keep what "
+           "the buffer held (NaN) and the merge reads them; a plan that does not split stores every row")
+    models = ("local-inference-lab/b12x PR 24 (split-KV decode epilogues stored MMA row_slot 0 only, the packed "
+              "query rows 0-7 of the m16 tile: garbage output whenever the GQA group size passed 8)")
+
+    def parts(self, blocks, length, problem):
+        self._group = problem.group_size
+        return super().parts(blocks, length, problem)
+
+    def merge(self, states):
+        if len(states) == 1:
+            return super().merge(states)
+        heads = states[0][1].shape[-1]
+        lost = (np.arange(heads) % self._group) % MMA_ROWS >= ROW_SLOT_ROWS  # [Hq]
+        return super().merge([(np.where(lost, F32(np.nan), m), np.where(lost, F32(np.nan), l),
+                               np.where(lost[:, None], F32(np.nan), O)) for m, l, O in states])
+
+
 class PowerOfTwoBlockMath(AddressedKernelBackend):
     bug = ("column and slot of position p as p >> log2(block_size) and p & (block_size - 1):"
            " right for powers of two only")
