@@ -962,3 +962,26 @@ class SplitMergeWritesTheKthSequencesRows(AddressedKernelBackend):
             if wrong_lse is not None and lse is not None:
                 wrong_lse[first:first + rows] = lse[starts[s]:starts[s] + rows]
         return wrong_out, wrong_lse
+
+
+class SplitPartsPastItsEndUnwritten(AddressedKernelBackend):
+    bug = ("split-KV gives every sequence of a split batch the parts of its longest (parts of one length, as many "
+           "as the longest needs); a part that begins at or past its sequence's end exits without writing its "
+           "partials, and the merge reads what the buffer held (NaN)")
+    models = ("vllm-project/flash-attention PR 190 (split partials pre-initialised to O = 0, lse = -inf so that "
+              "early-exit splits cannot leak garbage into the combine); flash-attention's split-KV kernel writes "
+              "O = 0 and lse = -inf for a split past a sequence's keys for the same reason")
+
+    def parts(self, blocks, length, problem):
+        longest = int(problem.seq_lens.max())
+        longest_parts = super().parts(list(range(-(-longest // problem.block_size))), longest, problem)
+        per_part = len(longest_parts[0])
+        self._past_end = [i * per_part >= len(blocks) for i in range(len(longest_parts))]
+        return [blocks[i * per_part:(i + 1) * per_part] for i in range(len(longest_parts))]
+
+    def merge(self, states):
+        if len(states) == 1:
+            return super().merge(states)
+        return super().merge([(m, l, O) if not past else
+                              (np.full_like(m, np.nan), np.full_like(l, np.nan), np.full_like(O, np.nan))
+                              for (m, l, O), past in zip(states, self._past_end, strict=True)])
