@@ -389,7 +389,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
                         limits: ScaleLimits | None = None, fp8: bool = False,
                         window: bool = False, max_window: int | None = None, window_alibi: bool = True,
                         max_kv_heads: int = 3, groups: tuple[int, ...] = LONG_GROUPS,
-                        kinds: tuple[str, ...] = LONG_VALUE_KINDS, short_seqs: int = 0) -> AttentionCase:
+                        kinds: tuple[str, ...] = LONG_VALUE_KINDS, short_seqs: int = 0,
+                        ragged: bool = False) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
@@ -409,7 +410,11 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     the value patterns (:data:`LONG_VALUE_KINDS`, or :data:`LONG_TAIL_KINDS`). With ``short_seqs``,
     1 or :data:`MIXED_LONG_SEQS` long sequences share the batch with 1 to ``short_seqs`` short ones
     (:data:`MIXED_SHORT_MAX` keys at most, a block's edges among them), a short one first and the
-    rest in any order: split and unsplit sequences in one plan.
+    rest in any order: split and unsplit sequences in one plan. With ``ragged`` (a backend with
+    varlen), 2 sequences and up, each with 1 to :data:`LONG_MAX_QUERIES` queries, at least two
+    counts in the batch (the shrink target: 1, then 2): speculative decoding, which verifies a
+    different number of draft tokens for each request; rows of a split sequence then do not
+    start at its index times the batch's most queries.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -420,13 +425,14 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     num_q_heads = num_kv_heads * group
     dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long <= SPEC_ELEMENTS)
     head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
-    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    decode = not (caps.supports("varlen") and (ragged or draw(st.booleans(), label="varlen")))
     budget = SPEC_ELEMENTS // (num_q_heads * head_dim)  # queries x keys of one sequence
-    q_len = 1 if decode else draw(st.integers(1, max(1, min(LONG_MAX_QUERIES, budget // limits.min_long))),
-                                  label="q_len")
+    most_queries = max(2 if ragged else 1, min(LONG_MAX_QUERIES, budget // limits.min_long))
+    q_len = 1 if decode else most_queries if ragged else draw(st.integers(1, most_queries), label="q_len")
     top = max(limits.min_long, min(limits.max_long, budget // q_len))
     most = min(limits.max_long_seqs, MIXED_LONG_SEQS) if short_seqs else limits.max_long_seqs
-    num_seqs = draw(st.integers(1, most), label="num_seqs")
+    fewest = 2 if ragged else 1
+    num_seqs = draw(st.integers(fewest, max(fewest, most)), label="num_seqs")
     lens = []
     for s in range(num_seqs):
         # first (the shrink target): an odd length whose last block, tile and split part are partial
@@ -434,7 +440,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
         below_top = max(limits.min_long, top - block_size // 2)  # never below the cell's shortest
         edge = st.sampled_from(list(dict.fromkeys((first, limits.min_long, below_top, top))))
         lens.append(draw(st.one_of(edge, st.integers(limits.min_long, top)), label=f"seq_lens[{s}]"))
-    while len(lens) > 1 and sum(lens) * num_kv_heads > limits.max_batch_keys:  # the interpreter's cost
+    while len(lens) > fewest and sum(lens) * num_kv_heads > limits.max_batch_keys:  # the interpreter's cost
         lens.pop()
     if short_seqs:
         lens = _with_short_sequences(draw, lens, block_size, short_seqs)
@@ -461,16 +467,25 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     options.update(scales)
     k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    q_lens = [min(q_len, n) for n in lens]  # a short sequence may hold fewer keys than q_len
+    q_lens = _ragged_queries(draw, len(lens), q_len) if ragged and not decode else [min(q_len, n) for n in lens]
     query = _query(rng, value_kind, (sum(q_lens), num_q_heads, head_dim), dtype)
     logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
                          np.array(lens), logical, garbage, cache_dtype, k_scale, v_scale)
     labels = {"feature": "long_sequences", "values": value_kind, "garbage": garbage,
-              "arrangement": pool.arrangement, "queries": "decode" if decode else f"last {q_len}",
+              "arrangement": pool.arrangement,
+              "queries": "decode" if decode else f"last 1 to {q_len}" if ragged else f"last {q_len}",
               "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens, None if decode else q_lens, kv_layout,
                  options, draw(_SEEDS, label="variant_seed"), labels)
+
+
+def _ragged_queries(draw: st.DrawFn, num_seqs: int, most: int) -> list[int]:
+    """1 to ``most`` queries for each of ``num_seqs`` sequences, at least two counts among them."""
+    q_lens = [draw(st.integers(1, most), label=f"q_len[{s}]") for s in range(num_seqs)]
+    if len(set(q_lens)) == 1:
+        q_lens[-1] = q_lens[-1] % most + 1
+    return q_lens
 
 
 def _with_short_sequences(draw: st.DrawFn, lens: list[int], block_size: int, most: int) -> list[int]:

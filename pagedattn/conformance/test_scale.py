@@ -66,14 +66,14 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
                    kinds: tuple[str, ...] = LONG_VALUE_KINDS,
                    check: Callable[[Backend, Any], float] = checks.matches_spec,
                    examples: Callable[[int], int] = int, groups: tuple[int, ...] = LONG_GROUPS,
-                   short_seqs: int = 0, max_kv_heads: int = 3) -> None:
+                   short_seqs: int = 0, max_kv_heads: int = 3, ragged: bool = False) -> None:
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
     window, of value patterns ``kinds``, of GQA ratios ``groups`` on up to ``max_kv_heads`` KV
-    heads, beside up to ``short_seqs`` short sequences), held to ``check`` (the spec's answer
-    unless given), in ``examples(long_examples)`` examples."""
+    heads, beside up to ``short_seqs`` short sequences, with ``ragged`` query counts), held to
+    ``check`` (the spec's answer unless given), in ``examples(long_examples)`` examples."""
     limits = scale_limits()
     cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups,
-                    short_seqs=short_seqs, max_kv_heads=max_kv_heads)
+                    short_seqs=short_seqs, max_kv_heads=max_kv_heads, ragged=ragged)
     run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
                    max_examples=examples(limits.long_examples), cell={"max_keys": limits.max_long},
                    requires=requires)
@@ -124,6 +124,14 @@ def test_mixed_length_batches_match_spec(request, backend, dtype):
     the long ones and leaves the short ones whole (or gives them parts past their end), within the
     error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "mixed_lengths", short_seqs=MIXED_SHORT_SEQS)
+
+
+@pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
+def test_long_speculative_batches_match_spec(request, backend, dtype):
+    """Two or more long sequences with 1 to 4 queries each, counts differing in the batch (draft
+    tokens verified): split plans of a varlen batch whose sequences' rows do not start at a
+    multiple of the most queries, within the error model; inputs untouched."""
+    _run_long_cell(request, backend, dtype, "long_speculative", requires={"features": ("varlen",)}, ragged=True)
 
 
 #: dtype of the long-plan cells: float32, whose output keeps the bits a merge's order changes (a

@@ -145,6 +145,22 @@ def test_mixed_length_cases_put_split_and_unsplit_sequences_in_one_plan_of_trito
 
 
 @pytest.mark.parametrize("profile", ["quick", "ci"])
+def test_speculative_long_cases_split_sequences_whose_rows_a_padded_layout_misplaces(profile):
+    limits = scale.scale_limits(profile)
+    cases = drawn(scale.long_sequence_cases(DECLARED, dtype="float16", limits=limits, ragged=True),
+                  limits.long_examples)
+    for case in cases:
+        problem = checks.problem_of(case)
+        widest = int(problem.q_lens.max())
+        assert problem.num_seqs >= 2 and len(set(problem.q_lens.tolist())) >= 2, problem.q_lens
+        assert any(int(problem.query_start_loc[s]) != s * widest for s in range(problem.num_seqs))
+        tiles, programs, key_tiles = triton_grid(problem)
+        assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) > 1
+        assert h200_cupy_work(problem).merges.shape[0] > 0, case  # cupy's H200 plan splits too
+    assert cases[0].query_start_loc.tolist() == [0, 1, 3]  # the shrink target: 1 query, then 2
+
+
+@pytest.mark.parametrize("profile", ["quick", "ci"])
 def test_wide_group_long_cases_split_groups_past_8_rows_in_triton_and_cupy(profile):
     from pagedattn.conformance.mutants.scale import ROW_SLOT_ROWS, SPLIT_MIN_KEYS
 

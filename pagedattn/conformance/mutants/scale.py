@@ -936,7 +936,35 @@ class SplitPartialsNeverFreed(AddressedKernelBackend):
 
 # -- a batch of long and short sequences: split and unsplit ones in one plan ---------------------
 
-class SplitMergeWritesTheKthSequencesRows(AddressedKernelBackend):
+class MisplacedMergeRows(AddressedKernelBackend):
+    """The addressed kernel whose split-KV merge writes each split sequence's rows from a row of
+    :meth:`merged_row_start` on (not registered; base of the two mutants below). Only the merge
+    writes a split sequence's rows, so rows it misses keep what out and lse held (0 and -inf)."""
+
+    def merged_row_start(self, problem: AttentionProblem, rank: int, s: int) -> int:
+        """The first row the merge writes split sequence ``s`` (the ``rank``-th split one) to: its own."""
+        return int(problem.query_start_loc[s])
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        problem = plan.problem
+        split = _split_sequences(self, problem)
+        starts = problem.query_start_loc
+        wrong_out, wrong_lse = out.copy(), None if lse is None else lse.copy()
+        for s in split:
+            wrong_out[starts[s]:starts[s + 1]] = 0
+            if wrong_lse is not None:
+                wrong_lse[starts[s]:starts[s + 1]] = -np.inf
+        for rank, s in enumerate(split):
+            first = self.merged_row_start(problem, rank, s)
+            rows = max(0, min(int(starts[s + 1] - starts[s]), problem.num_tokens - first))
+            wrong_out[first:first + rows] = out[starts[s]:starts[s] + rows]
+            if wrong_lse is not None and lse is not None:
+                wrong_lse[first:first + rows] = lse[starts[s]:starts[s] + rows]
+        return wrong_out, wrong_lse
+
+
+class SplitMergeWritesTheKthSequencesRows(MisplacedMergeRows):
     bug = ("split-KV merge runs over the split sequences alone and writes the k-th one's rows from the first row "
            "of the batch's k-th sequence: right while the split sequences come first; after a short sequence that "
            "is not split, the short one's rows get a long one's output and the long one's rows are never written")
@@ -945,23 +973,21 @@ class SplitMergeWritesTheKthSequencesRows(AddressedKernelBackend):
               "written); vllm-project/flash-attention PR 190 (its combine kernel made to address out and lse "
               "through cu_seqlens_q)")
 
-    def _run(self, plan, query, key_cache, value_cache):
-        out, lse = super()._run(plan, query, key_cache, value_cache)
-        problem = plan.problem
-        split = _split_sequences(self, problem)
-        starts = problem.query_start_loc
-        wrong_out, wrong_lse = out.copy(), None if lse is None else lse.copy()
-        for s in split:  # only the merge writes a split sequence's rows: what out and lse held stays
-            wrong_out[starts[s]:starts[s + 1]] = 0
-            if wrong_lse is not None:
-                wrong_lse[starts[s]:starts[s + 1]] = -np.inf
-        for k, s in enumerate(split):
-            first, rows = int(starts[k]), int(starts[s + 1] - starts[s])
-            rows = min(rows, problem.num_tokens - first)
-            wrong_out[first:first + rows] = out[starts[s]:starts[s] + rows]
-            if wrong_lse is not None and lse is not None:
-                wrong_lse[first:first + rows] = lse[starts[s]:starts[s] + rows]
-        return wrong_out, wrong_lse
+    def merged_row_start(self, problem, rank, s):
+        return int(problem.query_start_loc[rank])
+
+
+class SplitMergeRowsOfAPaddedBatch(MisplacedMergeRows):
+    bug = ("split-KV merge writes split sequence s's rows from row s x (the batch's most queries a sequence) on, "
+           "the padded layout: right while every sequence has as many queries; in a varlen batch of other counts "
+           "rows land on other sequences' and some are never written")
+    models = ("vllm-project/flash-attention PR 190 (the split-KV combine's lse write assumed uniform query "
+              "lengths and its out was addressed by an unset batch stride: made to address rows through "
+              "cu_seqlens_q); Dao-AILab/flash-attention PR 2542 (varlen split-KV's combine addresses rows of a "
+              "padded layout)")
+
+    def merged_row_start(self, problem, rank, s):
+        return s * int(problem.q_lens.max(initial=0))
 
 
 class SplitPartsPastItsEndUnwritten(AddressedKernelBackend):
