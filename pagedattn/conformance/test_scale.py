@@ -114,6 +114,15 @@ def test_long_sequences_of_wide_groups_match_spec(request, backend, dtype):
                    max_kv_heads=WIDE_LONG_KV_HEADS)
 
 
+@pytest.mark.parametrize("dtype", FAR_DTYPES)
+def test_long_sequences_of_wide_groups_with_fp8_caches_match_spec(request, backend, dtype):
+    """The long batches of wide groups with fp8 caches and scales (v_scale never 1): the fp8
+    paths' split plans holding a group wider than 8 rows, within the error model; inputs
+    untouched."""
+    _run_long_cell(request, backend, dtype, "long_sequences_wide_groups_fp8", requires={"features": ("fp8",)},
+                   fp8=True, groups=LONG_WIDE_GROUPS, max_kv_heads=WIDE_LONG_KV_HEADS)
+
+
 #: Short sequences of a mixed-length batch, at most: with its one or two long ones, four sequences.
 MIXED_SHORT_SEQS = 2
 

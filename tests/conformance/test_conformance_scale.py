@@ -176,6 +176,21 @@ def test_wide_group_long_cases_split_groups_past_8_rows_in_triton_and_cupy(profi
     assert checks.problem_of(cases[0]).group_size == scale.LONG_WIDE_GROUPS[0]  # the shrink target
 
 
+def test_wide_group_long_fp8_shrink_target_takes_cupys_fp8_decode_kernel_split_on_an_h200():
+    from pagedattn.backends.cupy.planning import choose_kernel
+    from pagedattn.backends.cupy.specializations import DECODE_ROWS
+    from pagedattn.conformance.mutants.scale import ROW_SLOT_ROWS
+
+    (case,) = drawn(scale.long_sequence_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick"), fp8=True,
+                                              groups=scale.LONG_WIDE_GROUPS,
+                                              max_kv_heads=test_scale.WIDE_LONG_KV_HEADS), 1)
+    problem = checks.problem_of(case)
+    assert problem.cache_dtype.startswith("float8") and problem.is_decode
+    assert ROW_SLOT_ROWS < problem.group_size <= DECODE_ROWS  # a tile's second row slot holds query heads
+    assert choose_kernel(problem).rows == DECODE_ROWS  # cupy's fp8 decode kernel
+    assert h200_cupy_work(problem).merges.shape[0] > 0  # split on an H200
+
+
 def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_part():
     from pagedattn.backends.cupy.planning import build_work
 

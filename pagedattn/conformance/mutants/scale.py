@@ -427,6 +427,19 @@ class SplitPartialsOfTheFirstRowSlot(AddressedKernelBackend):
                                np.where(lost[:, None], F32(np.nan), O)) for m, l, O in states])
 
 
+class Fp8SplitPartialsOfTheFirstRowSlot(SplitPartialsOfTheFirstRowSlot):
+    bug = ("the fp8-cache path's split parts store the partials of the first 8 rows of each 16-row tile of a KV "
+           "head's query heads alone (the 16-bit path's store every row): on fp8 caches, past 8 query heads a KV "
+           "head, the merge reads what the buffer held (NaN) for the others")
+    models = ("local-inference-lab/b12x PR 24 (split-KV decode epilogues stored MMA row_slot 0 only, garbage past "
+              "a GQA group of 8), in an fp8 decode kernel of its own")
+
+    def merge(self, states):
+        if self.cache_dtype not in FP8_DTYPES:
+            return AddressedKernelBackend.merge(self, states)
+        return super().merge(states)
+
+
 class PowerOfTwoBlockMath(AddressedKernelBackend):
     bug = ("column and slot of position p as p >> log2(block_size) and p & (block_size - 1):"
            " right for powers of two only")
