@@ -1,12 +1,13 @@
-"""Bugs that show only at scale: split-KV on long sequences (beside short ones that are not split),
-long 16-bit rows, pools past 2**31 elements (attention, write_kv, copy_blocks; fp8 caches past
-byte 2**32), a query and output (and merge_states' states, write_kv's inputs) past 2**31
-elements, split-KV partials laid out by sequence past 2**31 elements, a prefill whose scores
-(queries x keys of a head) pass 2**31, split plans run as an engine runs a plan (once per layer,
-captured in a CUDA graph, on the caller's stream, and step after step without holding memory),
-split parts whose lse lie past float32's exp range apart or are not finite, sizes that are no
-power of two, blocks larger than a tile and smaller than a run of slots, and head dims past 256.
-How kernels divide their work at scale (tiles of heads and queries, waves, grid axes) is
+"""Bugs that show only at scale: split-KV on long sequences (beside short ones that are not split,
+with ragged query counts, at groups past 8 query heads), long 16-bit rows, pools past 2**31
+elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output (and
+merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out by
+sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
+split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, on the
+caller's stream, and step after step without holding memory), split parts whose lse lie past
+float32's exp range apart or are not finite, sizes that are no power of two, blocks larger than
+a tile and smaller than a run of slots, and head dims past 256. How kernels divide their work at
+scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
 Sizes and example counts follow the profile (:func:`pagedattn.conformance.scale.scale_limits`);

@@ -4,8 +4,8 @@ tile of rows, batches larger than one wave of CTAs, more query tokens, sequences
 blocks than a grid's y or z axis takes, prefills of several query tiles, sequences of more than
 65,536 keys, blocks and head dims larger than a fixed tile, blocks smaller than a run of slots,
 long rows whose mass lies in weights far below their maximum, split plans run more than once,
-split and unsplit sequences in one plan, and a cascade path for batches sharing a long prefix
-(:class:`CascadeKernelBackend`).
+split parts of groups past 8 query heads, split and unsplit sequences and ragged query counts in
+one plan, and a cascade path for batches sharing a long prefix (:class:`CascadeKernelBackend`).
 
 :class:`AddressedKernelBackend` is the stepped kernel the way a GPU kernel addresses memory:
 it finds each key's block-table column and slot from its position (:meth:`locate`), reads a
@@ -401,7 +401,7 @@ class SplitMergeDropsNonFiniteParts(AddressedKernelBackend):
         return super().merge(kept)
 
 
-# -- power-of-two index arithmetic ---------------------------------------------------------------
+# -- groups past 8 query heads a KV head in a split plan -----------------------------------------
 
 #: Rows of an MMA tile (a KV head's query heads), and rows of its first row slot.
 MMA_ROWS, ROW_SLOT_ROWS = 16, 8
@@ -439,6 +439,8 @@ class Fp8SplitPartialsOfTheFirstRowSlot(SplitPartialsOfTheFirstRowSlot):
             return AddressedKernelBackend.merge(self, states)
         return super().merge(states)
 
+
+# -- power-of-two index arithmetic ---------------------------------------------------------------
 
 class PowerOfTwoBlockMath(AddressedKernelBackend):
     bug = ("column and slot of position p as p >> log2(block_size) and p & (block_size - 1):"
@@ -947,7 +949,7 @@ class SplitPartialsNeverFreed(AddressedKernelBackend):
         return super().merge(states)
 
 
-# -- a batch of long and short sequences: split and unsplit ones in one plan ---------------------
+# -- split batches of long and short sequences, and of ragged query counts ----------------------
 
 class MisplacedMergeRows(AddressedKernelBackend):
     """The addressed kernel whose split-KV merge writes each split sequence's rows from a row of
