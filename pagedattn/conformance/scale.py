@@ -412,9 +412,10 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     (:data:`MIXED_SHORT_MAX` keys at most, a block's edges among them), a short one first and the
     rest in any order: split and unsplit sequences in one plan. With ``ragged`` (a backend with
     varlen), 2 sequences and up, each with 1 to :data:`LONG_MAX_QUERIES` queries, at least two
-    counts in the batch (the shrink target: 1, then 2): speculative decoding, which verifies a
-    different number of draft tokens for each request; rows of a split sequence then do not
-    start at its index times the batch's most queries.
+    counts in the batch (the shrink target: 4,779 keys with 1 query, then 4,096 with 2):
+    speculative decoding, which verifies a different number of draft tokens for each request;
+    rows of a split sequence then do not start at its index times the batch's most queries, and
+    its parts are not as many as another's.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -438,6 +439,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
         # first (the shrink target): an odd length whose last block, tile and split part are partial
         first = limits.min_long + limits.min_long // 6 + 1
         below_top = max(limits.min_long, top - block_size // 2)  # never below the cell's shortest
+        if ragged and s:  # a later sequence of another length, cut into another number of parts
+            first = limits.min_long
         edge = st.sampled_from(list(dict.fromkeys((first, limits.min_long, below_top, top))))
         lens.append(draw(st.one_of(edge, st.integers(limits.min_long, top)), label=f"seq_lens[{s}]"))
     while len(lens) > fewest and sum(lens) * num_kv_heads > limits.max_batch_keys:  # the interpreter's cost

@@ -158,6 +158,10 @@ def test_speculative_long_cases_split_sequences_whose_rows_a_padded_layout_mispl
         assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) > 1
         assert h200_cupy_work(problem).merges.shape[0] > 0, case  # cupy's H200 plan splits too
     assert cases[0].query_start_loc.tolist() == [0, 1, 3]  # the shrink target: 1 query, then 2
+    target = checks.problem_of(cases[0])
+    assert target.seq_lens.tolist() == [limits.min_long + limits.min_long // 6 + 1, limits.min_long]
+    work = h200_cupy_work(target)
+    assert len(set(work.merges[:, 6].tolist())) > 1, work.merges  # cupy cuts them into other numbers of parts
 
 
 @pytest.mark.parametrize("profile", ["quick", "ci"])
