@@ -470,7 +470,10 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     options.update(scales)
     k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    q_lens = _ragged_queries(draw, len(lens), q_len) if ragged and not decode else [min(q_len, n) for n in lens]
+    if decode:  # one query a sequence, a padding entry's (L = 0) too
+        q_lens = [1] * len(lens)
+    else:  # a short sequence may hold fewer keys than q_len (L = 0: no query)
+        q_lens = _ragged_queries(draw, len(lens), q_len) if ragged else [min(q_len, n) for n in lens]
     query = _query(rng, value_kind, (sum(q_lens), num_q_heads, head_dim), dtype)
     logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
@@ -492,12 +495,13 @@ def _ragged_queries(draw: st.DrawFn, num_seqs: int, most: int) -> list[int]:
 
 
 def _with_short_sequences(draw: st.DrawFn, lens: list[int], block_size: int, most: int) -> list[int]:
-    """``lens`` (long sequences) with 1 to ``most`` short ones: the first of the batch short, the
-    others and the long ones in a drawn order (the shrink target: one short of one key, then the
-    long ones)."""
-    edges = st.sampled_from(list(dict.fromkeys((1, max(1, block_size - 1), block_size, block_size + 1))))
+    """``lens`` (long sequences) with 1 to ``most`` short ones of 0 to :data:`MIXED_SHORT_MAX` keys
+    (0: a padding entry, as engines pad a batch to the size of a captured graph), the first of the
+    batch short, the others and the long ones in a drawn order (the shrink target: a padding entry,
+    then the long ones)."""
+    edges = st.sampled_from(list(dict.fromkeys((0, 1, max(1, block_size - 1), block_size, block_size + 1))))
     count = draw(st.integers(1, most), label="short_seqs")
-    shorts = [draw(st.one_of(edges, st.integers(1, MIXED_SHORT_MAX)), label=f"short_lens[{s}]")
+    shorts = [draw(st.one_of(edges, st.integers(0, MIXED_SHORT_MAX)), label=f"short_lens[{s}]")
               for s in range(count)]
     return shorts[:1] + draw(st.permutations(shorts[1:] + lens), label="order")
 

@@ -29,6 +29,16 @@ def test_correct_stepped_kernel_passes_quick_profile(tmp_path):
     assert code == 0
 
 
+@pytest.mark.parametrize("base", ["AddressedKernelBackend", "UniformSplitKernelBackend", "CascadeKernelBackend"])
+def test_correct_scale_kernels_pass_the_scale_cells_of_the_quick_profile(tmp_path, base):
+    """The bases of the scale mutants are right where their mutants must die: a mutant dies of its bug."""
+    code = run_pytest_in_process(["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x",
+                                  "--hypothesis-profile=quick", "--conformance-cases", str(tmp_path),
+                                  "--backend", f"pagedattn.conformance.mutants.scale:{base}",
+                                  "--pyargs", *MUTANT_MODULES[scale.__name__]])
+    assert code == 0
+
+
 #: Where the mutants of ``mutants/scale.py`` must die: their bugs show only in the scale cells (by
 #: name: an installed package's node ids do not always carry the module's path).
 SCALE_CELLS = tuple(name for module in (test_scale, test_launch_scale) for name in vars(module)

@@ -1005,7 +1005,24 @@ class SplitMergeRowsOfAPaddedBatch(MisplacedMergeRows):
         return s * int(problem.q_lens.max(initial=0))
 
 
-class SplitPartsPastItsEndUnwritten(AddressedKernelBackend):
+class UniformSplitKernelBackend(AddressedKernelBackend):
+    """The addressed kernel splitting every sequence of a split batch into the parts of its longest
+    (parts of one length, as many as the longest needs: a short sequence's later parts hold no
+    key, and a padding entry's, ``L = 0``, none), as a grid of (sequence, part) programs does
+    (not registered; base of the two mutants below). Unmodified it passes the suite."""
+
+    name = "uniform-split-kernel"
+    description = "the addressed kernel giving every sequence of a split batch as many parts as its longest"
+
+    def parts(self, blocks, length, problem):
+        longest = int(problem.seq_lens.max())
+        longest_parts = super().parts(list(range(-(-longest // problem.block_size))), longest, problem)
+        per_part = max(1, len(longest_parts[0]))
+        self._past_end = [i * per_part >= len(blocks) for i in range(len(longest_parts))]
+        return [blocks[i * per_part:(i + 1) * per_part] for i in range(len(longest_parts))]
+
+
+class SplitPartsPastItsEndUnwritten(UniformSplitKernelBackend):
     bug = ("split-KV gives every sequence of a split batch the parts of its longest (parts of one length, as many "
            "as the longest needs); a part that begins at or past its sequence's end exits without writing its "
            "partials, and the merge reads what the buffer held (NaN)")
@@ -1013,16 +1030,25 @@ class SplitPartsPastItsEndUnwritten(AddressedKernelBackend):
               "early-exit splits cannot leak garbage into the combine); flash-attention's split-KV kernel writes "
               "O = 0 and lse = -inf for a split past a sequence's keys for the same reason")
 
-    def parts(self, blocks, length, problem):
-        longest = int(problem.seq_lens.max())
-        longest_parts = super().parts(list(range(-(-longest // problem.block_size))), longest, problem)
-        per_part = len(longest_parts[0])
-        self._past_end = [i * per_part >= len(blocks) for i in range(len(longest_parts))]
-        return [blocks[i * per_part:(i + 1) * per_part] for i in range(len(longest_parts))]
-
     def merge(self, states):
         if len(states) == 1:
             return super().merge(states)
         return super().merge([(m, l, O) if not past else
                               (np.full_like(m, np.nan), np.full_like(l, np.nan), np.full_like(O, np.nan))
                               for (m, l, O), past in zip(states, self._past_end, strict=True)])
+
+
+class SplitMergeOfEmptyPartsNaN(UniformSplitKernelBackend):
+    bug = ("split-KV merge weighs each part by exp(lse_i - max lse) with no guard for a max of -inf: a row whose "
+           "parts are all empty (a padding entry, L = 0, in a split batch) gets exp(-inf + inf) = NaN")
+    models = ("flashinfer-ai/flashinfer issue 4051 (merging states that are all empty gives NaN, in merge_states "
+              "and the persistent kernels' reductions); vllm-project/vllm PR 28181 and PR 39148 (merge_attn_states "
+              "NaN where both lse are -inf)")
+
+    def merge(self, states):
+        m, l, O = super().merge(states)
+        if len(states) == 1:
+            return m, l, O
+        empty = np.all([np.isneginf(m_i) for m_i, _, _ in states], axis=0)  # [n, Hq]
+        return (np.where(empty, F32(np.nan), m), np.where(empty, F32(np.nan), l),
+                np.where(empty[..., None], F32(np.nan), O))
