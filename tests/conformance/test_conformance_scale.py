@@ -50,6 +50,12 @@ def triton_grid(problem) -> tuple:
     return tiles, work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles, key_tiles
 
 
+def triton_splits(problem, sms: int = H200_SMS) -> int:
+    """triton's split-KV count for ``problem`` on ``sms`` multiprocessors (an H200's unless given)."""
+    tiles, programs, key_tiles = triton_grid(problem)
+    return choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident, tiles.saturation)
+
+
 def drawn(strategy, count: int) -> list:
     """The first ``count`` examples the suite's derandomized profiles draw (the first is the shrink target)."""
     found: list = []
@@ -110,11 +116,10 @@ def test_long_cases_reach_split_plans_of_triton_and_cupy(profile, cell):
             problem = checks.problem_of(case)
             assert problem.seq_lens.min() >= limits.min_long
             assert int(problem.seq_lens.max()) % problem.block_size or len(problem.seq_lens) > 1
-            tiles, programs, key_tiles = triton_grid(problem)
             # the H200 splits every case; the interpreter's 4 "SMs" are filled by a batch of a few heads,
             # so there only the first case (one sequence, one KV head) is sure to split
             for sms in (H200_SMS,) if index else (INTERPRETER_SMS, H200_SMS):
-                splits = choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident, tiles.saturation)
+                splits = triton_splits(problem, sms)
                 assert splits > 1, (case, sms)
             if caps is DECLARED:
                 assert build_work(problem).num_partials > 0, case
@@ -138,9 +143,8 @@ def test_mixed_length_cases_put_split_and_unsplit_sequences_in_one_plan_of_trito
         assert (work.items[:, 8] < 0).any() and work.merges.shape[0] > 0, work.items
         assert work.merges[:, 0].min() > 0, work.merges
         # triton on an H200: as many parts for every sequence; the short ones' later parts hold no key
-        tiles, programs, key_tiles = triton_grid(problem)
-        splits = choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation)
-        assert splits > int(key_tiles.min()), (splits, key_tiles)
+        _, _, key_tiles = triton_grid(problem)
+        assert triton_splits(problem) > int(key_tiles.min()), key_tiles
     # the shrink target: a padding entry (L = 0), then a long sequence
     assert list(cases[0].seq_lens) == [0, limits.min_long + limits.min_long // 6 + 1]
 
@@ -155,8 +159,7 @@ def test_speculative_long_cases_split_sequences_whose_rows_a_padded_layout_mispl
         widest = int(problem.q_lens.max())
         assert problem.num_seqs >= 2 and len(set(problem.q_lens.tolist())) >= 2, problem.q_lens
         assert any(int(problem.query_start_loc[s]) != s * widest for s in range(problem.num_seqs))
-        tiles, programs, key_tiles = triton_grid(problem)
-        assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) > 1
+        assert triton_splits(problem) > 1
         assert h200_cupy_work(problem).merges.shape[0] > 0, case  # cupy's H200 plan splits too
     assert cases[0].query_start_loc.tolist() == [0, 1, 3]  # the shrink target: 1 query, then 2
     target = checks.problem_of(cases[0])
@@ -175,8 +178,7 @@ def test_wide_group_long_cases_split_groups_past_8_rows_in_triton_and_cupy(profi
     for case in cases:
         problem = checks.problem_of(case)
         assert problem.group_size > ROW_SLOT_ROWS and problem.seq_lens.min() >= SPLIT_MIN_KEYS
-        tiles, programs, key_tiles = triton_grid(problem)
-        assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) > 1
+        assert triton_splits(problem) > 1
         assert h200_cupy_work(problem).merges.shape[0] > 0, case  # cupy's H200 plan splits too
     assert checks.problem_of(cases[0]).group_size == scale.LONG_WIDE_GROUPS[0]  # the shrink target
 
@@ -206,9 +208,8 @@ def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_p
         assert work.merges.shape[0] > 0 and work.merges[:, 6].min() % 2 == 1, (slots, work.merges)  # odd parts
         assert len({int(b - a) for a, b in ranges}) > 1, (slots, ranges)  # parts of unequal length: one is partial
     assert case.seq_lens[0] % work.tile_n != 0
-    tiles, programs, key_tiles = triton_grid(problem)
     for sms in (INTERPRETER_SMS, H200_SMS):  # triton: resident x 132 slots on the H200
-        assert choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident, tiles.saturation) > 1, sms
+        assert triton_splits(problem, sms) > 1, sms
 
 
 # -- pools past 2**31 elements ----------------------------------------------------------------
@@ -743,9 +744,8 @@ def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_trito
         assert problem.num_seqs == 1 and problem.num_kv_heads == 1
         assert length > UINT16_POSITIONS and length % problem.block_size  # a partial last block
         assert -(-length // PART_KEYS) > MERGE_MAX_PARTS + 8  # the mutants' merge drops more than 8 parts
-        tiles, programs, key_tiles = triton_grid(problem)
-        longest = int(key_tiles.max())
-        splits = choose_num_splits(programs, longest, H200_SMS, tiles.resident, tiles.saturation)
+        longest = int(triton_grid(problem)[2].max())
+        splits = triton_splits(problem)
         assert -(-longest // splits) == -(-longest // MAX_SPLITS)  # parts as short as MAX_SPLITS makes them
         work = h200_cupy_work(problem)
         assert int(work.merges[:, 6].max()) > MERGE_MAX_PARTS, work.merges  # more parts than a fixed merge holds
@@ -792,8 +792,7 @@ def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_trito
     assert length > 2**20 and length % problem.block_size  # a partial last block
     assert 2**16 * min(DECLARED.block_sizes or ()) < scale.MILLION_KEYS  # columns past 16 bits at block size 16
     assert -(-length // PART_KEYS) > 8 * (MERGE_MAX_KEYS // PART_KEYS)  # the mutant's merge drops most parts
-    tiles, programs, key_tiles = triton_grid(problem)
-    assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) == MAX_SPLITS
+    assert triton_splits(problem) == MAX_SPLITS
     work = h200_cupy_work(problem)
     assert int(work.merges[:, 6].max()) > MERGE_MAX_KEYS // PART_KEYS, work.merges  # more parts than 131,072 keys'
 
@@ -814,8 +813,8 @@ def test_long_chunk_cases_have_split_parts_past_the_first_query_tiles_of_triton_
         q_lens, lens = problem.q_lens, np.asarray(problem.seq_lens)
         assert problem.causal and int(q_lens.min()) > PART_KEYS + QUERY_TILE  # parts past the mutant's first tile
         assert int((lens - q_lens).min()) >= scale.LONG_CHUNK_CONTEXT[0]
-        tiles, programs, key_tiles = triton_grid(problem)
-        splits = choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation)
+        tiles, _, key_tiles = triton_grid(problem)
+        splits = triton_splits(problem)
         part_keys = -(-int(key_tiles.max()) // splits) * tiles.block_n
         first_tile_end = int((lens - q_lens)[int(np.argmax(lens))]) + tiles.block_m // problem.group_size
         assert splits > 1 and (splits - 1) * part_keys > first_tile_end  # triton: a part past the first tile's queries
@@ -919,6 +918,5 @@ def test_long_tail_batches_fill_an_h200_without_split_kv_of_triton_and_cupy():
         assert problem.num_seqs == scale.TAIL_BATCH_SEQS and problem.cache_dtype.startswith("float8")
         share, _ = tail_mass(case)
         assert share.min() > 0.3  # about 40% of every row's mass
-        tiles, programs, key_tiles = triton_grid(problem)
-        assert choose_num_splits(programs, int(key_tiles.max()), H200_SMS, tiles.resident, tiles.saturation) == 1
+        assert triton_splits(problem) == 1
         assert len(h200_cupy_work(problem).merges) == 0  # cupy: no part merged
