@@ -260,6 +260,15 @@ class CopyBlocksInt32Offsets(AddressedKernelBackend):
 
 # -- split-KV ---------------------------------------------------------------------------------
 
+def _unwritten(state: State, rows: Any = True) -> State:
+    """``state`` (m ``[n, Hq]``, l, O ``[n, Hq, D]``) with the rows where ``rows`` (broadcast to
+    ``[n, Hq]``) holds left unwritten: NaN, what a partial buffer holds before a part writes it."""
+    m, l, O = state
+    rows = np.asarray(rows)
+    return (np.where(rows, F32(np.nan), m), np.where(rows, F32(np.nan), l),
+            np.where(rows[..., None], F32(np.nan), O))
+
+
 class SplitMergeIgnoresMax(AddressedKernelBackend):
     bug = "split-KV merge adds the parts' l and O without rescaling each by exp(m_i - m_max)"
     models = "split-KV / flash-decoding reduction combining partials without the max correction"
@@ -418,13 +427,16 @@ class SplitPartialsOfTheFirstRowSlot(AddressedKernelBackend):
         self._group = problem.group_size
         return super().parts(blocks, length, problem)
 
+    def drops_rows(self) -> bool:
+        """Whether this call's split parts store row slot 0 alone: every call's."""
+        return True
+
     def merge(self, states):
-        if len(states) == 1:
+        if len(states) == 1 or not self.drops_rows():
             return super().merge(states)
         heads = states[0][1].shape[-1]
         lost = (np.arange(heads) % self._group) % MMA_ROWS >= ROW_SLOT_ROWS  # [Hq]
-        return super().merge([(np.where(lost, F32(np.nan), m), np.where(lost, F32(np.nan), l),
-                               np.where(lost[:, None], F32(np.nan), O)) for m, l, O in states])
+        return super().merge([_unwritten(state, lost) for state in states])
 
 
 class Fp8SplitPartialsOfTheFirstRowSlot(SplitPartialsOfTheFirstRowSlot):
@@ -434,10 +446,8 @@ class Fp8SplitPartialsOfTheFirstRowSlot(SplitPartialsOfTheFirstRowSlot):
     models = ("local-inference-lab/b12x PR 24 (split-KV decode epilogues stored MMA row_slot 0 only, garbage past "
               "a GQA group of 8), in an fp8 decode kernel of its own")
 
-    def merge(self, states):
-        if self.cache_dtype not in FP8_DTYPES:
-            return AddressedKernelBackend.merge(self, states)
-        return super().merge(states)
+    def drops_rows(self):
+        return self.cache_dtype in FP8_DTYPES
 
 
 # -- power-of-two index arithmetic ---------------------------------------------------------------
@@ -846,12 +856,9 @@ class SplitSkipsPartsPastItsQueryTile(AddressedKernelBackend):
             return super().merge(states)
         p_q = np.asarray(self._p_q)
         tile_last = p_q[np.minimum((np.arange(p_q.size) // QUERY_TILE + 1) * QUERY_TILE, p_q.size) - 1]
-        left = []
-        for start, (m, l, O) in zip(self._part_starts, states, strict=True):
-            skipped = (tile_last < start)[:, None]  # [n, 1]: rows of tiles that skip this part
-            left.append((np.where(skipped, F32(np.nan), m), np.where(skipped, F32(np.nan), l),
-                         np.where(skipped[..., None], F32(np.nan), O)))
-        return super().merge(left)
+        # [n, 1]: rows of tiles that skip a part
+        return super().merge([_unwritten(state, (tile_last < start)[:, None])
+                              for start, state in zip(self._part_starts, states, strict=True)])
 
 
 # -- long rows: sums of many keys, and weights far below the maximum -----------------------------
@@ -1033,9 +1040,7 @@ class SplitPartsPastItsEndUnwritten(UniformSplitKernelBackend):
     def merge(self, states):
         if len(states) == 1:
             return super().merge(states)
-        return super().merge([(m, l, O) if not past else
-                              (np.full_like(m, np.nan), np.full_like(l, np.nan), np.full_like(O, np.nan))
-                              for (m, l, O), past in zip(states, self._past_end, strict=True)])
+        return super().merge([_unwritten(state, past) for state, past in zip(states, self._past_end, strict=True)])
 
 
 class SplitMergeOfEmptyPartsNaN(UniformSplitKernelBackend):
@@ -1050,5 +1055,4 @@ class SplitMergeOfEmptyPartsNaN(UniformSplitKernelBackend):
         if len(states) == 1:
             return m, l, O
         empty = np.all([np.isneginf(m_i) for m_i, _, _ in states], axis=0)  # [n, Hq]
-        return (np.where(empty, F32(np.nan), m), np.where(empty, F32(np.nan), l),
-                np.where(empty[..., None], F32(np.nan), O))
+        return _unwritten((m, l, O), empty)
