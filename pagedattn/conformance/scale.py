@@ -74,6 +74,7 @@ from pagedattn.conformance.strategies import (
     copy_blocks_cases,
     fill_caches,
     head_dims,
+    seq_lens,
     sizes_are_large,
     write_kv_cases,
 )
@@ -499,10 +500,8 @@ def _with_short_sequences(draw: st.DrawFn, lens: list[int], block_size: int, mos
     (0: a padding entry, as engines pad a batch to the size of a captured graph), the first of the
     batch short, the others and the long ones in a drawn order (the shrink target: a padding entry,
     then the long ones)."""
-    edges = st.sampled_from(list(dict.fromkeys((0, 1, max(1, block_size - 1), block_size, block_size + 1))))
     count = draw(st.integers(1, most), label="short_seqs")
-    shorts = [draw(st.one_of(edges, st.integers(0, MIXED_SHORT_MAX)), label=f"short_lens[{s}]")
-              for s in range(count)]
+    shorts = [draw(seq_lens(block_size, max_value=MIXED_SHORT_MAX), label=f"short_lens[{s}]") for s in range(count)]
     return shorts[:1] + draw(st.permutations(shorts[1:] + lens), label="order")
 
 
