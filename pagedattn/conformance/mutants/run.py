@@ -10,6 +10,7 @@ meaning, never), so a mutant is usually killed by the first cell that exercises 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import subprocess
@@ -81,6 +82,9 @@ def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> i
     The suite's modules (:data:`SUITE_MODULES`) are imported afresh for the run: their cells'
     parameters come from the profile at import (the long cells' dtypes), so a module the caller
     imported under another profile would hold other cells. The caller's copies are put back after.
+    The caller's objects are frozen out of the garbage collector for the run (``gc.freeze``), so
+    that the run's collections, which the memory cells make, cost what the run holds, not what a
+    long test session holds.
     """
     from hypothesis import settings
 
@@ -90,9 +94,12 @@ def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> i
     profile = settings.get_current_profile_name()
     saved = {k: v for k, v in os.environ.items() if k.startswith("PAGEDATTN_")}
     callers = {name: sys.modules.pop(name) for name in SUITE_MODULES if name in sys.modules}
+    gc.collect()
+    gc.freeze()
     try:
         return int(pytest.main(list(args), plugins=list(plugins)))
     finally:
+        gc.unfreeze()
         settings.load_profile(profile)
         for key in [k for k in os.environ if k.startswith("PAGEDATTN_")]:
             del os.environ[key]
