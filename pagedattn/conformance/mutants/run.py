@@ -83,8 +83,8 @@ def run_pytest_in_process(args: Sequence[str], plugins: Sequence[Any] = ()) -> i
     parameters come from the profile at import (the long cells' dtypes), so a module the caller
     imported under another profile would hold other cells. The caller's copies are put back after.
     The caller's objects are frozen out of the garbage collector for the run (``gc.freeze``), so
-    that the run's collections, which the memory cells make, cost what the run holds, not what a
-    long test session holds.
+    that the run's collections, which the memory cells make, cost what the run holds, not what the
+    calling process has built up.
     """
     from hypothesis import settings
 
