@@ -51,6 +51,11 @@ SMALL = [
     gpu_case("small pool view fp32 window", [300], [3], block_size=64, dtype="float32", kv_layout="HND",
                   pool=True, sliding_window=50),
     gpu_case("small decode softcap alibi bs16", [0, 900, 17], softcap=30.0, alibi_slopes=SLOPES),
+    # split plans of the shapes the long cells draw beside engines: ragged draft counts
+    # (speculative decoding) with a padding entry, and groups wider than one row tile
+    gpu_case("small speculative split-KV fp16", [2100, 0, 1500, 17], [3, 0, 1, 2], dtype="float16"),
+    gpu_case("small decode G=17 split-KV", [0, 1800, 9], num_q_heads=34),
+    gpu_case("small fp8 e4m3 decode G=24 split-KV", [1300, 40], num_q_heads=48, cache_dtype=FP8[0], **FP8_SCALES),
 ]
 
 #: Long prefill: at least 512 rows per sequence on average (the Hopper kernel's on sm_90, the
