@@ -18,7 +18,9 @@ import pytest
 if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
     pytest.skip("triton and torch are needed (pip install 'pagedattn[triton]')", allow_module_level=True)
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+from triton_mode import interpreter_setting
+
+os.environ.setdefault("TRITON_INTERPRET", interpreter_setting())  # before any kernel module is imported
 
 import torch
 

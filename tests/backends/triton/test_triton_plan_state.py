@@ -13,7 +13,9 @@ import pytest
 if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
     pytest.skip("triton and torch are needed (pip install 'pagedattn[triton]')", allow_module_level=True)
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+from triton_mode import interpreter_setting
+
+os.environ.setdefault("TRITON_INTERPRET", interpreter_setting())  # before any kernel module is imported
 
 from pagedattn.backends.bitviews import numpy_to_torch, torch_bits
 from pagedattn.backends.numpy.backend import NumpyBackend
