@@ -7,6 +7,8 @@ in a scale cell is in test_mutants.py.)"""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -14,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.backends.triton.backend import _work_list
-from pagedattn.backends.triton.launch_config import choose_num_splits, choose_tiles
+from pagedattn.backends.triton.launch_config import Tiles, choose_num_splits, choose_tiles
 from pagedattn.conformance import checks, scale, test_scale
 from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import load_case, save_case
@@ -42,18 +44,25 @@ def h200_cupy_work(problem):  # type: ignore[no-untyped-def]
     return build_work(problem, choice, slots=split_slots(problem, choice, H200_CUPY_DECODE_SLOTS, H200_SMS))
 
 
-def triton_grid(problem) -> tuple:
-    """triton's tiles for ``problem``, its programs before split-KV and each work item's key tiles."""
+class TritonGrid(NamedTuple):
+    """triton's tiles for a problem, its programs before split-KV and each work item's key tiles."""
+
+    tiles: Tiles
+    programs: int
+    key_tiles: np.ndarray
+
+    def splits(self, sms: int = H200_SMS) -> int:
+        """triton's split-KV count on ``sms`` multiprocessors (an H200's unless given)."""
+        return choose_num_splits(self.programs, int(self.key_tiles.max()), sms, self.tiles.resident,
+                                 self.tiles.saturation)
+
+
+def triton_grid(problem) -> TritonGrid:
+    """triton's grid for ``problem``: tiles, programs before split-KV, key tiles a work item."""
     tiles = choose_tiles(int(problem.q_lens.max()), problem.group_size, problem.head_dim, problem.dtype,
                          problem.block_size)
     work_seq, _, key_tiles = _work_list(problem, tiles)
-    return tiles, work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles, key_tiles
-
-
-def triton_splits(problem, sms: int = H200_SMS) -> int:
-    """triton's split-KV count for ``problem`` on ``sms`` multiprocessors (an H200's unless given)."""
-    tiles, programs, key_tiles = triton_grid(problem)
-    return choose_num_splits(programs, int(key_tiles.max()), sms, tiles.resident, tiles.saturation)
+    return TritonGrid(tiles, work_seq.shape[0] * problem.num_kv_heads * tiles.num_group_tiles, key_tiles)
 
 
 def drawn(strategy, count: int) -> list:
@@ -118,9 +127,9 @@ def test_long_cases_reach_split_plans_of_triton_and_cupy(profile, cell):
             assert int(problem.seq_lens.max()) % problem.block_size or len(problem.seq_lens) > 1
             # the H200 splits every case; the interpreter's 4 "SMs" are filled by a batch of a few heads,
             # so there only the first case (one sequence, one KV head) is sure to split
+            grid = triton_grid(problem)
             for sms in (H200_SMS,) if index else (INTERPRETER_SMS, H200_SMS):
-                splits = triton_splits(problem, sms)
-                assert splits > 1, (case, sms)
+                assert grid.splits(sms) > 1, (case, sms)
             if caps is DECLARED:
                 assert build_work(problem).num_partials > 0, case
 
@@ -143,8 +152,8 @@ def test_mixed_length_cases_put_split_and_unsplit_sequences_in_one_plan_of_trito
         assert (work.items[:, 8] < 0).any() and work.merges.shape[0] > 0, work.items
         assert work.merges[:, 0].min() > 0, work.merges
         # triton on an H200: as many parts for every sequence; the short ones' later parts hold no key
-        _, _, key_tiles = triton_grid(problem)
-        assert triton_splits(problem) > int(key_tiles.min()), key_tiles
+        grid = triton_grid(problem)
+        assert grid.splits() > int(grid.key_tiles.min()), grid.key_tiles
     # the shrink target: a padding entry (L = 0), then a long sequence
     assert list(cases[0].seq_lens) == [0, limits.min_long + limits.min_long // 6 + 1]
 
@@ -159,7 +168,7 @@ def test_speculative_long_cases_split_sequences_whose_rows_a_padded_layout_mispl
         widest = int(problem.q_lens.max())
         assert problem.num_seqs >= 2 and len(set(problem.q_lens.tolist())) >= 2, problem.q_lens
         assert any(int(problem.query_start_loc[s]) != s * widest for s in range(problem.num_seqs))
-        assert triton_splits(problem) > 1
+        assert triton_grid(problem).splits() > 1
         assert h200_cupy_work(problem).merges.shape[0] > 0, case  # cupy's H200 plan splits too
     assert cases[0].query_start_loc.tolist() == [0, 1, 3]  # the shrink target: 1 query, then 2
     target = checks.problem_of(cases[0])
@@ -178,7 +187,7 @@ def test_wide_group_long_cases_split_groups_past_8_rows_in_triton_and_cupy(profi
     for case in cases:
         problem = checks.problem_of(case)
         assert problem.group_size > ROW_SLOT_ROWS and problem.seq_lens.min() >= SPLIT_MIN_KEYS
-        assert triton_splits(problem) > 1
+        assert triton_grid(problem).splits() > 1
         assert h200_cupy_work(problem).merges.shape[0] > 0, case  # cupy's H200 plan splits too
     assert checks.problem_of(cases[0]).group_size == scale.LONG_WIDE_GROUPS[0]  # the shrink target
 
@@ -208,8 +217,9 @@ def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_p
         assert work.merges.shape[0] > 0 and work.merges[:, 6].min() % 2 == 1, (slots, work.merges)  # odd parts
         assert len({int(b - a) for a, b in ranges}) > 1, (slots, ranges)  # parts of unequal length: one is partial
     assert case.seq_lens[0] % work.tile_n != 0
+    grid = triton_grid(problem)
     for sms in (INTERPRETER_SMS, H200_SMS):  # triton: resident x 132 slots on the H200
-        assert triton_splits(problem, sms) > 1, sms
+        assert grid.splits(sms) > 1, sms
 
 
 # -- pools past 2**31 elements ----------------------------------------------------------------
@@ -744,8 +754,8 @@ def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_trito
         assert problem.num_seqs == 1 and problem.num_kv_heads == 1
         assert length > UINT16_POSITIONS and length % problem.block_size  # a partial last block
         assert -(-length // PART_KEYS) > MERGE_MAX_PARTS + 8  # the mutants' merge drops more than 8 parts
-        longest = int(triton_grid(problem)[2].max())
-        splits = triton_splits(problem)
+        grid = triton_grid(problem)
+        longest, splits = int(grid.key_tiles.max()), grid.splits()
         assert -(-longest // splits) == -(-longest // MAX_SPLITS)  # parts as short as MAX_SPLITS makes them
         work = h200_cupy_work(problem)
         assert int(work.merges[:, 6].max()) > MERGE_MAX_PARTS, work.merges  # more parts than a fixed merge holds
@@ -792,7 +802,7 @@ def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_trito
     assert length > 2**20 and length % problem.block_size  # a partial last block
     assert 2**16 * min(DECLARED.block_sizes or ()) < scale.MILLION_KEYS  # columns past 16 bits at block size 16
     assert -(-length // PART_KEYS) > 8 * (MERGE_MAX_KEYS // PART_KEYS)  # the mutant's merge drops most parts
-    assert triton_splits(problem) == MAX_SPLITS
+    assert triton_grid(problem).splits() == MAX_SPLITS
     work = h200_cupy_work(problem)
     assert int(work.merges[:, 6].max()) > MERGE_MAX_KEYS // PART_KEYS, work.merges  # more parts than 131,072 keys'
 
@@ -813,8 +823,8 @@ def test_long_chunk_cases_have_split_parts_past_the_first_query_tiles_of_triton_
         q_lens, lens = problem.q_lens, np.asarray(problem.seq_lens)
         assert problem.causal and int(q_lens.min()) > PART_KEYS + QUERY_TILE  # parts past the mutant's first tile
         assert int((lens - q_lens).min()) >= scale.LONG_CHUNK_CONTEXT[0]
-        tiles, _, key_tiles = triton_grid(problem)
-        splits = triton_splits(problem)
+        tiles, _, key_tiles = grid = triton_grid(problem)
+        splits = grid.splits()
         part_keys = -(-int(key_tiles.max()) // splits) * tiles.block_n
         first_tile_end = int((lens - q_lens)[int(np.argmax(lens))]) + tiles.block_m // problem.group_size
         assert splits > 1 and (splits - 1) * part_keys > first_tile_end  # triton: a part past the first tile's queries
@@ -918,5 +928,5 @@ def test_long_tail_batches_fill_an_h200_without_split_kv_of_triton_and_cupy():
         assert problem.num_seqs == scale.TAIL_BATCH_SEQS and problem.cache_dtype.startswith("float8")
         share, _ = tail_mass(case)
         assert share.min() > 0.3  # about 40% of every row's mass
-        assert triton_splits(problem) == 1
+        assert triton_grid(problem).splits() == 1
         assert len(h200_cupy_work(problem).merges) == 0  # cupy: no part merged

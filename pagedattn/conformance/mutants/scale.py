@@ -260,7 +260,7 @@ class CopyBlocksInt32Offsets(AddressedKernelBackend):
 
 # -- split-KV ---------------------------------------------------------------------------------
 
-def _unwritten(state: State, rows: Any = True) -> State:
+def _unwritten(state: State, rows: Any) -> State:
     """``state`` (m ``[n, Hq]``, l, O ``[n, Hq, D]``) with the rows where ``rows`` (broadcast to
     ``[n, Hq]``) holds left unwritten: NaN, what a partial buffer holds before a part writes it."""
     m, l, O = state
@@ -446,7 +446,7 @@ class Fp8SplitPartialsOfTheFirstRowSlot(SplitPartialsOfTheFirstRowSlot):
     models = ("local-inference-lab/b12x PR 24 (split-KV decode epilogues stored MMA row_slot 0 only, garbage past "
               "a GQA group of 8), in an fp8 decode kernel of its own")
 
-    def drops_rows(self):
+    def drops_rows(self) -> bool:
         return self.cache_dtype in FP8_DTYPES
 
 
