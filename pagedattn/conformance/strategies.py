@@ -642,19 +642,30 @@ def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout
 def merge_cases(draw: st.DrawFn, *, dtype: str) -> MergeCase:
     """Return a strategy for a :class:`MergeCase`: lse values from -inf (empty part, its out NaN)
     through large ones, one side or both empty, lses sometimes strided views of ``[H, T]`` arrays.
-    Shrinks towards one token, finite lse."""
+    ``non_finite`` puts what attention makes of non-finite data into parts that are not empty:
+    ``values`` a NaN or inf in one dimension of out (a non-finite value; lse kept), ``scores``
+    NaN in the whole out and lse (a NaN or +inf score). Shrinks towards one token, finite lse
+    and finite data."""
     T = draw(st.integers(1, 6), label="num_tokens")
     H = draw(st.integers(1, 4), label="num_heads")
     D = draw(st.sampled_from((8, 64)), label="head_dim")
     rng = np.random.default_rng(draw(_SEEDS, label="seed"))
     spread = draw(st.sampled_from((1.0, 30.0, 1e4)), label="lse_spread")
     empty = draw(st.sampled_from((0.0, 0.3, 0.7)), label="empty_fraction")
+    non_finite = draw(st.sampled_from(("none", "values", "scores")), label="non_finite")
     lse = [(rng.standard_normal((T, H)) * spread).astype(np.float32) for _ in range(2)]
     outs = [rng.standard_normal((T, H, D)) for _ in range(2)]
     for side in range(2):
         hole = rng.random((T, H)) < empty
         lse[side][hole] = -np.inf
         outs[side][hole] = np.nan  # the empty side's out is ignored, even NaN
+        hit = ~hole & (rng.random((T, H)) < 0.5)
+        if non_finite == "values":  # one dimension of the part's out, whatever its weight
+            t, h = np.nonzero(hit)
+            outs[side][t, h, rng.integers(0, D, t.size)] = rng.choice([np.nan, np.inf, -np.inf], t.size)
+        elif non_finite == "scores":
+            outs[side][hit] = np.nan
+            lse[side][hit] = np.nan
     return MergeCase(out_a=outs[0].astype(numpy_dtype(dtype)), lse_a=lse[0],
                      out_b=outs[1].astype(numpy_dtype(dtype)), lse_b=lse[1],
                      lse_heads_first=draw(st.booleans(), label="lse_heads_first"))

@@ -85,7 +85,9 @@ def merge_states(
     """Merge two normalized partial results over disjoint key sets (exact, in float64).
 
     out_*: ``[..., D]``, lse_*: ``[...]``. A side with ``lse = -inf`` is empty and its
-    ``out`` is ignored, even NaN; both empty gives ``out = 0, lse = -inf``.
+    ``out`` is ignored, even NaN; both empty gives ``out = 0, lse = -inf``. Nothing else is
+    guarded: a NaN ``lse`` makes the row NaN, and a NaN in a non-empty side's ``out`` reaches
+    the row even where that side's weight rounds to 0 (``0 * NaN`` is NaN), as in attention.
     Returns float64 ``(out, lse)``. Shapes must agree exactly (nothing is broadcast);
     raises :class:`PagedAttentionError` naming the argument that differs.
     """
@@ -101,13 +103,14 @@ def merge_states(
     lse_b = np.asarray(lse_b, dtype=np.float64)
     m = np.maximum(lse_a, lse_b)
     shift = _finite_or_zero(m)
-    w_a = np.exp(lse_a - shift)
-    w_b = np.exp(lse_b - shift)
-    o_a = np.where((w_a > 0)[..., None], np.asarray(out_a, dtype=np.float64), 0.0)
-    o_b = np.where((w_b > 0)[..., None], np.asarray(out_b, dtype=np.float64), 0.0)
-    total = w_a + w_b
-    empty = total <= 0
-    safe = np.where(empty, 1.0, total)
-    out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / safe[..., None]
-    lse = np.where(empty, -np.inf, shift + np.log(safe))
+    o_a = np.where(np.isneginf(lse_a)[..., None], 0.0, np.asarray(out_a, dtype=np.float64))
+    o_b = np.where(np.isneginf(lse_b)[..., None], 0.0, np.asarray(out_b, dtype=np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):  # 0 * inf is NaN and inf overflows, as IEEE says
+        w_a = np.exp(lse_a - shift)
+        w_b = np.exp(lse_b - shift)
+        total = w_a + w_b
+        empty = total <= 0
+        safe = np.where(empty, 1.0, total)
+        out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / safe[..., None]
+        lse = np.where(empty, -np.inf, shift + np.log(safe))
     return out, lse

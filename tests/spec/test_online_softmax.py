@@ -5,6 +5,7 @@ from __future__ import annotations
 from itertools import pairwise
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -94,6 +95,20 @@ def test_both_empty_gives_zero_and_minus_inf() -> None:
     out, lse = merge_states(np.full((1, 3), np.nan), np.array([-np.inf]), np.full((1, 3), np.nan),
                             np.array([-np.inf]))
     assert np.array_equal(out, np.zeros((1, 3))) and lse[0] == -np.inf
+
+
+def test_nan_of_a_non_empty_side_reaches_the_row_even_where_its_weight_rounds_to_0() -> None:
+    """exp(-1000) is 0 in float64; the side is not empty, so 0 * NaN = NaN and 0 * inf = NaN, as in attention."""
+    out_a = np.array([[np.nan, np.inf, 1.0]])
+    out_b = np.array([[1.0, 2.0, 3.0]])
+    out, lse = merge_states(out_a, np.array([-1000.0]), out_b, np.array([0.5]))
+    assert np.isnan(out[0, 0]) and np.isnan(out[0, 1]) and out[0, 2] == 3.0 and lse[0] == 0.5
+
+
+@pytest.mark.parametrize("lse_b", [0.5, -np.inf, np.nan])
+def test_nan_lse_makes_the_row_nan(lse_b: float) -> None:
+    out, lse = merge_states(np.ones((1, 3)), np.array([np.nan]), np.full((1, 3), 2.0), np.array([lse_b]))
+    assert np.isnan(out).all() and np.isnan(lse).all()
 
 
 def test_missing_rescale_would_be_caught() -> None:

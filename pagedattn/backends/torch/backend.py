@@ -191,8 +191,8 @@ def _merged(torch: Any, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple
     shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     w_a, w_b = torch.exp(lse_a64 - shift), torch.exp(lse_b64 - shift)
     zero = torch.zeros((), dtype=torch.float64, device=out_a.device)
-    o_a = torch.where((w_a > 0)[..., None], out_a.to(torch.float64), zero)  # an empty side may be NaN
-    o_b = torch.where((w_b > 0)[..., None], out_b.to(torch.float64), zero)
+    o_a = torch.where(torch.isneginf(lse_a64)[..., None], zero, out_a.to(torch.float64))  # an empty side may be NaN
+    o_b = torch.where(torch.isneginf(lse_b64)[..., None], zero, out_b.to(torch.float64))
     total = w_a + w_b
     empty = total <= 0
     safe = torch.where(empty, torch.ones_like(total), total)

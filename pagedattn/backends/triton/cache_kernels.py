@@ -119,7 +119,9 @@ def merge_states_kernel(
     """Merge two partial results of one (token, head) row (contiguous ``[rows, D]`` arrays).
 
     A side with lse = -inf is empty and its out is never read (NaN there is ignored);
-    both empty gives out = 0, lse = -inf.
+    both empty gives out = 0, lse = -inf. A side that is not empty is read whatever its
+    weight: a NaN there reaches the row even where exp(lse - max) rounds to 0, and a NaN
+    lse makes the row NaN.
     """
     row = tl.program_id(0).to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -131,12 +133,13 @@ def merge_states_kernel(
     w_a = tl.exp(lse_a - shift)
     w_b = tl.exp(lse_b - shift)
     zeros = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
-    a_ok = d_ok & ((zeros + w_a) > 0.0)  # an empty side is never read: its out may be NaN
-    b_ok = d_ok & ((zeros + w_b) > 0.0)
+    a_ok = d_ok & ((zeros + lse_a) != float("-inf"))  # an empty side is never read: its out may be NaN
+    b_ok = d_ok & ((zeros + lse_b) != float("-inf"))
     o_a = tl.load(out_a_ptr + row * HEAD_DIM + offs_d, mask=a_ok, other=0.0).to(tl.float32)
     o_b = tl.load(out_b_ptr + row * HEAD_DIM + offs_d, mask=b_ok, other=0.0).to(tl.float32)
-    total = w_a + w_b
-    safe = tl.where(total > 0.0, total, 1.0)
+    total = w_a + w_b  # NaN if a side's lse is NaN: the row stays NaN
+    empty = total == 0.0
+    safe = tl.where(empty, 1.0, total)
     o = (w_a * o_a + w_b * o_b) / safe
     tl.store(out_ptr + row * HEAD_DIM + offs_d, cast_for_store(o, out_ptr.dtype.element_ty, INTERPRET), mask=d_ok)
-    tl.store(lse_ptr + row, tl.where(total > 0.0, shift + tl.log(safe), float("-inf")))
+    tl.store(lse_ptr + row, tl.where(empty, float("-inf"), shift + tl.log(safe)))

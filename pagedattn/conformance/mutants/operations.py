@@ -79,6 +79,55 @@ class MergeLseAssumedDense(SteppedKernelBackend):
         return super()._merge_states(out_a, read_as_dense(np.asarray(lse_a)), out_b, read_as_dense(np.asarray(lse_b)))
 
 
+class MergeZeroesNonFiniteOut(SteppedKernelBackend):
+    bug = ("merge_states sanitises each part's out before the merge (nan_to_num): a NaN or inf that a "
+           "non-empty part's out holds never reaches the row")
+    models = ("sgl-project/sglang PR 34213 (context-parallel partial outputs sanitised in place with nan_to_num_ "
+              "before their LSE merge)")
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        def sanitised(out):
+            return np.nan_to_num(np.asarray(out), nan=0.0, posinf=0.0, neginf=0.0)
+
+        return super()._merge_states(sanitised(out_a), lse_a, sanitised(out_b), lse_b)
+
+
+class MergeSkipsNonFiniteLse(SteppedKernelBackend):
+    bug = "merge_states weighs a part whose lse is not finite as an empty part: a NaN lse never reaches the row"
+    models = ("NVIDIA/TensorRT-LLM PR 16940 (a merge over the pools of finite LSE only, each pool's output "
+              "kept where isfinite(lse)); vllm-project/vllm PR 28181 (merge_attn_states branches on "
+              "isinf(max_lse))")
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        def finite(lse):
+            lse = np.asarray(lse, np.float32)
+            return np.where(np.isfinite(lse), lse, np.float32(-np.inf))
+
+        return super()._merge_states(out_a, finite(lse_a), out_b, finite(lse_b))
+
+
+class MergeReadsPartsOfPositiveWeight(SteppedKernelBackend):
+    bug = ("merge_states reads a part's out only where its float32 weight exp(lse - max) is positive, and "
+           "returns lse -inf where the weights' sum is not: a NaN in a part more than 104 below the other "
+           "never reaches the row, and a NaN lse gives -inf")
+    models = ("this project's triton merge_states, which gated each part on its float32 weight until the "
+              "suite drew non-finite data into parts that are not empty")
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        lse_a, lse_b = np.asarray(lse_a, np.float32), np.asarray(lse_b, np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            m = np.maximum(lse_a, lse_b)
+            shift = np.where(np.isneginf(m), np.float32(0), m)
+            w_a, w_b = np.exp(lse_a - shift), np.exp(lse_b - shift)
+            o_a = np.where((w_a > 0)[..., None], np.asarray(out_a, np.float32), np.float32(0))
+            o_b = np.where((w_b > 0)[..., None], np.asarray(out_b, np.float32), np.float32(0))
+            total = w_a + w_b
+            safe = np.where(total > 0, total, np.float32(1))
+            out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / safe[..., None]
+            lse = np.where(total > 0, shift + np.log(safe), np.float32(-np.inf))
+        return out.astype(np.asarray(out_a).dtype), lse.astype(np.float32)
+
+
 class MergeNaNOnEmpty(SteppedKernelBackend):
     bug = "merge_states weights exp(lse - max) without a guard: -inf on both sides or NaN out gives NaN"
     models = "merge of attention states with -inf lse"
