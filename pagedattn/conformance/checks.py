@@ -766,12 +766,49 @@ def alone_equals_batch(backend: Backend, case: AttentionCase) -> float:
 
 # -- other operations ---------------------------------------------------------------------
 
-def _fp8_neighbours(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """bool: actual is expected or the next fp8 value up or down (double rounding of x / scale)."""
-    bits = {1: np.uint8}[1]
-    a = actual.view(bits).astype(np.int16)
-    e = expected.view(bits).astype(np.int16)
-    return np.abs(a - e) <= 1
+#: relative distance from x / scale within which a quotient may be rounded before it is rounded to
+#: fp8: a kernel may take x / scale in float32, or x times 1 / scale, and round that (double rounding)
+FP8_QUOTIENT_SLACK = 2.0**-20
+
+
+def _written_quotients(case: WriteKVCase) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``x / scale`` of keys and values at their slots, as caches ``[blocks, block_size, Hkv, D]``
+    (NaN where nothing is written)."""
+    shape = kv_ops.slot_view(case.key_cache, case.kv_layout).shape
+    tokens = np.flatnonzero(case.slot_mapping >= 0)
+    slots = case.slot_mapping[tokens].astype(np.int64)
+    block_size = shape[1]
+    quotients = []
+    for x, scale in ((case.key, case.k_scale), (case.value, case.v_scale)):
+        q = np.full(shape, np.nan)
+        with np.errstate(over="ignore", invalid="ignore"):
+            q[slots // block_size, slots % block_size] = np.asarray(x[tokens], np.float64) / scale
+        quotients.append(q)
+    return quotients[0], quotients[1]
+
+
+def _fp8_as_rounded_from(actual: np.ndarray, quotient: np.ndarray) -> np.ndarray:
+    """``actual`` (fp8) where it is a conforming rounding of ``quotient`` (float64), else the spec's.
+
+    Conforming: the nearest-even rounding of a number within :data:`FP8_QUOTIENT_SLACK` of the
+    quotient (one of at most two neighbours); NaN for NaN; beyond the fp8 range (inf included)
+    what ml_dtypes gives (NaN for float8_e4m3fn, inf for float8_e5m2) or the largest finite value
+    of the quotient's sign (a saturating conversion). Never a finite value for NaN."""
+    dtype = actual.dtype
+    with np.errstate(over="ignore", invalid="ignore"):
+        roundings = [(quotient * f).astype(dtype) for f in (1.0, 1.0 - FP8_QUOTIENT_SLACK, 1.0 + FP8_QUOTIENT_SLACK)]
+    bits = actual.view(np.uint8)
+    ok = np.zeros(actual.shape, dtype=bool)
+    for r in roundings:
+        ok |= bits == r.view(np.uint8)
+    spec = roundings[0]
+    spec_f = spec.astype(np.float64)
+    ok |= np.isnan(spec_f) & np.isnan(actual.astype(np.float64))
+    largest = np.asarray(ml_dtypes.finfo(dtype).max, dtype=dtype)
+    overflow = ~np.isnan(quotient) & (np.isnan(spec_f) | np.isinf(spec_f))
+    saturated = np.where(np.signbit(quotient), -largest, largest).astype(dtype)
+    ok |= overflow & (bits == saturated.view(np.uint8))
+    return np.where(ok, bits, spec.view(np.uint8)).view(dtype)
 
 
 def write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
@@ -793,21 +830,21 @@ def write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
             f" cache_dtype={dtype_name(case.key_cache.dtype)} kv_layout={case.kv_layout} block_size={block_size}"
             f" k_scale={case.k_scale} v_scale={case.v_scale}]")
     fp8 = dtype_name(case.key_cache.dtype) in FP8_DTYPES
-    for name, device, expected in (("key_cache", key_cache, expected_k), ("value_cache", value_cache, expected_v)):
+    quotients = _written_quotients(case) if fp8 else (None, None)
+    for name, device, expected, quotient in (("key_cache", key_cache, expected_k, quotients[0]),
+                                             ("value_cache", value_cache, expected_v, quotients[1])):
         actual = np.asarray(backend.to_numpy(device))
         actual_nhd, expected_nhd = kv_ops.slot_view(actual, case.kv_layout), kv_ops.slot_view(expected, case.kv_layout)
         assert_bit_identical(name, np.ascontiguousarray(actual_nhd[~written]),
                              np.ascontiguousarray(expected_nhd[~written]),
                              "write_kv changed a slot not in slot_mapping", call,
                              coordinates="(unwritten slot number, head, dim)")
-        if fp8:
-            close = _fp8_neighbours(np.ascontiguousarray(actual_nhd[written]),
-                                    np.ascontiguousarray(expected_nhd[written]))
-            if not close.all():
-                assert_bit_identical(name, np.ascontiguousarray(actual_nhd[written]),
-                                     np.ascontiguousarray(expected_nhd[written]),
-                                     "write_kv stored a value more than one fp8 step from x / scale", call,
-                                     coordinates="(written slot number, head, dim)")
+        if quotient is not None:
+            stored = np.ascontiguousarray(actual_nhd[written])
+            assert_bit_identical(name, stored, _fp8_as_rounded_from(stored, quotient[written]),
+                                 "write_kv stored other than x / scale rounded to nearest even (beyond the fp8"
+                                 " range: NaN or inf as ml_dtypes converts, or saturated; NaN stays NaN)", call,
+                                 coordinates="(written slot number, head, dim)")
         else:
             assert_bit_identical(name, np.ascontiguousarray(actual_nhd[written]),
                                  np.ascontiguousarray(expected_nhd[written]),

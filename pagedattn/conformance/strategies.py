@@ -576,13 +576,27 @@ def fused_qkv_rows(rng: np.random.Generator, garbage: str, num_q_heads: int, num
 
 # -- other operations ---------------------------------------------------------------------
 
+def _written_values(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Keys or values for write_kv of ``kind`` (see :func:`write_kv_cases`), in ``dtype``."""
+    x = rng.standard_normal(shape)
+    if kind == "wide":
+        top = 14 if dtype == "float16" else 20
+        x = x * np.exp2(rng.integers(-20, top + 1, size=shape).astype(np.float64))
+    elif kind == "non_finite":
+        hit = rng.random(shape) < 0.1
+        x[hit] = rng.choice([np.nan, np.inf, -np.inf], int(hit.sum()))
+    return x.astype(numpy_dtype(dtype))
+
+
 @st.composite
 def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size: int, kv_layout: str) -> WriteKVCase:
     """Return a strategy for a :class:`WriteKVCase`: unique slots (some -1) into garbage-filled caches.
 
     Slots are drawn from the whole pool, so neighbours of written slots hold garbage that must
     survive. Key and value are sometimes views of fused QKV rows, garbage in the query heads.
-    Shrinks towards one token, one head, arrays of their own.
+    ``values``: ``normal``; ``wide``, magnitudes from 2**-20 to 2**20 (2**14 in float16), past
+    either fp8 range and into its subnormals; ``non_finite``, about one element in ten NaN,
+    +inf or -inf. Shrinks towards one token, one head, arrays of their own, normal values.
     """
     heads = draw(st.integers(1, 3), label="num_kv_heads")
     head_dim = draw(st.sampled_from((8, 16, 64, 80)), label="head_dim")
@@ -602,8 +616,8 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
         caches = [_garbage(rng, garbage, shape_nhd).astype(numpy_dtype(cache_dtype)) for _ in range(2)]
     if kv_layout == "HND":
         caches = [np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in caches]
-    key = rng.standard_normal((T, heads, head_dim)).astype(numpy_dtype(dtype))
-    value = rng.standard_normal((T, heads, head_dim)).astype(numpy_dtype(dtype))
+    values = draw(st.sampled_from(("normal", "wide", "non_finite")), label="values")
+    key, value = (_written_values(rng, values, (T, heads, head_dim), dtype) for _ in range(2))
     qkv = None
     if draw(st.booleans(), label="fused_qkv"):  # key and value views of a fused projection's rows
         query_heads = heads * draw(st.sampled_from((1, 4, 7)), label="group")

@@ -21,19 +21,22 @@ def _quantize_fp8_bits(x, scale, MANT_BITS: tl.constexpr, EXP_BIAS: tl.constexpr
     As the spec does: the quotient is taken in float64 (``scale`` is float64), then rounded
     once to fp8. The rounding is float64 arithmetic and the bits are assembled by hand, so
     the GPU and the interpreter (whose fp8 casts do not round to nearest even) agree.
-    Values that round beyond the largest finite fp8 ``MAX`` become ``OVERFLOW_BITS`` (NaN
-    for float8_e4m3fn, inf for float8_e5m2), as ml_dtypes rounds.
+    Values that round beyond the largest finite fp8 ``MAX``, and inf, become ``OVERFLOW_BITS``
+    (NaN for float8_e4m3fn, inf for float8_e5m2), as ml_dtypes rounds; NaN stays NaN. Both are
+    decided before any clamp: ``tl.minimum`` of NaN is ``MAX`` on the GPU (``min.f64``).
     """
     EMIN: tl.constexpr = 1 - EXP_BIAS  # smallest normal exponent; subnormals share its ulp
+    NAN_BITS: tl.constexpr = 0x7F if MANT_BITS == 3 else 0x7E  # ml_dtypes' NaN: S.1111.111, S.11111.10
     q = x.to(tl.float64) / scale  # float64 division is correctly rounded (div.rn.f64)
     negative = q.to(tl.int64, bitcast=True) < 0
-    a = tl.abs(q)
+    is_nan = q != q
+    a = tl.where(is_nan, 0.0, tl.abs(q))
     e = ((a.to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1023  # exponent of a (float64)
-    e = tl.maximum(e, EMIN)
+    e = tl.minimum(tl.maximum(e, EMIN), 1023 - 52)  # past 2**971 (inf too) a overflows fp8 anyway
     ulp = ((e - MANT_BITS + 1023) << 52).to(tl.float64, bitcast=True)  # 2**(e - MANT_BITS)
     magic = ulp * 4503599627370496.0  # 2**52 ulp: adding it rounds a to a multiple of ulp, ties to even
     r = (a + magic) - magic
-    overflow = r > MAX
+    overflow = r > MAX  # inf: inf + magic - magic is inf
     r = tl.minimum(r, MAX)
     r_bits = r.to(tl.float32).to(tl.int32, bitcast=True)  # r has at most 4 significant bits: exact
     r_exp = ((r_bits >> 23) & 0xFF) - 127
@@ -42,6 +45,7 @@ def _quantize_fp8_bits(x, scale, MANT_BITS: tl.constexpr, EXP_BIAS: tl.constexpr
     sub_bits = (r / ulp).to(tl.int32)  # r = k * 2**(EMIN - MANT_BITS), 0 <= k < 2**MANT_BITS
     bits = tl.where(normal, normal_bits, sub_bits)
     bits = tl.where(overflow, OVERFLOW_BITS, bits)
+    bits = tl.where(is_nan, NAN_BITS, bits)
     return tl.where(negative, bits | 0x80, bits)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from pagedattn.conformance.mutants.kernel import SteppedKernelBackend, read_as_dense
 from pagedattn.spec import kv_ops
-from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 
 
 class WriteKVClobbersNeighbour(SteppedKernelBackend):
@@ -44,6 +45,70 @@ class WriteKVScaleMultiplies(SteppedKernelBackend):
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         kv_ops.write_kv(key, value, key_cache, value_cache, problem.slot_mapping, kv_layout=problem.kv_layout,
                         k_scale=1.0 / problem.k_scale, v_scale=1.0 / problem.v_scale)
+
+
+def _write_converted(problem, key, value, key_cache, value_cache, convert) -> None:
+    """write_kv with each ``x / scale`` (float64) stored in an fp8 cache as ``convert(quotient, dtype)``;
+    16-bit caches as the spec writes them."""
+    if problem.cache_dtype not in FP8_DTYPES:
+        kv_ops.write_kv(key, value, key_cache, value_cache, problem.slot_mapping, kv_layout=problem.kv_layout)
+        return
+    tokens = np.flatnonzero(problem.slot_mapping >= 0)
+    slots = problem.slot_mapping[tokens].astype(np.int64)
+    for cache, x, scale in ((key_cache, key, problem.k_scale), (value_cache, value, problem.v_scale)):
+        view = kv_ops.slot_view(cache, problem.kv_layout)
+        with np.errstate(over="ignore", invalid="ignore"):
+            quotient = np.asarray(x, np.float64)[tokens] / scale
+            view[slots // problem.block_size, slots % problem.block_size] = convert(quotient, cache.dtype)
+
+
+def _toward_zero(quotient: np.ndarray, dtype: Any) -> np.ndarray:
+    """``quotient`` rounded toward zero to the fp8 ``dtype`` (finite values past its range: the largest)."""
+    nearest = quotient.astype(dtype)
+    value = nearest.astype(np.float64)
+    bits = nearest.view(np.uint8).copy()
+    bits[np.isfinite(value) & (np.abs(value) > np.abs(quotient))] -= 1  # one code nearer zero, either sign
+    largest = np.asarray(ml_dtypes.finfo(dtype).max, dtype=dtype)
+    past = np.isfinite(quotient) & ~np.isfinite(value)
+    bits[past] = np.where(np.signbit(quotient[past]), -largest, largest).astype(dtype).view(np.uint8)
+    return bits.view(dtype)
+
+
+class WriteKVTruncates(SteppedKernelBackend):
+    bug = ("write_kv rounds x / scale toward zero into fp8 caches (a conversion that drops the mantissa's low "
+           "bits): up to one step off where the spec rounds to nearest even")
+    models = ("fp8 conversions by shifting a float's bits, without rounding; Triton's downcasts take "
+              "fp_downcast_rounding='rtz' as an option")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        _write_converted(problem, key, value, key_cache, value_cache, _toward_zero)
+
+
+def _clamped(quotient: np.ndarray, limit: float) -> np.ndarray:
+    """``fmaxf(-limit, fminf(q, limit))``: C's fminf and fmaxf return the other operand for NaN."""
+    return np.fmax(-limit, np.fmin(quotient, limit))
+
+
+class WriteKVClampsToE4m3Max(SteppedKernelBackend):
+    bug = ("write_kv clamps x / scale to +-448 (float8_e4m3fn's largest) before the conversion, whatever the fp8 "
+           "dtype, with fminf and fmaxf: float8_e5m2 values past 448 are clipped, and NaN is stored as 448")
+    models = ("flashinfer-ai/flashinfer PR 2639 (fp8 quantisation kernels, the paged-KV append of RoPE among them, "
+              "clamped with a hard-coded fmaxf(-448.0f, fminf(x, 448.0f)) whatever the fp8 type)")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        _write_converted(problem, key, value, key_cache, value_cache,
+                         lambda q, dtype: _clamped(q, 448.0).astype(dtype))
+
+
+class WriteKVClampHidesNaN(SteppedKernelBackend):
+    bug = ("write_kv saturates x / scale to the fp8 dtype's range with fminf and fmaxf before the conversion: "
+           "a NaN key or value element is stored as the largest finite value, so the NaN never reaches attention")
+    models = ("fp8 cache writes clamped as fmaxf(-max, fminf(x, max)) (flashinfer-ai/flashinfer PR 2639); "
+              "AcademySoftwareFoundation/OpenImageIO PR 1617 (a clamp written so that NaN returns a bound)")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        _write_converted(problem, key, value, key_cache, value_cache,
+                         lambda q, dtype: _clamped(q, float(ml_dtypes.finfo(dtype).max)).astype(dtype))
 
 
 class WriteKVIgnoresSkip(SteppedKernelBackend):

@@ -475,8 +475,9 @@ def test_bad_input_raises_before_any_kernel() -> None:
 # -- other operations: write_kv, copy_blocks, merge_states --------------------------------------
 
 def _fp8_edge_values(dtype: str, scale: float) -> np.ndarray:
-    """Values whose quotient by ``scale`` hits fp8 ties, subnormals, zero signs and overflow."""
-    ties = np.array([1.0625, 1.1875, -2.375, 0.0009765625 * 1.5, 0.0, -0.0, 3e-5, 460.0, 470.0, 61000.0, 6e4])
+    """Values whose quotient by ``scale`` hits fp8 ties, subnormals, zero signs, overflow, NaN and inf."""
+    ties = np.array([1.0625, 1.1875, -2.375, 0.0009765625 * 1.5, 0.0, -0.0, 3e-5, 460.0, 470.0, 61000.0, 6e4,
+                     np.nan, np.inf, -np.inf])
     return (ties * scale).astype(numpy_dtype(dtype))
 
 
