@@ -632,7 +632,9 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
 def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout: str) -> CopyBlocksCase:
     """Return a strategy for a :class:`CopyBlocksCase`: pairs with chains (a->b, b->c) and swaps.
 
-    Destinations are unique (a repeated destination is bad input). Shrinks towards one pair.
+    Destinations are unique (a repeated destination is bad input). ``dtype`` is the caches'; fp8
+    caches hold random bytes, every code (NaN among them) a bit pattern to copy. Shrinks towards
+    one pair.
     """
     num_blocks = draw(st.integers(2, 8), label="num_blocks")
     heads = draw(st.integers(1, 2), label="num_kv_heads")
@@ -647,7 +649,10 @@ def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout
     else:
         src = rng.integers(0, num_blocks, size=n)
     shape = (num_blocks, block_size, heads, 16) if kv_layout == "NHD" else (num_blocks, heads, block_size, 16)
-    caches = [rng.standard_normal(shape).astype(numpy_dtype(dtype)) for _ in range(2)]
+    if dtype in FP8_DTYPES:
+        caches = [rng.integers(0, 256, size=shape, dtype=np.uint8).view(numpy_dtype(dtype)) for _ in range(2)]
+    else:
+        caches = [rng.standard_normal(shape).astype(numpy_dtype(dtype)) for _ in range(2)]
     return CopyBlocksCase(key_cache=caches[0], value_cache=caches[1],
                           pairs=np.stack([src, dst], axis=1).astype(np.int64), kv_layout=kv_layout)
 

@@ -49,6 +49,21 @@ def test_copy_blocks_reads_all_sources_first(request, backend, dtype, block_size
     )
 
 
+@pytest.mark.parametrize("kv_layout", KV_LAYOUTS)
+@pytest.mark.parametrize("cache", FP8_DTYPES)
+def test_copy_blocks_of_fp8_caches(request, backend, cache, block_size, kv_layout):
+    """copy_blocks of fp8 caches (random bytes: every code, NaN among them) copies their bits, every
+    source read before any destination written, as an engine's copy-on-write of an fp8 cache does."""
+    run_property(
+        request, backend,
+        lambda: copy_blocks_cases(dtype=cache, block_size=block_size, kv_layout=kv_layout),
+        checks.copy_blocks_matches_spec,
+        cell={"feature": "copy_blocks_fp8", "dtype": cache, "block_size": block_size, "kv_layout": kv_layout},
+        requires={"cache_dtype": cache, "block_size": block_size, "kv_layout": kv_layout,
+                  "features": ("copy_blocks", "fp8")},
+    )
+
+
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 def test_merge_states_matches_exact_merge(request, backend, dtype):
     """merge_states is the exact online-softmax merge; an empty side (lse = -inf) is ignored even if its

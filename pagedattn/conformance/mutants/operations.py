@@ -133,6 +133,19 @@ class CopyBlocksSequential(SteppedKernelBackend):
                 cache[dst] = cache[src]
 
 
+class CopyBlocksFp8ByIndexing(SteppedKernelBackend):
+    bug = ("copy_blocks gathers and scatters blocks by advanced indexing of the cache's own dtype, which torch "
+           "does not implement for float8: copy-on-write of an fp8 cache raises NotImplementedError")
+    models = ('pytorch/pytorch issue 169656 ("index_cpu" not implemented for Float8_e4m3fn, found copying blocks '
+              'of an fp8 KV cache in vLLM); pytorch/pytorch issue 133605 ("index_cuda" not implemented for '
+              "Float8_e4m3fn)")
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        if np.asarray(key_cache).dtype.itemsize == 1:
+            raise NotImplementedError(f'"index_cpu" not implemented for {np.asarray(key_cache).dtype}')
+        super()._copy_blocks(key_cache, value_cache, pairs)
+
+
 class MergeLseAssumedDense(SteppedKernelBackend):
     bug = ("merge_states reads each lse as dense [T, H]: an lse passed as the transposed view of an [H, T] "
            "array (FlashAttention's layout) is read with heads along the tokens")
