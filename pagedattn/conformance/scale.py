@@ -1684,7 +1684,7 @@ LONG_CHUNK_ROW_STRIDE = 16
 @st.composite
 def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                      limits: ScaleLimits | None = None, fp8: bool = False,
-                     kinds: tuple[str, ...] = LONG_VALUE_KINDS) -> AttentionCase:
+                     kinds: tuple[str, ...] = LONG_VALUE_KINDS, window: bool = False) -> AttentionCase:
     """Return a strategy for 1 or 2 sequences, each a chunk of :data:`LONG_CHUNK_QUERIES` queries
     after :data:`LONG_CHUNK_CONTEXT` keys of context (an engine's chunked prefill of a long prompt).
 
@@ -1694,8 +1694,10 @@ def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     split plan merges it), a sliding window, ALiBi and softcap each sometimes, "trend" or normal
     values (or another of ``kinds``: :data:`LONG_TAIL_KINDS`, without ALiBi or a window, so that every
     row sees the sink and no bias outweighs it); with ``fp8``, fp8 caches and scales
-    (``v_scale`` never 1: a split plan applies it once). The check compares a sample of rows
-    (:func:`long_chunk_rows`).
+    (``v_scale`` never 1: a split plan applies it once). With ``window``, always a sliding window
+    no wider than the shortest context, so that every chunk's rows see their window's lower
+    edge move through thousands of keys, across the KV tiles a query tile sees whole. The check
+    compares a sample of rows (:func:`long_chunk_rows`).
     """
     del limits  # one size for every profile: the sizes are the plans'
     caps = capabilities
@@ -1712,7 +1714,9 @@ def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     options = _sometimes_lse_alibi_softcap(draw, caps, group)
     if caps.supports("lse"):
         options["return_lse"] = True
-    if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
+    if window:
+        options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, min(contexts)), label="sliding_window")
+    elif caps.supports("sliding_window") and draw(st.booleans(), label="window"):
         options["sliding_window"] = draw(st.integers(LONG_WINDOW_MIN, max(lens)), label="sliding_window")
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     options.update(scales)

@@ -82,6 +82,17 @@ def test_long_chunks_match_spec(request, backend):
                    feature="long_chunks", max_examples=limits.batch_examples, requires={"features": ("varlen",)})
 
 
+def test_long_chunks_under_a_window_match_spec(request, backend):
+    """The long chunks under a sliding window no wider than the context (a local-attention layer's
+    chunked prefill): each row's window starts at its own position, so the KV tiles a query tile
+    may see whole move with its last query; a sample of rows within the error model; inputs
+    untouched."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(long_chunk_cases, window=True), checks.long_chunks_match_spec,
+                   limits, dtype="float16", feature="long_chunks_window", max_examples=limits.batch_examples,
+                   requires={"features": ("varlen", "sliding_window")})
+
+
 def test_long_chunks_with_fp8_caches_match_spec(request, backend):
     """The long chunks with fp8 caches and scales (v_scale never 1) and bfloat16 queries: the fp8
     prefill paths' split plans over many query tiles, a sample of rows within the error model;

@@ -831,6 +831,24 @@ def test_long_chunk_cases_have_split_parts_past_the_first_query_tiles_of_triton_
         assert int(h200_cupy_work(problem).merges[:, 6].max()) > 1  # cupy splits too
 
 
+def test_window_long_chunk_cases_move_each_rows_window_edge_through_the_unmasked_tiles_of_its_query_tile():
+    """Every chunk's window lies inside its context, and in some 64-query tile the window edges of
+    the first and the last query lie in different 64-key tiles: the mutant's extra keys."""
+    from pagedattn.conformance.mutants.scale import KV_TILE_KEYS, QUERY_TILE_TOKENS
+
+    for case in drawn(scale.long_chunk_cases(DECLARED, dtype="float16", window=True), 3):
+        problem = checks.problem_of(case)
+        q_lens, lens = problem.q_lens, np.asarray(problem.seq_lens)
+        window = problem.sliding_window
+        assert window is not None and window <= int((lens - q_lens).min())
+        crossed = False
+        for n, q in zip(lens.tolist(), q_lens.tolist(), strict=True):
+            first = n - q + np.arange(0, q, QUERY_TILE_TOKENS)  # each query tile's first position
+            last = np.minimum(first + QUERY_TILE_TOKENS - 1, n - 1)
+            crossed |= bool(np.any((first - window + 1) // KV_TILE_KEYS != (last - window + 1) // KV_TILE_KEYS))
+        assert crossed
+
+
 def test_long_chunk_rows_sample_every_16_query_tile_and_each_chunks_ends():
     qsl = np.array([0, 1100, 3000])
     rows = scale.long_chunk_rows(qsl, seed=5)

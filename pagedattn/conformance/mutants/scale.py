@@ -503,6 +503,25 @@ class CausalBoundOfFirstQueryTile(SteppedKernelBackend):
         return vis
 
 
+class WindowTilesOfTheFirstQuery(SteppedKernelBackend):
+    bug = ("causal prefill under a sliding window in 64-query tiles: the 64-key tiles every row of a query tile "
+           "sees whole (no mask) are found from the window of the tile's first query, not its last: later rows "
+           "also see the keys of those tiles below their own window")
+    models = ("the unmasked middle of a tile's key range (FlashAttention-2's n_block_min and n_masking_steps) "
+              "computed for the wrong end of the query tile under a local window; the same project's triton "
+              "kernel takes the bound from the tile's last query (full_lo)")
+
+    def visible(self, p, p_q, length, problem):
+        vis = super().visible(p, p_q, length, problem)
+        window = problem.sliding_window
+        if problem.causal and window is not None and len(p_q) > 1:
+            first = p_q[(np.arange(len(p_q)) // QUERY_TILE_TOKENS) * QUERY_TILE_TOKENS]  # each row's tile's first
+            whole_from = -(-np.maximum(first - window + 1, 0) // KV_TILE_KEYS) * KV_TILE_KEYS
+            whole_to = (first + 1) // KV_TILE_KEYS * KV_TILE_KEYS  # the tiles past it hold the diagonal: masked
+            vis |= (p[None, :] >= whole_from[:, None]) & (p[None, :] < whole_to[:, None]) & (p < length)[None, :]
+        return vis
+
+
 class NonCausalKeysEndAtItsQueryTile(SteppedKernelBackend):
     bug = ("prefill in 64-query tiles whose key loop ends at the KV tile holding the tile's last query, "
            "causal or not: without the causal mask, the queries of every tile but the last miss the later keys")
