@@ -282,6 +282,22 @@ class Fp8QueryRoundedToFloat16(SteppedKernelBackend):
             return super().scores(q16, k, problem)
 
 
+class Fp8NaNReadAsFinite(SteppedKernelBackend):
+    bug = ("float8_e4m3fn caches dequantised by bit arithmetic (exponent and mantissa moved into a float16's "
+           "and rebiased) with no case for NaN: the NaN code S.1111.111 is read as +-480, and a NaN key or value "
+           "never reaches the row")
+    models = ("fast fp8-to-16-bit conversions by shifts and one multiply (Marlin-style dequantisation); "
+              "Triton's CPU interpreter casts float8_e4m3fn's NaN to float32 as 480")
+
+    def read_block(self, slots, row, j, problem):
+        block = super().read_block(slots, row, j, problem)
+        if problem.cache_dtype != "float8_e4m3fn":
+            return block
+        bits = np.asarray(block).view(np.uint8)
+        finite = np.where(bits & 0x80, -480.0, 480.0).astype(np.float32)
+        return np.where((bits & 0x7F) == 0x7F, finite, block.astype(np.float32))
+
+
 class StridedAssumedContiguous(SteppedKernelBackend):
     bug = "addresses blocks with contiguous strides even when the cache is a strided view of a pool"
     models = "non-contiguous (strided) KV cache read as contiguous"
