@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +24,7 @@ from pagedattn.conformance.strategies import (
     wider_table,
 )
 from pagedattn.spec.arrays import check_paged_attention
+from pagedattn.spec.dtypes import numpy_dtype
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 CAPS = Capabilities()
@@ -255,3 +257,33 @@ def test_newest_slots_are_the_query_positions_slots_once_each_and_none_for_paddi
     assert checks.newest_slots(decode).tolist() == sorted([1 * 16 + 3, 2 * 16 + 4])
     varlen = check(q, k, k, tables, np.array([20, 1, 5], np.int32), np.array([0, 2, 3, 3], np.int32))
     assert checks.newest_slots(varlen).tolist() == sorted([1 * 16 + 2, 1 * 16 + 3, 0])
+
+
+def _fp8_written(quotients: list[float], stored: list[float], dtype: str) -> np.ndarray:
+    """checks._fp8_as_rounded_from on fp8 values ``stored`` for float64 ``quotients``."""
+    fp8 = numpy_dtype(dtype)
+    return checks._fp8_as_rounded_from(np.array(stored, np.float64).astype(fp8), np.array(quotients, np.float64))
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_write_check_takes_nearest_even_double_rounding_and_saturation(dtype: str) -> None:
+    largest = float(ml_dtypes.finfo(numpy_dtype(dtype)).max)
+    tie = 1.0625 if dtype == "float8_e4m3fn" else 1.125  # halfway between 1.0 and the next value up
+    just_past_a_tie = tie * (1 + 2.0**-22)  # float32 rounds it onto the tie, which rounds to even: 1.0
+    quotients = [1.3, -2.6, just_past_a_tie, 1e9, -1e9, np.inf, np.nan]
+    stored = list(np.array(quotients).astype(numpy_dtype(dtype)).astype(np.float64))
+    stored[2] = 1.0  # the tie rounded to even from a float32 quotient
+    stored[3], stored[4], stored[5] = largest, -largest, largest  # saturated
+    got = _fp8_written(quotients, stored, dtype)
+    assert got.view(np.uint8).tolist() == np.array(stored).astype(numpy_dtype(dtype)).view(np.uint8).tolist()
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_write_check_refuses_rounding_toward_zero_a_finite_nan_and_the_wrong_sign(dtype: str) -> None:
+    fp8 = numpy_dtype(dtype)
+    largest = float(ml_dtypes.finfo(fp8).max)
+    quotients = [1.45, np.nan, 1e9]
+    toward_zero = 1.375 if dtype == "float8_e4m3fn" else 1.25  # nearest even: 1.5 in both
+    got = _fp8_written(quotients, [toward_zero, largest, -largest], dtype)
+    spec = np.array(quotients).astype(fp8)
+    assert got.view(np.uint8).tolist() == spec.view(np.uint8).tolist()  # each replaced by the spec's
