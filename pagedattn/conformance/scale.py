@@ -253,8 +253,10 @@ VERY_LONG_MAX_WINDOW = 4096
 LONG_ALIBI_HEADS = 8
 #: GQA ratios of the wide-group cells, all past the other cells' 8: across the row tiles that
 #: kernels fill with one KV head's query heads (16 rows: one MMA tile; 64 and 128: prefill
-#: tiles), powers of two and not; the shrink target is 71 (an MQA model's 71 heads), past both.
-WIDE_GROUPS: tuple[int, ...] = (71, 16, 12, 17, 24, 32, 48, 64, 65, 96, 128)
+#: tiles), powers of two and not. The shrink target, 96, is past a 64-row tile by more than a
+#: 16-row tile's reach from it (heads 80 to 95: tiles of 64 placed 16 apart leave them unwritten),
+#: and leaves a partial second tile; 71 (an MQA model's 71 heads) and 128 (MLA decode) follow.
+WIDE_GROUPS: tuple[int, ...] = (96, 16, 12, 17, 24, 32, 48, 64, 65, 71, 128)
 #: The most CTAs an H200 (or H100 SXM) runs at once: 32 a multiprocessor, sm_90's limit, on 132.
 MAX_RESIDENT_CTAS = 32 * 132
 #: Sequences, and so (sequence, KV head) pairs, of a large batch, at least: more than any kernel

@@ -128,7 +128,7 @@ def test_long_tails_in_a_full_batch_match_spec(request, backend):
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 def test_wide_groups_match_spec(request, backend, dtype):
-    """12 to 128 query heads per KV head (wider than one tile of rows; 71 and others no power of
+    """12 to 128 query heads per KV head (wider than one tile of rows; 96, 71 and others no power of
     two), decode and a few queries, within the error model; inputs untouched."""
     limits = scale_limits()
     run_scale_cell(request, backend, wide_group_cases, checks.matches_spec, limits, dtype=dtype,

@@ -568,6 +568,19 @@ class GroupTailTilesUnwritten(UnwrittenOutputKernel):
         return np.broadcast_to(tail, (problem.num_tokens, problem.num_q_heads))
 
 
+class GroupTilesPlacedEvery16Heads(UnwrittenOutputKernel):
+    bug = ("a KV head's query heads are cut into 64-row tiles, but tile i starts at head 16 i (a decode tile's "
+           "height) instead of 64 i: the tiles overlap, and heads past 16 (tiles - 1) + 64 are never written")
+    models = ("a head tile's first head from the wrong tile height (triton's g0 with 16 for GROUP_TILE): right "
+              "while a group fits in 80 heads, as Falcon-7B's 71 does; MLA decode's 128 heads on one KV head")
+
+    def unwritten(self, problem):
+        tiles = -(-problem.group_size // PREFILL_TILE_ROWS)
+        reach = 16 * (tiles - 1) + PREFILL_TILE_ROWS
+        tail = np.arange(problem.num_q_heads) % problem.group_size >= reach
+        return np.broadcast_to(tail, (problem.num_tokens, problem.num_q_heads))
+
+
 class WorkListOneWave(UnwrittenOutputKernel):
     bug = ("a persistent kernel launches 132 x 4 CTAs over its (sequence, KV head) work list and walks it once: "
            "pairs past the 528th are never computed")
