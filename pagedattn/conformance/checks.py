@@ -766,6 +766,34 @@ def alone_equals_batch(backend: Backend, case: AttentionCase) -> float:
 
 # -- other operations ---------------------------------------------------------------------
 
+def _guarded_on_device(backend: Backend, cache: np.ndarray) -> tuple[Any, np.ndarray]:
+    """``cache`` on the device as the middle of three caches in one array, and that host array: the
+    other two hold random bytes, so that an in-place operation writing before or after the cache
+    (a slot of -1 taken as block -1, a block past the last) writes into them. Returns the device
+    array ``[3, ...]``; the operation gets its ``[1]``, a view."""
+    rng = np.random.default_rng(GUARD_SEED)
+    guards = [rng.integers(0, 256, size=cache.nbytes, dtype=np.uint8).view(cache.dtype).reshape(cache.shape)
+              for _ in range(2)]
+    host = np.stack([guards[0], cache, guards[1]])
+    return backend.to_device(host.copy()), host  # a backend on the host may take the array itself
+
+
+def _inside_guards(backend: Backend, name: str, device: Any, host: np.ndarray, operation: str, call: str) -> np.ndarray:
+    """The cache (``[1]``) of a :func:`_guarded_on_device` array after ``operation``, on the host,
+    once the memory before and after it is found unchanged."""
+    __tracebackhide__ = True
+    after = np.asarray(backend.to_numpy(device))
+    for index, where in ((0, "before"), (2, "after")):
+        assert_bit_identical(f"{name} (the cache-sized memory {where} it)", np.ascontiguousarray(after[index]),
+                             host[index], f"{operation} wrote outside the cache it was given", call,
+                             coordinates="(element of the neighbouring memory, as the cache's shape)")
+    return after[1]
+
+
+#: The seed of the random bytes around the caches of write_kv and copy_blocks.
+GUARD_SEED = 2024
+
+
 #: relative distance from x / scale within which a quotient may be rounded before it is rounded to
 #: fp8: a kernel may take x / scale in float32, or x times 1 / scale, and round that (double rounding)
 FP8_QUOTIENT_SLACK = 2.0**-20
@@ -817,8 +845,9 @@ def write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
     expected_k, expected_v = case.key_cache.copy(), case.value_cache.copy()
     kv_ops.write_kv(case.key, case.value, expected_k, expected_v, case.slot_mapping, kv_layout=case.kv_layout,
                     k_scale=case.k_scale, v_scale=case.v_scale)
-    key_cache, value_cache = backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy())
-    backend.write_kv(*device_kv(backend, case), key_cache, value_cache,
+    (key_pool, key_host), (value_pool, value_host) = (_guarded_on_device(backend, c)
+                                                      for c in (case.key_cache, case.value_cache))
+    backend.write_kv(*device_kv(backend, case), key_pool[1], value_pool[1],
                      backend.to_device(case.slot_mapping), kv_layout=case.kv_layout, k_scale=case.k_scale,
                      v_scale=case.v_scale)
     backend.synchronize()
@@ -831,9 +860,9 @@ def write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
             f" k_scale={case.k_scale} v_scale={case.v_scale}]")
     fp8 = dtype_name(case.key_cache.dtype) in FP8_DTYPES
     quotients = _written_quotients(case) if fp8 else (None, None)
-    for name, device, expected, quotient in (("key_cache", key_cache, expected_k, quotients[0]),
-                                             ("value_cache", value_cache, expected_v, quotients[1])):
-        actual = np.asarray(backend.to_numpy(device))
+    for name, pool, host, expected, quotient in (("key_cache", key_pool, key_host, expected_k, quotients[0]),
+                                                 ("value_cache", value_pool, value_host, expected_v, quotients[1])):
+        actual = _inside_guards(backend, name, pool, host, "write_kv", call)
         actual_nhd, expected_nhd = kv_ops.slot_view(actual, case.kv_layout), kv_ops.slot_view(expected, case.kv_layout)
         assert_bit_identical(name, np.ascontiguousarray(actual_nhd[~written]),
                              np.ascontiguousarray(expected_nhd[~written]),
@@ -858,16 +887,18 @@ def copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> float:
     __tracebackhide__ = True
     expected_k, expected_v = case.key_cache.copy(), case.value_cache.copy()
     kv_ops.copy_blocks(expected_k, expected_v, case.pairs, kv_layout=case.kv_layout)
-    key_cache, value_cache = backend.to_device(case.key_cache.copy()), backend.to_device(case.value_cache.copy())
-    backend.copy_blocks(key_cache, value_cache, backend.to_device(case.pairs), kv_layout=case.kv_layout)
+    (key_pool, key_host), (value_pool, value_host) = (_guarded_on_device(backend, c)
+                                                      for c in (case.key_cache, case.value_cache))
+    backend.copy_blocks(key_pool[1], value_pool[1], backend.to_device(case.pairs), kv_layout=case.kv_layout)
     backend.synchronize()
     pairs = case.pairs.tolist() if len(case.pairs) <= 16 else f"{len(case.pairs):,} of them, in the saved case"
     call = (f"[call: backend={backend.name} copy_blocks dtype={dtype_name(case.key_cache.dtype)}"
             f" kv_layout={case.kv_layout} pairs={pairs}]")
-    assert_bit_identical("key_cache", np.asarray(backend.to_numpy(key_cache)), expected_k,
-                         "copy_blocks differs from the spec", call, coordinates="(block, ...)")
-    assert_bit_identical("value_cache", np.asarray(backend.to_numpy(value_cache)), expected_v,
-                         "copy_blocks differs from the spec", call, coordinates="(block, ...)")
+    for name, pool, host, expected in (("key_cache", key_pool, key_host, expected_k),
+                                       ("value_cache", value_pool, value_host, expected_v)):
+        actual = _inside_guards(backend, name, pool, host, "copy_blocks", call)
+        assert_bit_identical(name, np.ascontiguousarray(actual), expected, "copy_blocks differs from the spec", call,
+                             coordinates="(block, ...)")
     return 0.0
 
 

@@ -123,6 +123,35 @@ class WriteKVIgnoresSkip(SteppedKernelBackend):
                 view[block, offset] = (np.asarray(x[t], np.float64) / scale).astype(numpy_dtype(problem.cache_dtype))
 
 
+def _cache_before(cache: np.ndarray) -> np.ndarray | None:
+    """The cache-sized array right before ``cache`` in memory when ``cache`` is ``pool[i]``, ``i > 0``, of a
+    larger array ``pool`` (caches of one buffer, as an engine's layers are); None otherwise."""
+    pool = cache.base
+    if not isinstance(pool, np.ndarray) or pool.shape[1:] != cache.shape or not pool.flags.c_contiguous:
+        return None
+    index = (cache.__array_interface__["data"][0] - pool.__array_interface__["data"][0]) // max(cache.nbytes, 1)
+    return pool[index - 1] if index > 0 else None
+
+
+class WriteKVSkipLandsBeforeTheCache(SteppedKernelBackend):
+    bug = ("write_kv addresses a slot as block * block_stride + offset * slot_stride without skipping -1: a "
+           "padding token's slot -1 is block -1, offset block_size - 1, the last slot of the memory before the "
+           "cache (another layer's cache in one buffer)")
+    models = ("vllm-project/vllm PR 13922 (padding slots in reshape_and_cache), in a kernel addressing the cache "
+              "linearly; KV caches of all layers allocated as views of one buffer")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+        for cache, x, scale in ((key_cache, key, problem.k_scale), (value_cache, value, problem.v_scale)):
+            before = _cache_before(np.asarray(cache))
+            if before is None:
+                continue
+            view = kv_ops.slot_view(before, problem.kv_layout)
+            for t in np.flatnonzero(problem.slot_mapping < 0):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    view[-1, -1] = (np.asarray(x[t], np.float64) / scale).astype(before.dtype)
+
+
 class CopyBlocksSequential(SteppedKernelBackend):
     bug = "copy_blocks copies pair by pair, so a chain a->b, b->c copies a's data into c"
     models = "copy-on-write block copies not reading all sources first"
