@@ -217,8 +217,8 @@ class MergeReadsPartsOfPositiveWeight(SteppedKernelBackend):
     bug = ("merge_states reads a part's out only where its float32 weight exp(lse - max) is positive, and "
            "returns lse -inf where the weights' sum is not: a NaN in a part more than 104 below the other "
            "never reaches the row, and a NaN lse gives -inf")
-    models = ("this project's triton merge_states, which gated each part on its float32 weight until the "
-              "suite drew non-finite data into parts that are not empty")
+    models = ("merges that read a part only where its weight is positive, a guard for empty parts that also "
+              "drops NaN once a float32 weight underflows (104 below the largest lse)")
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
         lse_a, lse_b = np.asarray(lse_a, np.float32), np.asarray(lse_b, np.float32)
