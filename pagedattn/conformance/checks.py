@@ -803,14 +803,12 @@ def _written_quotients(case: WriteKVCase) -> tuple[np.ndarray, np.ndarray]:
     """float64 ``x / scale`` of keys and values at their slots, as caches ``[blocks, block_size, Hkv, D]``
     (NaN where nothing is written)."""
     shape = kv_ops.slot_view(case.key_cache, case.kv_layout).shape
-    tokens = np.flatnonzero(case.slot_mapping >= 0)
-    slots = case.slot_mapping[tokens].astype(np.int64)
-    block_size = shape[1]
+    tokens, blocks, offsets = kv_ops.written_slots(case.slot_mapping, shape[1])
     quotients = []
     for x, scale in ((case.key, case.k_scale), (case.value, case.v_scale)):
         q = np.full(shape, np.nan)
         with np.errstate(over="ignore", invalid="ignore"):
-            q[slots // block_size, slots % block_size] = np.asarray(x[tokens], np.float64) / scale
+            q[blocks, offsets] = np.asarray(x[tokens], np.float64) / scale
         quotients.append(q)
     return quotients[0], quotients[1]
 

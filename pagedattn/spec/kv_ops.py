@@ -37,13 +37,18 @@ def write_kv(
         key, value, key_cache, value_cache, slot_mapping,
         kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale,
     )
-    tokens = np.flatnonzero(problem.slot_mapping >= 0)
-    slots = problem.slot_mapping[tokens]
-    blocks, offsets = slots // problem.block_size, slots % problem.block_size
+    tokens, blocks, offsets = written_slots(problem.slot_mapping, problem.block_size)
     cache_dtype = numpy_dtype(problem.cache_dtype)
     for cache, x, scale in ((key_cache, key, problem.k_scale), (value_cache, value, problem.v_scale)):
         stored = (np.asarray(x)[tokens].astype(np.float64) / scale).astype(cache_dtype)
         slot_view(cache, kv_layout)[blocks, offsets] = stored
+
+
+def written_slots(slot_mapping: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tokens, blocks, offsets)`` of the tokens ``write_kv`` writes (slot not -1), int64."""
+    tokens = np.flatnonzero(np.asarray(slot_mapping) >= 0)
+    slots = np.asarray(slot_mapping)[tokens].astype(np.int64)
+    return tokens, slots // block_size, slots % block_size
 
 
 def copy_blocks(key_cache: np.ndarray, value_cache: np.ndarray, pairs: Any, *, kv_layout: str = "NHD") -> None:

@@ -53,13 +53,11 @@ def _write_converted(problem, key, value, key_cache, value_cache, convert) -> No
     if problem.cache_dtype not in FP8_DTYPES:
         kv_ops.write_kv(key, value, key_cache, value_cache, problem.slot_mapping, kv_layout=problem.kv_layout)
         return
-    tokens = np.flatnonzero(problem.slot_mapping >= 0)
-    slots = problem.slot_mapping[tokens].astype(np.int64)
+    tokens, blocks, offsets = kv_ops.written_slots(problem.slot_mapping, problem.block_size)
     for cache, x, scale in ((key_cache, key, problem.k_scale), (value_cache, value, problem.v_scale)):
-        view = kv_ops.slot_view(cache, problem.kv_layout)
         with np.errstate(over="ignore", invalid="ignore"):
             quotient = np.asarray(x, np.float64)[tokens] / scale
-            view[slots // problem.block_size, slots % problem.block_size] = convert(quotient, cache.dtype)
+            kv_ops.slot_view(cache, problem.kv_layout)[blocks, offsets] = convert(quotient, cache.dtype)
 
 
 def _toward_zero(quotient: np.ndarray, dtype: Any) -> np.ndarray:
