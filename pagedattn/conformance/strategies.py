@@ -110,6 +110,9 @@ FILLERS: tuple[str, ...] = ("minus_one", "int32_max", "other_valid", "random")
 #: Value patterns of query, keys and values.
 VALUE_KINDS: tuple[str, ...] = ("normal", "large", "dominant", "max_in_last_block", "equal", "very_negative",
                                 "beyond_float16", "huge_scores", "small_scores")
+#: Explicit score scales: the contract allows any finite float, so negative ones and 0 too (a
+#: kernel that takes the row max on q.k before scaling keeps its least score under a negative one).
+SCALES: tuple[float, ...] = (0.01, 0.125, 0.3, 1.0, 2.0, -0.125, -1.0, 0.0)
 #: What unused slots and unused blocks hold.
 GARBAGE_KINDS: tuple[str, ...] = ("random", "nan", "inf", "zero")
 
@@ -476,7 +479,8 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
     if wanted("lse") or (feature == "softcap" and caps.supports("lse")):
         options["return_lse"] = True
     if feature == "scale" or (combined and draw(st.booleans(), label="explicit_scale")):
-        options["scale"] = draw(st.sampled_from((0.01, 0.125, 0.3, 1.0, 2.0)), label="scale")
+        # the contract allows any finite scale: negative ones and 0 too
+        options["scale"] = draw(st.sampled_from(SCALES), label="scale")
     cache_dtype = dtype
     fp8 = [d for d in FP8_DTYPES if d in caps.cache_dtypes]
     use_fp8 = feature == "fp8" or (combined and caps.supports("fp8") and draw(st.booleans(), label="fp8"))

@@ -103,9 +103,14 @@ def sdpa_attention(problem: AttentionProblem, q: torch.Tensor, k: torch.Tensor, 
     from torch.nn.attention import sdpa_kernel
 
     mask, is_causal = sdpa_mask(problem, group)
+    # scale * q.k is |scale| * (-q).k exactly: SDPA kernels that take the row max on q.k before
+    # scaling it (FlashAttention-2's) keep the row's least score under a negative scale
+    scale = problem.scale
+    if scale < 0:
+        q, scale = -q, -scale
     with sdpa_kernel(IEEE_SDPA_KERNELS.get(q.device.type, [SDPBackend.MATH])):
         out = F.scaled_dot_product_attention(
-            q.permute(0, 2, 1, 3), k, v, attn_mask=mask, is_causal=is_causal, scale=problem.scale,
+            q.permute(0, 2, 1, 3), k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
             enable_gqa=problem.group_size > 1,
         ).permute(0, 2, 1, 3)
     if mask is not None:  # rows with no visible key: SDPA may give NaN, the contract says 0

@@ -463,3 +463,20 @@ class AlibiSlopePerKVHead(SteppedKernelBackend):
         by_kv_head = np.arange(problem.num_q_heads) // problem.group_size
         mixed = _where_set(problem, "alibi_slopes", lambda slopes: slopes[by_kv_head])
         return super().transform(s_ij, p, p_q, visible, mixed)
+
+
+class RowMaxOfUnscaledProducts(SteppedKernelBackend):
+    bug = ("the row max taken on the raw products q.k and then scaled (the exponent one FFMA): under a negative "
+           "scale that is the row's least score, and exp(s - m) overflows once the scores spread past 88")
+    models = "a fast path that assumes scale > 0 (max(q.k) * scale as the running max)"
+
+    def scale(self, problem):
+        # the fast path of scores that are scale * q.k and nothing more
+        self.negative_plain = problem.scale < 0 and problem.softcap is None and problem.alibi_slopes is None
+        return super().scale(problem)
+
+    def tile_max(self, s_ij, visible):
+        if not self.negative_plain:
+            return super().tile_max(s_ij, visible)
+        least = np.where(visible[:, None, :], s_ij, F32(np.inf)).min(axis=-1)  # max(q.k) * scale
+        return np.where(np.isposinf(least), F32(-np.inf), least)

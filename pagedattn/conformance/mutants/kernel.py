@@ -120,13 +120,17 @@ class SteppedKernelBackend(NumpyBackend):
                v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Online-softmax step: s_ij [n, Hq, bs] masked, v [bs, Hq, D] -> new (m, l, O)."""
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf the row sees propagate
-            m_new = np.maximum(m, s_ij.max(axis=-1))
+            m_new = np.maximum(m, self.tile_max(s_ij, visible))
             shift = np.where(np.isneginf(m_new), F32(0), m_new)
             alpha = self.exp(m - shift)
             p_ij = self.exp(s_ij - shift[..., None])
             l_new = alpha * l + p_ij.sum(axis=-1)
             O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+    def tile_max(self, s_ij: np.ndarray, visible: np.ndarray) -> np.ndarray:
+        """The row max [n, Hq] of a block's masked scores s_ij [n, Hq, bs] (NaN propagates)."""
+        return s_ij.max(axis=-1)
 
     def weighted_values(self, p_ij: np.ndarray, visible: np.ndarray, v: np.ndarray) -> np.ndarray:
         """sum_b p_ij v_b [n, Hq, D], each row reading only the values it sees (NaN * 0 would be NaN)."""
