@@ -194,6 +194,8 @@ ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
 #: with the number of keys (a half-precision O loses the small terms); "normal": standard
 #: normal K and V.
 LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
+#: Powers of two (least, greatest exponent) the rows of a long cell's "normal" query are scaled by.
+QUERY_ROW_EXPONENTS: tuple[int, int] = (-3, 3)
 #: The value pattern of the long-tail cells, "tail": a query of about 1 in every dim, the first key
 #: of each sequence scoring :data:`TAIL_GAP` above every other (an attention sink, as a model's
 #: first token is: +4 against about -4), with values near -1 at the sink and near +1 elsewhere.
@@ -363,11 +365,18 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
 
 
 def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """A query of ``shape`` for K and V of ``kind``: standard normal, or about 1 in every dim for
-    "tail" and "needle" (so that every head and query gives the sink or the needles their score)."""
+    """A query of ``shape`` for K and V of ``kind``: about 1 in every dim for "tail" and "needle"
+    (so that every head and query gives the sink or the needles their score); else standard
+    normal, for "normal" each row (token, head) times its own power of two from
+    :data:`QUERY_ROW_EXPONENTS`, as a model's heads differ in scale: a kernel that scales rows
+    (bfloat16 queries into float16's range) and undoes another row's scale, or one that shares a
+    scale across a tile of rows, meets rows whose largest elements differ in exponent."""
     query = rng.standard_normal(shape)
     if kind in ("tail", "needle"):
         query = 1.0 + 0.1 * query
+    elif kind == "normal":
+        low, high = QUERY_ROW_EXPONENTS
+        query *= 2.0 ** rng.integers(low, high + 1, size=(*shape[:-1], 1))
     return query.astype(numpy_dtype(dtype))
 
 
