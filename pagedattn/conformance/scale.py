@@ -69,6 +69,9 @@ from pagedattn.conformance.cases import AttentionCase, CopyBlocksCase, MergeCase
 from pagedattn.conformance.strategies import (
     CONTRACT_BLOCK_SIZES,
     GARBAGE_KINDS,
+    HUGE_SCORES_FACTOR,
+    LARGE_MAGNITUDE,
+    SCALES,
     alibi_slopes,
     block_tables,
     copy_blocks_cases,
@@ -101,6 +104,7 @@ __all__ = [
     "LONG_MAX_QUERIES",
     "LONG_NEEDLE_KINDS",
     "LONG_PREFILL_ROWS",
+    "LONG_PREFILL_VALUE_KINDS",
     "LONG_TAIL_KINDS",
     "LONG_VALUE_KINDS",
     "LONG_WIDE_GROUPS",
@@ -282,6 +286,12 @@ LONG_PREFILL_ROWS = 512
 LONG_PREFILL_MIN_QUERIES = 64
 #: Keys of context before a long prefill's queries, at most (0 is drawn first: a whole prompt).
 LONG_PREFILL_MAX_CONTEXT = 1024
+#: Query patterns of the long prefills: "normal" (standard normal), "large" (every query times
+#: LARGE_MAGNITUDE: scores in the hundreds to thousands, which overflow exp once a kernel's row max
+#: is off), "huge_scores" (bfloat16: each sequence's last query times HUGE_SCORES_FACTOR, scores
+#: near 1e10, where a score's float32 rounding is hundreds of units). The kernels that only large
+#: prefills reach (cupy's Hopper kernel) meet them here, with explicit scales of either sign.
+LONG_PREFILL_VALUE_KINDS: tuple[str, ...] = ("normal", "large", "huge_scores")
 #: Query tokens of a many-token batch, at least: past 65,535, the most blocks a CUDA grid's y or
 #: z axis takes.
 MANY_TOKENS = 65_536
@@ -1636,15 +1646,19 @@ def many_pair_copy_blocks_cases(draw: st.DrawFn, capabilities: Capabilities, *, 
 
 @st.composite
 def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                       limits: ScaleLimits | None = None, causal: bool = True) -> AttentionCase:
+                       limits: ScaleLimits | None = None, causal: bool = True,
+                       negative_scale: bool = False) -> AttentionCase:
     """Return a strategy for 1 or 2 sequences of many queries each (a prompt's prefill, or a chunk of it).
 
     Each sequence holds at least :data:`LONG_PREFILL_ROWS` rows (queries x query heads of a KV
     head) and :data:`LONG_PREFILL_MIN_QUERIES` queries, so kernels run several query tiles per
     sequence, and cupy takes its Hopper prefill kernel; the queries follow 0 to about 1,000 keys
     of context (chunked prefill). Causal, or without ``causal`` not (every query sees every key
-    of its sequence, later queries' too); lse, a sliding window, ALiBi and softcap each
-    sometimes; the smallest declared head_dim of at most 128, or another.
+    of its sequence, later queries' too); lse, a sliding window, ALiBi, softcap and an explicit
+    scale (:data:`~pagedattn.conformance.strategies.SCALES`, negative ones and 0 among them) each
+    sometimes; queries of a kind of :data:`LONG_PREFILL_VALUE_KINDS`; the smallest declared
+    head_dim of at most 128, or another. With ``negative_scale``, every case has a negative scale
+    and queries other than "normal" (its first case too, which is all a ``quick`` cell runs).
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -1667,12 +1681,25 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
         options["causal"] = False
     if caps.supports("sliding_window") and draw(st.booleans(), label="window"):
         options["sliding_window"] = draw(st.integers(1, max(lens)), label="sliding_window")
+    if negative_scale:
+        options["scale"] = draw(st.sampled_from(tuple(s for s in SCALES if s < 0)), label="scale")
+    elif draw(st.booleans(), label="explicit_scale"):
+        options["scale"] = draw(st.sampled_from(SCALES), label="scale")
+    # float16 does not hold a query times 2**32
+    kinds = tuple(k for k in LONG_PREFILL_VALUE_KINDS if not (k == "huge_scores" and dtype == "float16")
+                  and not (negative_scale and k == "normal"))
+    value_kind = draw(st.sampled_from(kinds), label="values")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
-    query = rng.standard_normal((sum(q_lens), num_q_heads, head_dim)).astype(numpy_dtype(dtype))
+    query = rng.standard_normal((sum(q_lens), num_q_heads, head_dim))
+    if value_kind == "large":
+        query *= LARGE_MAGNITUDE
+    elif value_kind == "huge_scores":
+        query[np.cumsum(q_lens) - 1] *= HUGE_SCORES_FACTOR
+    query = query.astype(numpy_dtype(dtype))
     labels = {"feature": "long_prefill" if causal else "long_prefill_non_causal", "garbage": garbage,
-              "arrangement": pool.arrangement,
+              "values": value_kind, "arrangement": pool.arrangement,
               "heads": f"{num_q_heads}/{num_kv_heads}", "queries": "+".join(map(str, q_lens)),
               "context": "+".join(map(str, contexts))}
     return _case(query, caches, pool.block_tables, lens, q_lens, kv_layout, options,

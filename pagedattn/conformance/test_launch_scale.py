@@ -62,6 +62,18 @@ def test_long_prefills_match_spec(request, backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", PREFILL_DTYPES)
+def test_long_prefills_under_negative_scales_match_spec(request, backend, dtype):
+    """The long prefills under a negative explicit scale, their queries large (scores in the
+    thousands) or, in bfloat16, a last query of scores near 1e10: a prefill kernel that only large
+    batches reach meets the scales and magnitudes the small cells draw (a row max taken on q.k
+    before scaling keeps the least score there, and exp overflows); within the error model."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(long_prefill_cases, negative_scale=True), checks.matches_spec,
+                   limits, dtype=dtype, feature="long_prefill_negative_scale", max_examples=limits.long_examples,
+                   requires={"features": ("varlen",)})
+
+
+@pytest.mark.parametrize("dtype", PREFILL_DTYPES)
 def test_long_non_causal_prefills_match_spec(request, backend, dtype):
     """The long prefills without the causal mask (an encoder's prompt, a bidirectional block):
     every query tile sees every key of its sequence, past its own diagonal, within the error

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.conformance.mutants.attention import RowMaxOfUnscaledProducts
 from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBackend
 from pagedattn.conformance.mutants.plans import LaunchBindsFirstRunArrays
 from pagedattn.spec import kv_ops
@@ -520,6 +521,26 @@ class WindowTilesOfTheFirstQuery(SteppedKernelBackend):
             whole_to = (first + 1) // KV_TILE_KEYS * KV_TILE_KEYS  # the tiles past it hold the diagonal: masked
             vis |= (p[None, :] >= whole_from[:, None]) & (p[None, :] < whole_to[:, None]) & (p < length)[None, :]
         return vis
+
+
+#: Rows (queries x query heads, at most 128 heads) a sequence of a prefill holds on average from
+#: which a kernel of large prefills takes it (cupy's Hopper kernel: 4 of its 128-row tiles).
+LARGE_PREFILL_ROWS = 512
+
+
+class LargePrefillMaxOfUnscaledProducts(RowMaxOfUnscaledProducts):
+    bug = ("the row max taken on the raw products q.k and then scaled, in the kernel of large prefills only ("
+           "512 rows a sequence and up): under a negative scale it is the row's least score, and exp(s - m) "
+           "overflows once the scores spread past 88")
+    models = ("a fast path that assumes scale > 0 in a kernel only large batches reach (this project's cupy "
+              "Hopper prefill guards it with scale > 0); the draws of small cells never meet it")
+
+    def scale(self, problem):
+        value = super().scale(problem)
+        rows = problem.num_tokens * min(problem.group_size, 128)
+        large = not problem.is_decode and rows >= LARGE_PREFILL_ROWS * max(1, problem.num_seqs)
+        self.negative_plain = self.negative_plain and large
+        return value
 
 
 class NonCausalKeysEndAtItsQueryTile(SteppedKernelBackend):
