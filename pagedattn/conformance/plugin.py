@@ -137,10 +137,12 @@ def _cheapness(item: pytest.Item) -> tuple[Any, ...]:
 CHEAP_TESTS = frozenset({"test_write_kv_writes_only_its_slots", "test_copy_blocks_reads_all_sources_first",
                          "test_merge_states_matches_exact_merge", "test_bad_input_raises_naming_the_argument"})
 #: Tests whose cells cost a CPU backend seconds to tens of seconds each (arrays of 2**31 elements built
-#: for the call; batches of more than 65,535 sequences or block pairs): they run last, so that a bug
+#: for the call; batches of more than 65,535 sequences or block pairs; hundreds of sequences of
+#: thousands of keys each): they run last, so that a bug
 #: any other cell shows is not held up behind them.
 COSTLY_TESTS = frozenset({"test_far_layer_views_match_spec", "test_far_rows_of_write_kv",
-                          "test_many_sequences_match_spec", "test_copy_blocks_of_many_pairs"})
+                          "test_many_sequences_match_spec", "test_copy_blocks_of_many_pairs",
+                          "test_long_batches_match_spec"})
 
 
 def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:

@@ -98,6 +98,8 @@ __all__ = [
     "FAR_VIEW_LAYERS",
     "FAR_WRITE_ROW_ELEMENTS",
     "LARGE_BATCH_SEQS",
+    "LONG_BATCH_KEYS",
+    "LONG_BATCH_PAIRS",
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
     "LONG_GROUPS",
@@ -142,6 +144,7 @@ __all__ = [
     "far_score_rows",
     "far_write_kv_cases",
     "large_batch_cases",
+    "long_batch_cases",
     "long_prefill_cases",
     "long_sequence_cases",
     "long_tail_batch_cases",
@@ -284,6 +287,13 @@ SHARED_PREFIX_SUFFIX = (1, 200)
 #: sequence; and queries, at least: several 16- to 64-query tiles.
 LONG_PREFILL_ROWS = 512
 LONG_PREFILL_MIN_QUERIES = 64
+#: (sequence, KV head) pairs of a long batch, at least: four CTAs for each of an H200's 132
+#: multiprocessors, so that no plan splits its sequences and each CTA walks a whole range.
+LONG_BATCH_PAIRS = 4 * 132
+#: Keys of each sequence of a long batch, at least and at most: past 4,096, where a CTA that holds
+#: block-table entries in registers, 32 sub-tiles of 16 keys for each of 4 warps (2,048 keys a
+#: batch), reads its third batch.
+LONG_BATCH_KEYS = (4_100, 4_800)
 #: Keys of context before a long prefill's queries, at most (0 is drawn first: a whole prompt).
 LONG_PREFILL_MAX_CONTEXT = 1024
 #: Query patterns of the long prefills: "normal" (standard normal), "large" (every query times
@@ -1110,6 +1120,42 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 
 
 # -- large batches: more work than one wave ------------------------------------------------------
+
+@st.composite
+def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                     limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for a decode batch of :data:`LONG_BATCH_PAIRS` (sequence, KV head) pairs,
+    each sequence :data:`LONG_BATCH_KEYS` keys long.
+
+    A batch that fills the GPU is not split: each CTA walks the whole range of one sequence's KV
+    head, thousands of keys, as in an engine's decode of 64 sequences of 8,192 keys; the long
+    cells' batches of 1 to 4 sequences are split into parts of a thousand keys or so, and the
+    large batches hold at most 80 keys a sequence. 1, 2 or 4 KV heads, GQA 4, 1 or 8, the
+    smallest declared head_dim; lse sometimes; a shuffled or interleaved pool.
+    """
+    del limits  # one size for every profile: the threshold is the GPU's, not the profile's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((1, 2, 4)), label="num_kv_heads")
+    group = draw(st.sampled_from((4, 1, 8)), label="gqa_ratio")
+    head_dim = min(caps.head_dims or (16,))
+    num_seqs = -(-LONG_BATCH_PAIRS // num_kv_heads)
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    lens = rng.integers(LONG_BATCH_KEYS[0], LONG_BATCH_KEYS[1] + 1, num_seqs)
+    lens[-1] = draw(st.sampled_from(LONG_BATCH_KEYS), label="last_seq_len")
+    pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    caches = _normal_caches(rng, pool, block_size, lens.tolist(), num_kv_heads, head_dim, garbage, dtype)
+    query = _query(rng, "normal", (num_seqs, num_kv_heads * group, head_dim), dtype)
+    labels = {"feature": "long_batch", "garbage": garbage, "arrangement": pool.arrangement,
+              "heads": f"{num_kv_heads * group}/{num_kv_heads}", "sequences": str(num_seqs), "queries": "decode"}
+    return _case(query, caches, pool.block_tables, lens.tolist(), None, kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
 
 @st.composite
 def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,

@@ -28,6 +28,7 @@ from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     LONG_TAIL_KINDS,
     large_batch_cases,
+    long_batch_cases,
     long_chunk_cases,
     long_prefill_cases,
     long_tail_batch_cases,
@@ -150,6 +151,17 @@ def test_wide_groups_match_spec(request, backend, dtype):
 #: The dtype of the large-batch and many-token cells: how work is spread over CTAs does not depend
 #: on it, and a batch this large costs the Triton interpreter a minute.
 LARGE_BATCH_DTYPES = ("bfloat16",)
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_long_batches_match_spec(request, backend, dtype):
+    """Decode of 528 (sequence, KV head) pairs and more, each sequence 4,100 to 4,800 keys: a batch
+    that fills the GPU, so no plan splits it and each CTA walks a whole sequence's range (an
+    engine's 64 x 8,192 decode), within the error model; inputs untouched. A backend run in an
+    interpreter (one program at a time) is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, long_batch_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="long_batch", max_examples=limits.batch_examples, requires={"launch_limits": True})
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)

@@ -543,6 +543,28 @@ class LargePrefillMaxOfUnscaledProducts(RowMaxOfUnscaledProducts):
         return value
 
 
+#: (sequence, KV head) pairs from which a batch fills the GPU: a plan walks each range whole.
+FILLING_PAIRS = 4 * 132
+#: Keys of block-table entries a CTA holds in one batch (32 sub-tiles of 16 keys for each of 4 warps).
+TABLE_BATCH_KEYS = 2048
+
+
+class TableBatchRefreshedLate(SteppedKernelBackend):
+    bug = ("a CTA holds its range's block-table entries in batches of 2,048 keys and loads each next batch one "
+           "batch late: in a range walked whole (a batch that fills the GPU, so unsplit), keys from 4,096 on are "
+           "read from the blocks of the keys 2,048 before")
+    models = ("an off-by-one in a software-pipelined block-table prefetch (this project's cupy decode kernel "
+              "holds one entry a lane, a batch ahead: the kernel edit DecodeTableBatchOffByOne); split plans of "
+              "small batches never walk that far in one CTA")
+
+    def read_block(self, slots, row, j, problem):
+        bs = problem.block_size
+        late = TABLE_BATCH_KEYS // bs
+        if problem.num_seqs * problem.num_kv_heads >= FILLING_PAIRS and j * bs >= 2 * TABLE_BATCH_KEYS and late:
+            return super().read_block(slots, row, j - late, problem)
+        return super().read_block(slots, row, j, problem)
+
+
 class NonCausalKeysEndAtItsQueryTile(SteppedKernelBackend):
     bug = ("prefill in 64-query tiles whose key loop ends at the KV tile holding the tile's last query, "
            "causal or not: without the causal mask, the queries of every tile but the last miss the later keys")
