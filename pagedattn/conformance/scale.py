@@ -1704,7 +1704,8 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
     scale (:data:`~pagedattn.conformance.strategies.SCALES`, negative ones and 0 among them) each
     sometimes; queries of a kind of :data:`LONG_PREFILL_VALUE_KINDS`; the smallest declared
     head_dim of at most 128, or another. With ``negative_scale``, every case has a negative scale
-    and queries other than "normal" (its first case too, which is all a ``quick`` cell runs).
+    and queries other than "normal" (its first case too, which is all a ``quick`` cell runs):
+    "huge_scores" first in bfloat16, "large" in float16.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -1731,9 +1732,12 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
         options["scale"] = draw(st.sampled_from(tuple(s for s in SCALES if s < 0)), label="scale")
     elif draw(st.booleans(), label="explicit_scale"):
         options["scale"] = draw(st.sampled_from(SCALES), label="scale")
-    # float16 does not hold a query times 2**32
+    # float16 does not hold a query times 2**32; under negative_scale, bfloat16 draws its huge scores
+    # first (quick's one case: past the range of a one-FFMA exponent) and float16 large ones
     kinds = tuple(k for k in LONG_PREFILL_VALUE_KINDS if not (k == "huge_scores" and dtype == "float16")
                   and not (negative_scale and k == "normal"))
+    if negative_scale:
+        kinds = tuple(sorted(kinds, key=lambda k: k != "huge_scores"))
     value_kind = draw(st.sampled_from(kinds), label="values")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")

@@ -105,9 +105,11 @@ class TorchBackend(Backend):
         ]
         slopes = None if problem.alibi_slopes is None else upload(problem.alibi_slopes)
         scaled = problem.cache_dtype in FP8_DTYPES or problem.k_scale != 1.0 or problem.v_scale != 1.0
+        # a scale of 0: CUDA's flash SDPA returns NaN for it (the spec: every visible score 0)
         explicit = (
             problem.softcap is not None or problem.alibi_slopes is not None or problem.return_lse
             or problem.dtype == "float32" or (scaled and problem.cache_dtype not in FP8_DTYPES)
+            or problem.scale == 0.0
         )
         return {"groups": planned, "alibi_slopes": slopes, "explicit": explicit}
 
