@@ -198,8 +198,8 @@ ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
 #: little noise, and values from about 1 to 2, so the parts of a split sequence differ in
 #: their maximum score and their mean value (a merge that weighs them wrongly shows), while
 #: most keys keep a weight of the same order, so the unnormalised output O = sum p v grows
-#: with the number of keys (a half-precision O loses the small terms); "normal": standard
-#: normal K and V.
+#: with the number of keys (a half-precision O loses the small terms); falling for the first half
+#: of each group's heads and rising for the second (``_query``); "normal": standard normal K and V.
 LONG_VALUE_KINDS: tuple[str, ...] = ("trend", "normal")
 #: Powers of two (least, greatest exponent) the rows of a long cell's "normal" query are scaled by.
 QUERY_ROW_EXPONENTS: tuple[int, int] = (-3, 3)
@@ -384,19 +384,29 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
     return result
 
 
-def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """A query of ``shape`` for K and V of ``kind``: about 1 in every dim for "tail" and "needle"
-    (so that every head and query gives the sink or the needles their score); else standard
-    normal, for "normal" each row (token, head) times its own power of two from
-    :data:`QUERY_ROW_EXPONENTS`, as a model's heads differ in scale: a kernel that scales rows
-    (bfloat16 queries into float16's range) and undoes another row's scale, or one that shares a
-    scale across a tile of rows, meets rows whose largest elements differ in exponent."""
+def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: str, group: int = 1) -> np.ndarray:
+    """A query of ``shape`` (heads in groups of ``group`` per KV head) for K and V of ``kind``:
+    about 1 in every dim for "tail" and "needle" (so that every head and query gives the sink or
+    the needles their score); else standard normal, for "normal" each row (token, head) times its
+    own power of two from :data:`QUERY_ROW_EXPONENTS`, as a model's heads differ in scale (a kernel
+    that scales rows, bfloat16 queries into float16's range, and undoes another row's scale meets
+    rows whose largest elements differ in exponent); for "trend" each row's sign set so that the
+    first half of each group's heads see their scores fall along the sequence (their running max
+    settles in the first keys) and the second half see them rise (it grows at every tile): a
+    kernel that rescales O only where some rows of the first half raised their max leaves the
+    second half's O unscaled."""
     query = rng.standard_normal(shape)
     if kind in ("tail", "needle"):
         query = 1.0 + 0.1 * query
     elif kind == "normal":
         low, high = QUERY_ROW_EXPONENTS
         query *= 2.0 ** rng.integers(low, high + 1, size=(*shape[:-1], 1))
+    elif kind == "trend":  # the keys' ramp adds to every dim: a row's scores follow the sign of its sum
+        heads = np.arange(shape[-2])
+        within = heads % group if group > 1 else heads
+        rising = within >= max(group, 2) // 2
+        sign = np.where(query.sum(axis=-1) >= 0, 1.0, -1.0) * np.where(rising, 1.0, -1.0)
+        query *= sign[..., None]
     return query.astype(numpy_dtype(dtype))
 
 
@@ -506,7 +516,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
         q_lens = [1] * len(lens)
     else:  # a short sequence may hold fewer keys than q_len (L = 0: no query)
         q_lens = _ragged_queries(draw, len(lens), q_len) if ragged else [min(q_len, n) for n in lens]
-    query = _query(rng, value_kind, (sum(q_lens), num_q_heads, head_dim), dtype)
+    query = _query(rng, value_kind, (sum(q_lens), num_q_heads, head_dim), dtype, group)
     logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
                          np.array(lens), logical, garbage, cache_dtype, k_scale, v_scale)
@@ -1814,7 +1824,7 @@ def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, 1, head_dim, garbage, cache_dtype, kind, scales)
-    query = _query(rng, kind, (sum(q_lens), group, head_dim), dtype)
+    query = _query(rng, kind, (sum(q_lens), group, head_dim), dtype, group)
     labels = {"feature": "long_chunks", "values": kind, "garbage": garbage, "arrangement": pool.arrangement,
               "heads": f"{group}/1", "queries": "+".join(map(str, q_lens)), "context": "+".join(map(str, contexts)),
               "cache_dtype": cache_dtype}

@@ -36,6 +36,22 @@ class UnmaskedTail(SteppedKernelBackend):
         return vis
 
 
+class DecodeTailUnmaskedWithoutCausal(SteppedKernelBackend):
+    bug = ("decode with causal=False: slots p >= L of the last block not masked (the kernel's test of a tile "
+           "seen whole bounds it by the causal diagonal alone, which in decode is L - 1)")
+    models = ("this project's cupy decode kernel takes a sub-tile as seen whole when it ends by L and by the "
+              "causal bound; the kernel edit DecodeWholeSubTilePastL drops the L bound, which only causal=False "
+              "decode exposes")
+
+    def visible(self, p, p_q, length, problem):
+        if problem.is_decode and not problem.causal:
+            vis = np.ones((len(p_q), len(p)), dtype=bool)
+            if problem.sliding_window is not None:
+                vis &= p[None, :] > p_q[:, None] - problem.sliding_window
+            return vis
+        return super().visible(p, p_q, length, problem)
+
+
 class BlockCountFloor(SteppedKernelBackend):
     bug = "number of blocks is L // block_size: the partial last block is dropped"
     models = "off-by-one block count"

@@ -565,6 +565,43 @@ class TableBatchRefreshedLate(SteppedKernelBackend):
         return super().read_block(slots, row, j, problem)
 
 
+#: Query rows of a decode kernel's tile (one warp's: rows g and g + 8 of each lane group).
+DECODE_TILE_ROWS = 16
+
+
+class RescaleDecidedByTheFirstRows(SteppedKernelBackend):
+    bug = ("decode skips O *= alpha in a tile of 16 query heads unless one of its first 8 raised its running max: "
+           "when only the other 8 raise theirs, their O keeps the old scale")
+    models = ("a rescale skipped where alpha == 1, decided over a warp's rows with only one of each lane's two "
+              "rows tested (this project's cupy fp8 decode kernel tests both; the kernel edit "
+              "DecodeRescaleOfTheFirstRowsOnly drops the second)")
+
+    def scale(self, problem):
+        self.group = problem.group_size if problem.is_decode else 0
+        return super().scale(problem)
+
+    def update(self, m, l, O, s_ij, visible, v):
+        if self.group <= DECODE_TILE_ROWS // 2:
+            return super().update(m, l, O, s_ij, visible, v)
+        heads = np.arange(m.shape[-1])
+        within = heads % self.group
+        tile = (heads // self.group) * self.group + within // DECODE_TILE_ROWS
+        first = within % DECODE_TILE_ROWS < DECODE_TILE_ROWS // 2
+        with np.errstate(invalid="ignore", over="ignore"):
+            m_new = np.maximum(m, self.tile_max(s_ij, visible))
+            shift = np.where(np.isneginf(m_new), F32(0), m_new)
+            alpha = self.exp(m - shift)
+            raised = (m_new > m) & first[None, :]
+            first_raised = np.zeros_like(raised)
+            for t in np.unique(tile):
+                first_raised[:, tile == t] = raised[:, tile == t].any(axis=1, keepdims=True)
+            alpha_O = np.where(~first[None, :] & ~first_raised, F32(1), alpha)
+            p_ij = self.exp(s_ij - shift[..., None])
+            l_new = alpha * l + p_ij.sum(axis=-1)
+            O_new = alpha_O[..., None] * O + self.weighted_values(p_ij, visible, v)
+        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+
 class NonCausalKeysEndAtItsQueryTile(SteppedKernelBackend):
     bug = ("prefill in 64-query tiles whose key loop ends at the KV tile holding the tile's last query, "
            "causal or not: without the causal mask, the queries of every tile but the last miss the later keys")
