@@ -142,7 +142,7 @@ CHEAP_TESTS = frozenset({"test_write_kv_writes_only_its_slots", "test_copy_block
 #: any other cell shows is not held up behind them.
 COSTLY_TESTS = frozenset({"test_far_layer_views_match_spec", "test_far_rows_of_write_kv",
                           "test_many_sequences_match_spec", "test_copy_blocks_of_many_pairs",
-                          "test_long_batches_match_spec"})
+                          "test_long_batches_match_spec", "test_long_batches_with_fp8_caches_match_spec"})
 
 
 def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:

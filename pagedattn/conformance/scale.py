@@ -100,6 +100,7 @@ __all__ = [
     "LARGE_BATCH_SEQS",
     "LONG_BATCH_KEYS",
     "LONG_BATCH_PAIRS",
+    "LONG_BATCH_QUERY_FACTOR",
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
     "LONG_GROUPS",
@@ -290,10 +291,12 @@ LONG_PREFILL_MIN_QUERIES = 64
 #: (sequence, KV head) pairs of a long batch, at least: four CTAs for each of an H200's 132
 #: multiprocessors, so that no plan splits its sequences and each CTA walks a whole range.
 LONG_BATCH_PAIRS = 4 * 132
-#: Keys of each sequence of a long batch, at least and at most: past 4,096, where a CTA that holds
-#: block-table entries in registers, 32 sub-tiles of 16 keys for each of 4 warps (2,048 keys a
-#: batch), reads its third batch.
-LONG_BATCH_KEYS = (4_100, 4_800)
+#: Keys of each sequence of a long batch, at least and at most: well past 4,096, where a CTA that
+#: holds block-table entries in registers, 32 sub-tiles of 16 keys for each of 4 warps (2,048 keys
+#: a batch), reads its third batch (a third of the keys and more lie past it).
+LONG_BATCH_KEYS = (6_000, 8_192)
+#: The long batches' queries are scaled by this power of two: scores within about 0.1 of 0.
+LONG_BATCH_QUERY_FACTOR = 2.0**-6
 #: Keys of context before a long prefill's queries, at most (0 is drawn first: a whole prompt).
 LONG_PREFILL_MAX_CONTEXT = 1024
 #: Query patterns of the long prefills: "normal" (standard normal), "large" (every query times
@@ -1133,7 +1136,7 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 
 @st.composite
 def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                     limits: ScaleLimits | None = None) -> AttentionCase:
+                     limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
     """Return a strategy for a decode batch of :data:`LONG_BATCH_PAIRS` (sequence, KV head) pairs,
     each sequence :data:`LONG_BATCH_KEYS` keys long.
 
@@ -1141,7 +1144,9 @@ def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     head, thousands of keys, as in an engine's decode of 64 sequences of 8,192 keys; the long
     cells' batches of 1 to 4 sequences are split into parts of a thousand keys or so, and the
     large batches hold at most 80 keys a sequence. 1, 2 or 4 KV heads, GQA 4, 1 or 8, the
-    smallest declared head_dim; lse sometimes; a shuffled or interleaved pool.
+    smallest declared head_dim; K, V and queries of a kind of :data:`LONG_VALUE_KINDS`; lse
+    sometimes; a shuffled or interleaved pool. With ``fp8``, fp8 caches and scales (the fp8 decode
+    paths stage and step through a range their own way).
     """
     del limits  # one size for every profile: the threshold is the GPU's, not the profile's
     caps = capabilities
@@ -1158,11 +1163,20 @@ def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    options.update(scales)
+    # "trend" first: values ramp along the sequence; with the queries scaled down every key weighs
+    # about the same, so a row that reads other positions' keys past 4,096 (a third of its keys and
+    # more) is off by more than the tolerance, which grows with the scores (fp8's most)
+    kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
-    caches = _normal_caches(rng, pool, block_size, lens.tolist(), num_kv_heads, head_dim, garbage, dtype)
-    query = _query(rng, "normal", (num_seqs, num_kv_heads * group, head_dim), dtype)
-    labels = {"feature": "long_batch", "garbage": garbage, "arrangement": pool.arrangement,
-              "heads": f"{num_kv_heads * group}/{num_kv_heads}", "sequences": str(num_seqs), "queries": "decode"}
+    caches = _normal_caches(rng, pool, block_size, lens.tolist(), num_kv_heads, head_dim, garbage, cache_dtype,
+                            kind, scales)
+    query = _query(rng, kind, (num_seqs, num_kv_heads * group, head_dim), "float64", group)
+    query = (query * LONG_BATCH_QUERY_FACTOR).astype(numpy_dtype(dtype))
+    labels = {"feature": "long_batch", "values": kind, "garbage": garbage, "arrangement": pool.arrangement,
+              "heads": f"{num_kv_heads * group}/{num_kv_heads}", "sequences": str(num_seqs), "queries": "decode",
+              "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens.tolist(), None, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
 

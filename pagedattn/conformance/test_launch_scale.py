@@ -165,6 +165,17 @@ def test_long_batches_match_spec(request, backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
+def test_long_batches_with_fp8_caches_match_spec(request, backend, dtype):
+    """The long batches with fp8 caches and scales: whole ranges of thousands of keys through the fp8
+    decode paths, within the error model; inputs untouched. A backend run in an interpreter is
+    unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(long_batch_cases, fp8=True), checks.matches_spec, limits,
+                   dtype=dtype, feature="long_batch_fp8", max_examples=limits.batch_examples,
+                   requires={"features": ("fp8",), "launch_limits": True})
+
+
+@pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
 def test_large_batches_match_spec(request, backend, dtype):
     """More than 4,224 short sequences (more than one wave of CTAs of any size on the GPU), decode
     or mixed, within the error model; inputs untouched. A backend run in an

@@ -560,9 +560,25 @@ class TableBatchRefreshedLate(SteppedKernelBackend):
     def read_block(self, slots, row, j, problem):
         bs = problem.block_size
         late = TABLE_BATCH_KEYS // bs
-        if problem.num_seqs * problem.num_kv_heads >= FILLING_PAIRS and j * bs >= 2 * TABLE_BATCH_KEYS and late:
+        if (self.refreshes_late(problem) and problem.num_seqs * problem.num_kv_heads >= FILLING_PAIRS
+                and j * bs >= 2 * TABLE_BATCH_KEYS and late):
             return super().read_block(slots, row, j - late, problem)
         return super().read_block(slots, row, j, problem)
+
+    def refreshes_late(self, problem: AttentionProblem) -> bool:
+        """Whether this problem's path has the bug (every path here)."""
+        return True
+
+
+class Fp8TableBatchRefreshedLate(TableBatchRefreshedLate):
+    bug = ("the fp8-cache decode path (its own stages and steps of two sub-tiles) loads each next batch of 2,048 "
+           "keys of block-table entries one batch late: on fp8 caches, in a range walked whole, keys from 4,096 "
+           "on read the blocks of the keys 2,048 before")
+    models = ("an off-by-one in the block-table prefetch of a separate fp8 decode path; the 16-bit path's long "
+              "batches pass")
+
+    def refreshes_late(self, problem):
+        return problem.cache_dtype in FP8_DTYPES
 
 
 #: Query rows of a decode kernel's tile (one warp's: rows g and g + 8 of each lane group).
