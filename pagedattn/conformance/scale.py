@@ -754,6 +754,17 @@ def _cache_dtype_and_scales(draw: st.DrawFn, caps: Capabilities, dtype: str,
                          "v_scale": draw(st.sampled_from(LONG_FP8_V_SCALES), label="v_scale")}
 
 
+def _batch_options(draw: st.DrawFn, caps: Capabilities, dtype: str,
+                   fp8: bool) -> tuple[dict[str, Any], str, dict[str, float]]:
+    """A batch cell's options (lse sometimes, where declared; fp8 scales), its cache dtype and scales."""
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    options.update(scales)
+    return options, cache_dtype, scales
+
+
 def _lazy_transposed(nhd: np.ndarray, tables: np.ndarray, lens: list[int], block_size: int) -> np.ndarray:
     """The HND form of a lazy NHD cache, written block by block (only the blocks in use)."""
     hnd = lazy_cache((nhd.shape[0], nhd.shape[2], nhd.shape[1], nhd.shape[3]), _dtype_name(nhd))
@@ -1160,11 +1171,7 @@ def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     lens = rng.integers(LONG_BATCH_KEYS[0], LONG_BATCH_KEYS[1] + 1, num_seqs)
     lens[-1] = draw(st.sampled_from(LONG_BATCH_KEYS), label="last_seq_len")
     pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
-    options: dict[str, Any] = {}
-    if caps.supports("lse") and draw(st.booleans(), label="lse"):
-        options["return_lse"] = True
-    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
-    options.update(scales)
+    options, cache_dtype, scales = _batch_options(draw, caps, dtype, fp8)
     # "trend" first: values ramp along the sequence; with the queries scaled down every key weighs
     # about the same, so a row that reads other positions' keys past 4,096 (a third of its keys and
     # more) is off by more than the tolerance, which grows with the scores (fp8's most)
@@ -1210,11 +1217,7 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     if mixed:  # a quarter of the sequences take up to 4 queries (chunked prefill beside decode)
         q_lens = np.where(rng.random(num_seqs) < 0.25, np.minimum(lens, rng.integers(1, 5, num_seqs)), 1).tolist()
     pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
-    options: dict[str, Any] = {}
-    if caps.supports("lse") and draw(st.booleans(), label="lse"):
-        options["return_lse"] = True
-    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
-    options.update(scales)
+    options, cache_dtype, scales = _batch_options(draw, caps, dtype, fp8)
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens.tolist(), num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables, lens,
