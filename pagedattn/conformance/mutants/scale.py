@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedattn.conformance.mutants.attention import RowMaxOfUnscaledProducts
+from pagedattn.conformance.mutants.attention import FusedScoreShift, RowMaxOfUnscaledProducts
 from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBackend
 from pagedattn.conformance.mutants.plans import LaunchBindsFirstRunArrays
 from pagedattn.spec import kv_ops
@@ -537,9 +537,7 @@ class LargePrefillMaxOfUnscaledProducts(RowMaxOfUnscaledProducts):
 
     def scale(self, problem):
         value = super().scale(problem)
-        rows = problem.num_tokens * min(problem.group_size, 128)
-        large = not problem.is_decode and rows >= LARGE_PREFILL_ROWS * max(1, problem.num_seqs)
-        self.negative_plain = self.negative_plain and large
+        self.negative_plain = self.negative_plain and _large_prefill(problem)
         return value
 
 
@@ -616,6 +614,30 @@ class RescaleDecidedByTheFirstRows(SteppedKernelBackend):
             l_new = alpha * l + p_ij.sum(axis=-1)
             O_new = alpha_O[..., None] * O + self.weighted_values(p_ij, visible, v)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+
+def _large_prefill(problem: AttentionProblem) -> bool:
+    """Whether a kernel of large prefills takes ``problem`` (LARGE_PREFILL_ROWS rows a sequence and up)."""
+    rows = problem.num_tokens * min(problem.group_size, 128)
+    return not problem.is_decode and rows >= LARGE_PREFILL_ROWS * max(1, problem.num_seqs)
+
+
+class LargePrefillFusedScoreShift(FusedScoreShift):
+    bug = ("scale and running-max shift in one fused multiply-add, in the kernel of large prefills only (512 rows "
+           "a sequence and up): the max key's weight is e to its score's rounding error, inf or 0 once scores "
+           "pass about 1e9")
+    models = ("a one-FFMA exponent in a kernel only large batches reach, used past its range (this project's "
+              "cupy Hopper prefill bounds its fast path at |m| < 2**19 in log2 units; the kernel edit "
+              "WgmmaFastPathPastItsRange drops the bound)")
+
+    def scale(self, problem):
+        self.large = _large_prefill(problem)
+        return super().scale(problem)
+
+    def scores(self, q, k, problem):
+        if self.large:
+            return super().scores(q, k, problem)
+        return SteppedKernelBackend.scores(self, q, k, problem)
 
 
 class NonCausalKeysEndAtItsQueryTile(SteppedKernelBackend):
