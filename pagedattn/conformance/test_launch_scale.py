@@ -155,7 +155,7 @@ LARGE_BATCH_DTYPES = ("bfloat16",)
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
 def test_long_batches_match_spec(request, backend, dtype):
-    """Decode of 528 (sequence, KV head) pairs and more, each sequence 4,100 to 4,800 keys: a batch
+    """Decode of 528 (sequence, KV head) pairs and more, each sequence 6,000 to 8,192 keys: a batch
     that fills the GPU, so no plan splits it and each CTA walks a whole sequence's range (an
     engine's 64 x 8,192 decode), within the error model; inputs untouched. A backend run in an
     interpreter (one program at a time) is unsupported here."""

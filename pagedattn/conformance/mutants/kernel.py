@@ -125,8 +125,12 @@ class SteppedKernelBackend(NumpyBackend):
             alpha = self.exp(m - shift)
             p_ij = self.exp(s_ij - shift[..., None])
             l_new = alpha * l + p_ij.sum(axis=-1)
-            O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
+            O_new = self.output_rescale(alpha, m, m_new)[..., None] * O + self.weighted_values(p_ij, visible, v)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+    def output_rescale(self, alpha: np.ndarray, m: np.ndarray, m_new: np.ndarray) -> np.ndarray:
+        """The factor [n, Hq] O is rescaled by when the running max goes from m to m_new: alpha itself."""
+        return alpha
 
     def tile_max(self, s_ij: np.ndarray, visible: np.ndarray) -> np.ndarray:
         """The row max [n, Hq] of a block's masked scores s_ij [n, Hq, bs] (NaN propagates)."""

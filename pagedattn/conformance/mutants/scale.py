@@ -25,6 +25,7 @@ import numpy as np
 from pagedattn.conformance.mutants.attention import FusedScoreShift, RowMaxOfUnscaledProducts
 from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBackend
 from pagedattn.conformance.mutants.plans import LaunchBindsFirstRunArrays
+from pagedattn.conformance.scale import LONG_BATCH_PAIRS, LONG_PREFILL_ROWS
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem
 from pagedattn.spec.dtypes import FP8_DTYPES
@@ -523,11 +524,6 @@ class WindowTilesOfTheFirstQuery(SteppedKernelBackend):
         return vis
 
 
-#: Rows (queries x query heads, at most 128 heads) a sequence of a prefill holds on average from
-#: which a kernel of large prefills takes it (cupy's Hopper kernel: 4 of its 128-row tiles).
-LARGE_PREFILL_ROWS = 512
-
-
 class LargePrefillMaxOfUnscaledProducts(RowMaxOfUnscaledProducts):
     bug = ("the row max taken on the raw products q.k and then scaled, in the kernel of large prefills only ("
            "512 rows a sequence and up): under a negative scale it is the row's least score, and exp(s - m) "
@@ -541,8 +537,6 @@ class LargePrefillMaxOfUnscaledProducts(RowMaxOfUnscaledProducts):
         return value
 
 
-#: (sequence, KV head) pairs from which a batch fills the GPU: a plan walks each range whole.
-FILLING_PAIRS = 4 * 132
 #: Keys of block-table entries a CTA holds in one batch (32 sub-tiles of 16 keys for each of 4 warps).
 TABLE_BATCH_KEYS = 2048
 
@@ -558,7 +552,7 @@ class TableBatchRefreshedLate(SteppedKernelBackend):
     def read_block(self, slots, row, j, problem):
         bs = problem.block_size
         late = TABLE_BATCH_KEYS // bs
-        if (self.refreshes_late(problem) and problem.num_seqs * problem.num_kv_heads >= FILLING_PAIRS
+        if (self.refreshes_late(problem) and problem.num_seqs * problem.num_kv_heads >= LONG_BATCH_PAIRS
                 and j * bs >= 2 * TABLE_BATCH_KEYS and late):
             return super().read_block(slots, row, j - late, problem)
         return super().read_block(slots, row, j, problem)
@@ -594,32 +588,26 @@ class RescaleDecidedByTheFirstRows(SteppedKernelBackend):
         self.group = problem.group_size if problem.is_decode else 0
         return super().scale(problem)
 
-    def update(self, m, l, O, s_ij, visible, v):
+    def output_rescale(self, alpha, m, m_new):
         if self.group <= DECODE_TILE_ROWS // 2:
-            return super().update(m, l, O, s_ij, visible, v)
+            return alpha
         heads = np.arange(m.shape[-1])
         within = heads % self.group
         tile = (heads // self.group) * self.group + within // DECODE_TILE_ROWS
         first = within % DECODE_TILE_ROWS < DECODE_TILE_ROWS // 2
-        with np.errstate(invalid="ignore", over="ignore"):
-            m_new = np.maximum(m, self.tile_max(s_ij, visible))
-            shift = np.where(np.isneginf(m_new), F32(0), m_new)
-            alpha = self.exp(m - shift)
-            raised = (m_new > m) & first[None, :]
-            first_raised = np.zeros_like(raised)
-            for t in np.unique(tile):
-                first_raised[:, tile == t] = raised[:, tile == t].any(axis=1, keepdims=True)
-            alpha_O = np.where(~first[None, :] & ~first_raised, F32(1), alpha)
-            p_ij = self.exp(s_ij - shift[..., None])
-            l_new = alpha * l + p_ij.sum(axis=-1)
-            O_new = alpha_O[..., None] * O + self.weighted_values(p_ij, visible, v)
-        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+        raised = (m_new > m) & first[None, :]
+        first_raised = np.zeros_like(raised)
+        for t in np.unique(tile):
+            first_raised[:, tile == t] = raised[:, tile == t].any(axis=1, keepdims=True)
+        return np.where(~first[None, :] & ~first_raised, F32(1), alpha)
 
 
 def _large_prefill(problem: AttentionProblem) -> bool:
-    """Whether a kernel of large prefills takes ``problem`` (LARGE_PREFILL_ROWS rows a sequence and up)."""
+    """Whether a kernel of large prefills takes ``problem``: LONG_PREFILL_ROWS rows (queries x query
+    heads, at most 128 heads) a sequence on average and up (cupy's Hopper kernel: 4 of its 128-row
+    tiles; the long prefills are sized by the same bound)."""
     rows = problem.num_tokens * min(problem.group_size, 128)
-    return not problem.is_decode and rows >= LARGE_PREFILL_ROWS * max(1, problem.num_seqs)
+    return not problem.is_decode and rows >= LONG_PREFILL_ROWS * max(1, problem.num_seqs)
 
 
 class LargePrefillFusedScoreShift(FusedScoreShift):
