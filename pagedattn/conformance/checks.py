@@ -204,11 +204,19 @@ def garbage_ignored(backend: Backend, case: AttentionCase) -> float:
 
 #: Non-finite data put where a row can see it: its query, or the key or value of a visible slot.
 #: ±inf keys fill the whole key vector, so q . k is inf - inf = NaN for a query of mixed signs.
+#: "minus_inf_scores" makes every score of one row -inf (:data:`MINUS_INF_SCORES`).
 NONFINITE_KINDS: tuple[str, ...] = (
     "nan_query", "nan_key", "inf_key", "minus_inf_key", "nan_value", "inf_value", "minus_inf_value",
+    "minus_inf_scores",
 )
 #: The kinds that reach a row's scores: a query or a key.
-NONFINITE_SCORE_KINDS: tuple[str, ...] = ("nan_query", "nan_key", "inf_key", "minus_inf_key")
+NONFINITE_SCORE_KINDS: tuple[str, ...] = ("nan_query", "nan_key", "inf_key", "minus_inf_key", "minus_inf_scores")
+#: A row whose every visible score is -inf: its query holds -inf (against the scale's sign) in one
+#: dim, and every key of its sequence holds 1 there, so q . k is -inf for each key it sees. The
+#: contract makes it a row without keys (out 0, lse -inf); an online softmax that skips the
+#: ``m = -inf`` guard gets exp(-inf + inf) = NaN, and so does a split-KV merge of its parts, which
+#: are all empty.
+MINUS_INF_SCORES = "minus_inf_scores"
 
 
 def with_nonfinite(case: AttentionCase, rng: np.random.Generator,
@@ -216,7 +224,8 @@ def with_nonfinite(case: AttentionCase, rng: np.random.Generator,
     """The case with non-finite data in what rows see: per sequence with queries and keys, one of
     ``kinds`` (:data:`NONFINITE_KINDS`) in its last query, or in a key/value slot that every query of the
     sequence sees, in a block no other sequence shares (a slot hidden from some row by the
-    causal mask or the window is not used: see the contract's section on non-finite data).
+    causal mask or the window is not used: see the contract's section on non-finite data), or
+    (:data:`MINUS_INF_SCORES`) across one row's query and the sequence's keys.
 
     Returns the poisoned case and one line per poisoned sequence (kind, where).
     """
@@ -245,6 +254,14 @@ def with_nonfinite(case: AttentionCase, rng: np.random.Generator,
         last = int(p_q[start]) if problem.causal else length - 1
         first = max(0, int(p_q[t]) - problem.sliding_window + 1) if problem.sliding_window is not None else 0
         kind = kinds[(start_kind + s) % len(kinds)]
+        if kind == MINUS_INF_SCORES:
+            head, dim = int(rng.integers(problem.num_q_heads)), int(rng.integers(problem.head_dim))
+            positions = np.arange(length)
+            blocks = problem.block_tables[s, positions // problem.block_size]
+            views[0][blocks, positions % problem.block_size, head // problem.group_size, dim] = 1
+            query[t, head, dim] = -np.copysign(np.inf, problem.scale)
+            placed.append(f"{kind}: token {t}, head {head}, dim {dim} (every key of sequence {s}: 1 there)")
+            continue
         position = int(rng.integers(first, last + 1)) if first <= last else 0
         block = int(problem.block_tables[s, position // problem.block_size])
         if first > last or sharers[block] > 1:  # no such slot, or its block is shared with another sequence
@@ -281,6 +298,13 @@ def nonfinite_scores_propagate(backend: Backend, case: AttentionCase) -> float:
     max and lse and the merge of the parts) reaches its out and lse as IEEE arithmetic says."""
     __tracebackhide__ = True
     return _nonfinite_reaches_rows(backend, case, NONFINITE_SCORE_KINDS)
+
+
+def minus_inf_rows_are_empty(backend: Backend, case: AttentionCase) -> float:
+    """A row whose every visible score is -inf (:data:`MINUS_INF_SCORES`, one row of each sequence)
+    gets out 0 and lse -inf, as a row without keys: never NaN, in one part or across a split's."""
+    __tracebackhide__ = True
+    return _nonfinite_reaches_rows(backend, case, (MINUS_INF_SCORES,))
 
 
 def _nonfinite_reaches_rows(backend: Backend, case: AttentionCase, kinds: tuple[str, ...]) -> float:
@@ -1164,7 +1188,8 @@ Check = Callable[[Backend, Any], float]
 
 #: Every check a cell runs, by name (saved cases record the name; ``replay`` looks it up here).
 CHECKS: dict[str, Check] = {check.__name__: check for check in (
-    matches_spec, garbage_ignored, nonfinite_propagates, nonfinite_scores_propagate, relocation_invariant,
+    matches_spec, garbage_ignored, nonfinite_propagates, nonfinite_scores_propagate, minus_inf_rows_are_empty,
+    relocation_invariant,
     deterministic, alone_equals_batch,
     plan_serves_many_runs, replay_matches_eager, run_follows_callers_stream, step_writes_then_attends,
     runs_hold_no_memory, many_plans_stay_independent,

@@ -120,6 +120,7 @@ __all__ = [
     "MIXED_SHORT_MAX",
     "NEEDLE_GAP",
     "ODD_BLOCK_SIZES",
+    "SCALE_GARBAGE_KINDS",
     "SCALE_LIMITS",
     "SHARED_PREFIX_KEYS",
     "SHARED_PREFIX_SEQS",
@@ -254,6 +255,11 @@ VERY_LONG_MAX = 2**17
 #: 128 of 1,024), past 65,536 block-table columns of 16 keys, and past 2**20 positions.
 MILLION_KEYS = 2**20 + 1
 MILLION_MAX = 2**20 + 2**18
+#: What the scale cells' unused slots and blocks hold: :data:`GARBAGE_KINDS` with NaN first. Under
+#: ``quick`` most of them run one example, their first draw; NaN in a slot that a kernel reads and
+#: masks (a key tile past ``L``, copied whole) shows as 0 * NaN in ``P V``, where finite garbage
+#: is multiplied by 0 unseen.
+SCALE_GARBAGE_KINDS: tuple[str, ...] = ("nan", *(kind for kind in GARBAGE_KINDS if kind != "nan"))
 #: Shortest sliding window of the long cells with a window (a few blocks and tiles).
 LONG_WINDOW_MIN = 100
 #: Widest sliding window of the very-long cell with a window: Mistral's and Gemma 2's 4,096 (Gemma 3
@@ -393,7 +399,10 @@ def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: s
     the needles their score); else standard normal, for "normal" each row (token, head) times its
     own power of two from :data:`QUERY_ROW_EXPONENTS`, as a model's heads differ in scale (a kernel
     that scales rows, bfloat16 queries into float16's range, and undoes another row's scale meets
-    rows whose largest elements differ in exponent); for "trend" each row's sign set so that the
+    rows whose largest elements differ in exponent); for "trend" every element of a row of one
+    sign, |q_d| summing to about sqrt(head_dim), so that its scores follow the keys' ramp by about
+    2 and the error model's score scale, ``|scale| sum_d |q_d k_d|``, stays near that (a row of
+    mixed signs would put it near 2 sqrt(head_dim), and with fp8 caches the bound with it): the
     first half of each group's heads see their scores fall along the sequence (their running max
     settles in the first keys) and the second half see them rise (it grows at every tile): a
     kernel that rescales O only where some rows of the first half raised their max leaves the
@@ -408,8 +417,8 @@ def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: s
         heads = np.arange(shape[-2])
         within = heads % group if group > 1 else heads
         rising = within >= max(group, 2) // 2
-        sign = np.where(query.sum(axis=-1) >= 0, 1.0, -1.0) * np.where(rising, 1.0, -1.0)
-        query *= sign[..., None]
+        mean_abs = np.sqrt(2 / np.pi) * np.sqrt(shape[-1])  # E sum_d |q_d| / sqrt(D) of a standard normal q
+        query = np.abs(query) * np.where(rising, 1.0, -1.0)[:, None] / mean_abs
     return query.astype(numpy_dtype(dtype))
 
 
@@ -495,7 +504,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     pool = draw(block_tables(np.array(lens), block_size, ("contiguous", "shuffled", "reversed", "interleaved")),
                 label="pool")
     value_kind = draw(st.sampled_from(kinds), label="values")
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     options: dict[str, Any] = {}
     if caps.supports("lse"):  # a split plan merges lse too: every long case asks for it
         options["return_lse"] = True
@@ -664,7 +673,7 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     for s, n in enumerate(needed):
         tables[s, :n] = ids[used:used + n]
         used += n
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), tables, np.array(lens), logical,
                          garbage, cache_dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
@@ -723,7 +732,7 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
         compact[s, :n] = np.arange(used, used + n)
         used += n
     tables = np.where(compact >= 0, ids[np.maximum(compact, 0)], -1).astype(np.int32)
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
     filled = fill_caches(rng, (len(ids), block_size, num_kv_heads, head_dim), compact, np.array(lens), logical,
                          garbage, dtype, 1.0, 1.0)
@@ -881,7 +890,7 @@ def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     num_blocks = pool.num_blocks + (1 - pool.num_blocks % 2)  # odd: one spare block more if even
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables, np.array(lens),
                          logical, garbage, dtype, 1.0, 1.0)
@@ -1065,7 +1074,7 @@ def _few_sequences_case(draw: st.DrawFn, caps: Capabilities, *, dtype: str, lens
                                   for s, n in enumerate(lens)]
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved")), label="pool")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype, kind)
     num_tokens = len(lens) if q_lens is None else sum(q_lens)
     query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
@@ -1133,7 +1142,7 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
     options = _sometimes_lse_alibi_softcap(draw, caps, num_q_heads)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
     q_lens = None if decode else [q_len] * num_seqs
     query = rng.standard_normal((num_seqs * q_len, num_q_heads, head_dim)).astype(numpy_dtype(dtype))
@@ -1176,7 +1185,7 @@ def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     # about the same, so a row that reads other positions' keys past 4,096 (a third of its keys and
     # more) is off by more than the tolerance, which grows with the scores (fp8's most)
     kind = draw(st.sampled_from(LONG_VALUE_KINDS), label="values")
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens.tolist(), num_kv_heads, head_dim, garbage, cache_dtype,
                             kind, scales)
     query = _query(rng, kind, (num_seqs, num_kv_heads * group, head_dim), "float64", group)
@@ -1218,7 +1227,7 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
         q_lens = np.where(rng.random(num_seqs) < 0.25, np.minimum(lens, rng.integers(1, 5, num_seqs)), 1).tolist()
     pool = draw(block_tables(lens, block_size, ("shuffled", "interleaved")), label="pool")
     options, cache_dtype, scales = _batch_options(draw, caps, dtype, fp8)
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens.tolist(), num_kv_heads, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables, lens,
                          logical, garbage, cache_dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
@@ -1276,7 +1285,7 @@ def shared_prefix_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
             tables[s, prefix_blocks[g] + j] = next(own_ids)
     tables[tables < 0] = rng.integers(0, num_blocks, int((tables < 0).sum()))  # unused entries: any block
     options = _sometimes_lse_alibi_softcap(draw, caps, num_q_heads)
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _shared_prefix_values(rng, lens, [prefix_blocks[g] * block_size for g in group.tolist()],
                                     group.tolist(), num_kv_heads, head_dim)
     caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), tables, np.array(lens), logical,
@@ -1342,7 +1351,7 @@ def long_tail_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype:
     options: dict[str, Any] = {"return_lse": True} if caps.supports("lse") else {}
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, True)
     options.update(scales)
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens.tolist(), TAIL_BATCH_KV_HEADS, head_dim, garbage,
                             cache_dtype, "tail", scales)
     query = _query(rng, "tail", (TAIL_BATCH_SEQS, TAIL_BATCH_KV_HEADS * group, head_dim), dtype)
@@ -1609,7 +1618,7 @@ def many_token_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
         options["return_lse"] = True
     if caps.supports("sliding_window"):  # each query sees a few blocks: the batch costs an interpreter little
         options["sliding_window"] = draw(st.integers(block_size + 1, 2 * block_size), label="sliding_window")
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens.tolist(), 1, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, 1, head_dim), pool.block_tables, lens, logical,
                          garbage, dtype, 1.0, 1.0)
@@ -1652,7 +1661,7 @@ def many_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     options: dict[str, Any] = {}
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens.tolist(), 1, head_dim)
     caches = fill_caches(rng, (pool.num_blocks, block_size, 1, head_dim), pool.block_tables, lens, logical,
                          garbage, dtype, 1.0, 1.0)
@@ -1730,9 +1739,10 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
     of its sequence, later queries' too); lse, a sliding window, ALiBi, softcap and an explicit
     scale (:data:`~pagedattn.conformance.strategies.SCALES`, negative ones and 0 among them) each
     sometimes; queries of a kind of :data:`LONG_PREFILL_VALUE_KINDS`; the smallest declared
-    head_dim of at most 128, or another. With ``negative_scale``, every case has a negative scale
-    and queries other than "normal" (its first case too, which is all a ``quick`` cell runs):
-    "huge_scores" first in bfloat16, "large" in float16.
+    head_dim of at most 128, or another; in bfloat16 "huge_scores" first (a ``quick`` cell runs its
+    first case alone: the default scale, positive, over scores past the range of a one-FFMA
+    exponent). With ``negative_scale``, every case has a negative scale and queries other than
+    "normal": "large" first in float16.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -1759,15 +1769,13 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
         options["scale"] = draw(st.sampled_from(tuple(s for s in SCALES if s < 0)), label="scale")
     elif draw(st.booleans(), label="explicit_scale"):
         options["scale"] = draw(st.sampled_from(SCALES), label="scale")
-    # float16 does not hold a query times 2**32; under negative_scale, bfloat16 draws its huge scores
-    # first (quick's one case: past the range of a one-FFMA exponent) and float16 large ones
+    # float16 does not hold a query times 2**32; bfloat16 draws its huge scores first
     kinds = tuple(k for k in LONG_PREFILL_VALUE_KINDS if not (k == "huge_scores" and dtype == "float16")
                   and not (negative_scale and k == "normal"))
-    if negative_scale:
-        kinds = tuple(sorted(kinds, key=lambda k: k != "huge_scores"))
+    kinds = tuple(sorted(kinds, key=lambda k: k != "huge_scores"))
     value_kind = draw(st.sampled_from(kinds), label="values")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, num_kv_heads, head_dim, garbage, dtype)
     query = rng.standard_normal((sum(q_lens), num_q_heads, head_dim))
     if value_kind == "large":
@@ -1839,7 +1847,7 @@ def long_chunk_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     if kind in LONG_TAIL_KINDS:  # every row sees the sink, and no bias outweighs it
         options = {k: v for k, v in options.items() if k not in ("alibi_slopes", "sliding_window")}
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
-    garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     caches = _normal_caches(rng, pool, block_size, lens, 1, head_dim, garbage, cache_dtype, kind, scales)
     query = _query(rng, kind, (sum(q_lens), group, head_dim), dtype, group)
     labels = {"feature": "long_chunks", "values": kind, "garbage": garbage, "arrangement": pool.arrangement,

@@ -231,6 +231,15 @@ def test_long_sequences_with_non_finite_scores_propagate(request, backend):
                    examples=few_long_examples)
 
 
+def test_long_rows_of_minus_inf_scores_are_empty(request, backend):
+    """The long-sequence batches with one row of each sequence whose every score is -inf (its query
+    -inf in one dim, every key of the sequence 1 there): each part of a split plan is empty, and
+    the row gets out 0 and lse -inf, as a row without keys; a merge of parts that are all empty
+    must not make it exp(-inf + inf) = NaN."""
+    _run_long_cell(request, backend, "float16", "long_empty_rows", check=checks.minus_inf_rows_are_empty,
+                   examples=few_long_examples)
+
+
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 def test_odd_sizes_match_spec(request, backend, dtype):
     """Head counts, GQA ratios, head_dim, block_size, num_blocks, lengths and batch sizes that are

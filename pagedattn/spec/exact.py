@@ -27,7 +27,8 @@ class ExactResult(NamedTuple):
     out: float64 ``[T, Hq, D]``; lse: float64 ``[T, Hq]`` (-inf where nothing is visible; NaN/inf
     where visible data is not finite, see the module's docstring); value_scale: max |v| over
     the finite values of visible keys; score_scale: max over visible keys of
-    ``|scale| * sum_d |q_d k_d| + |alibi bias|`` where finite; num_visible: visible keys (int64).
+    ``|scale| * sum_d |q_d k_d| + |alibi bias|`` where finite (where only the softcapped score
+    is finite, its magnitude); num_visible: visible keys (int64).
     """
 
     out: np.ndarray
@@ -158,7 +159,9 @@ def exact_attention_problem(
                     lse[rows] = np.where(no_weight, -np.inf, shift + np.log(safe))
                 finite_v = np.where(np.isfinite(v_per_q), np.abs(v_per_q), 0.0)
                 value_scale[rows] = np.max(finite_v, axis=(-1, -2), initial=0.0)
-                finite_s = np.where(visible & np.isfinite(s_abs), s_abs, 0.0)
+                # a softcapped score of an infinite product is finite (+-softcap): its own magnitude
+                finite_s = np.where(visible & np.isfinite(s_abs), s_abs,
+                                    np.where(visible & np.isfinite(s), np.abs(s), 0.0))
                 score_scale[rows] = np.max(finite_s, axis=-1, initial=0.0)
                 num_visible[rows] = visible.sum(axis=-1)
     return ExactResult(out, lse, value_scale, score_scale, num_visible)

@@ -25,6 +25,7 @@ from pagedattn.conformance.strategies import (
 )
 from pagedattn.spec.arrays import check_paged_attention
 from pagedattn.spec.dtypes import numpy_dtype
+from pagedattn.spec.exact import exact_attention
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 CAPS = Capabilities()
@@ -151,6 +152,23 @@ def test_invariant_checks_pass_on_the_reference():
     for check in (checks.garbage_ignored, checks.relocation_invariant, checks.deterministic,
                   checks.alone_equals_batch):
         assert check(backend, case) <= 1.0
+
+
+@FAST
+@given(data=st.data())
+def test_a_row_of_minus_inf_scores_is_a_row_without_keys_in_the_spec(data):
+    case = data.draw(attention_cases(CAPS, dtype="float16", block_size=16, kv_layout="HND", feature="scale"))
+    poisoned, placed = checks.with_nonfinite(case, np.random.default_rng(case.seed), (checks.MINUS_INF_SCORES,))
+    problem = checks.problem_of(case)
+    with_keys = [s for s in range(problem.num_seqs)
+                 if problem.seq_lens[s] > 0 and problem.query_start_loc[s + 1] > problem.query_start_loc[s]]
+    assert len(placed) == len(with_keys)
+    exact = exact_attention(*poisoned.args(), **poisoned.options)
+    for line in placed:  # "minus_inf_scores: token T, head H, ..."
+        token, head = (int(word.strip(",")) for word in line.split()[2:5:2])
+        if problem.scale != 0 and problem.softcap is None:  # 0 * -inf is NaN; a softcap makes it -softcap
+            assert np.isneginf(exact.lse[token, head]) and (exact.out[token, head] == 0).all()
+    assert checks.minus_inf_rows_are_empty(NumpyBackend(), case) <= 1.0
 
 
 @FAST

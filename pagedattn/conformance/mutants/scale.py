@@ -319,6 +319,25 @@ class SplitEmptyPartNaN(AddressedKernelBackend):
         return m.astype(F32), l.astype(F32), O.astype(F32)
 
 
+class SplitMergeOfRowsWithoutKeysNaN(AddressedKernelBackend):
+    bug = ("split-KV merge weighs each part by exp(m_i - m) with no guard for m = -inf: a split row whose every "
+           "part is empty (every score -inf) gets exp(-inf + inf) = NaN instead of out 0, lse -inf")
+    models = ("flashinfer-ai/flashinfer PR 4401 (an empty split-KV chunk merged in state_t::merge/normalize); "
+              "cupy's merge_partials without its lse_k == -inf test")
+
+    def merge(self, states):
+        if len(states) == 1:
+            return states[0]
+        m = np.max([s[0] for s in states], axis=0)
+        l, O = np.zeros_like(states[0][1]), np.zeros_like(states[0][2])
+        with np.errstate(invalid="ignore"):
+            for m_i, l_i, O_i in states:
+                alpha = np.exp(m_i - m)
+                l = l + alpha * l_i
+                O = O + alpha[..., None] * O_i
+        return m.astype(F32), l.astype(F32), O.astype(F32)
+
+
 class AlibiDistanceInQueryDtype(AddressedKernelBackend):
     bug = ("ALiBi's distance p - p_q is computed in the query's dtype: bfloat16 holds integers exactly "
            "only to 256, float16 to 2,048, so far keys get the wrong bias")
@@ -600,6 +619,19 @@ class RescaleDecidedByTheFirstRows(SteppedKernelBackend):
         for t in np.unique(tile):
             first_raised[:, tile == t] = raised[:, tile == t].any(axis=1, keepdims=True)
         return np.where(~first[None, :] & ~first_raised, F32(1), alpha)
+
+
+class Fp8SplitRescaleDecidedByTheFirstRows(AddressedKernelBackend, RescaleDecidedByTheFirstRows):
+    bug = ("fp8 decode of split sequences skips O *= alpha in a tile of 16 query heads unless one of its first 8 "
+           "raised its running max: within each part, where only the other 8 raise theirs, their O keeps the old "
+           "scale")
+    models = ("this project's cupy fp8 decode kernel with the kernel edit DecodeRescaleOfTheFirstRowsOnly: its "
+              "parts of about 1,024 keys, and the fp8 tolerance of keys far from 0")
+
+    def output_rescale(self, alpha, m, m_new):
+        if self.cache_dtype not in FP8_DTYPES:
+            return alpha
+        return super().output_rescale(alpha, m, m_new)
 
 
 def _large_prefill(problem: AttentionProblem) -> bool:
