@@ -209,8 +209,9 @@ NONFINITE_KINDS: tuple[str, ...] = (
     "nan_query", "nan_key", "inf_key", "minus_inf_key", "nan_value", "inf_value", "minus_inf_value",
     "minus_inf_scores",
 )
-#: The kinds that reach a row's scores: a query or a key.
-NONFINITE_SCORE_KINDS: tuple[str, ...] = ("nan_query", "nan_key", "inf_key", "minus_inf_key", "minus_inf_scores")
+#: The kinds that reach a row's scores with NaN or inf: a query or a key (a row of -inf scores only,
+#: which is a row without keys, has a check of its own: :func:`minus_inf_rows_are_empty`).
+NONFINITE_SCORE_KINDS: tuple[str, ...] = ("nan_query", "nan_key", "inf_key", "minus_inf_key")
 #: A row whose every visible score is -inf: its query holds -inf (against the scale's sign) in one
 #: dim, and every key of its sequence holds 1 there, so q . k is -inf for each key it sees. The
 #: contract makes it a row without keys (out 0, lse -inf); an online softmax that skips the

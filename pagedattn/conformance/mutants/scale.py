@@ -648,16 +648,36 @@ class LargePrefillFusedScoreShift(FusedScoreShift):
            "pass about 1e9")
     models = ("a one-FFMA exponent in a kernel only large batches reach, used past its range (this project's "
               "cupy Hopper prefill bounds its fast path at |m| < 2**19 in log2 units; the kernel edit "
-              "WgmmaFastPathPastItsRange drops the bound)")
+              "WgmmaFastPathPastItsRange drops the bound); like that fast path, under a positive scale and "
+              "without softcap or ALiBi only")
 
     def scale(self, problem):
-        self.large = _large_prefill(problem)
+        self.large = (_large_prefill(problem) and problem.scale > 0 and problem.softcap is None
+                      and problem.alibi_slopes is None)
         return super().scale(problem)
 
     def scores(self, q, k, problem):
         if self.large:
             return super().scores(q, k, problem)
         return SteppedKernelBackend.scores(self, q, k, problem)
+
+
+class LargePrefillValueOnePastL(SteppedKernelBackend):
+    bug = ("large prefills (512 rows a sequence and up) load the value at p = L with the last tile: masked, its "
+           "weight is 0, but 0 * NaN = NaN in P V where that slot holds NaN")
+    models = ("a tile's row count compared with <= for <: this project's cupy Hopper prefill kernel (16-bit "
+              "caches) with the kernel edit WgmmaReadsOneRowPastL")
+
+    def scale(self, problem):
+        self.large = _large_prefill(problem) and problem.cache_dtype not in FP8_DTYPES
+        return super().scale(problem)
+
+    def visible(self, p, p_q, length, problem):
+        self.one_past = (p == length) & self.large
+        return super().visible(p, p_q, length, problem)
+
+    def weighted_values(self, p_ij, visible, v):
+        return super().weighted_values(p_ij, visible | self.one_past[None, :], v)
 
 
 class NonCausalKeysEndAtItsQueryTile(SteppedKernelBackend):
