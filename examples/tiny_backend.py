@@ -44,7 +44,10 @@ class TinyBackend(Backend):
             scores = pr.scale * np.einsum("thd,lhd->thl", query[rows], k[:, heads])
             scores = np.where(visible[:, None, :], scores, -np.inf)
             m = scores.max(-1, keepdims=True)
+            m = np.where(m == -np.inf, 0.0, m)  # every visible score -inf: a row without keys
             w = np.exp(scores - m)
-            out[rows] = np.einsum("thl,lhd->thd", w, v[:, heads]) / w.sum(-1)[..., None]
-            lse[rows] = m[..., 0] + np.log(w.sum(-1))
+            l = w.sum(-1)
+            safe = np.where(l == 0, 1.0, l)
+            out[rows] = np.einsum("thl,lhd->thd", w, v[:, heads]) / safe[..., None]
+            lse[rows] = np.where(l == 0, -np.inf, m[..., 0] + np.log(safe))
         return out, (lse if pr.return_lse else None)

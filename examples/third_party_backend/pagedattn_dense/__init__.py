@@ -46,7 +46,10 @@ class DenseBackend(Backend):
             visible = np.arange(k.shape[0])[None, :] <= p_q[start:stop, None] if pr.causal else True
             scores = np.where(visible, scores.transpose(1, 0, 2), -np.inf).transpose(1, 0, 2)
             m = scores.max(-1, keepdims=True)
+            m = np.where(m == -np.inf, 0.0, m)  # every visible score -inf: a row without keys (out 0, lse -inf)
             w = np.exp(scores - m)
-            out[start:stop] = np.einsum("thl,lhd->thd", w, v[:, heads]) / w.sum(-1, keepdims=True)
-            lse[start:stop] = (m[..., 0] + np.log(w.sum(-1)))
+            l = w.sum(-1)
+            safe = np.where(l == 0, 1.0, l)
+            out[start:stop] = np.einsum("thl,lhd->thd", w, v[:, heads]) / safe[..., None]
+            lse[start:stop] = np.where(l == 0, -np.inf, m[..., 0] + np.log(safe))
         return out, (lse if pr.return_lse else None)

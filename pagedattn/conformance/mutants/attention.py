@@ -504,13 +504,10 @@ class MinusInfRowUnguarded(SteppedKernelBackend):
     models = ("flashinfer-ai/flashinfer PR 4401 (once masked logits are -inf, exp2(m_prev - m) of a row whose every "
               "logit is -inf is NaN, in a warp's slice and in the split-KV merge of empty chunks)")
 
+    def row_shift(self, m_new):
+        return m_new
+
     def update(self, m, l, O, s_ij, visible, v):
-        with np.errstate(invalid="ignore", over="ignore"):
-            m_new = np.maximum(m, self.tile_max(s_ij, visible))
-            alpha = np.exp(m - m_new)
-            p_ij = np.exp(s_ij - m_new[..., None])
-            l_new = alpha * l + p_ij.sum(axis=-1)
-            O_new = alpha[..., None] * O + self.weighted_values(p_ij, visible, v)
+        m_new, l_new, O_new = super().update(m, l, O, s_ij, visible, v)
         skipped = ~visible.any(axis=-1)[:, None]  # [n, 1]: a block no key of which the row sees
-        return (np.where(skipped, m, m_new).astype(F32), np.where(skipped, l, l_new).astype(F32),
-                np.where(skipped[..., None], O, O_new).astype(F32))
+        return np.where(skipped, m, m_new), np.where(skipped, l, l_new), np.where(skipped[..., None], O, O_new)

@@ -121,12 +121,17 @@ class SteppedKernelBackend(NumpyBackend):
         """Online-softmax step: s_ij [n, Hq, bs] masked, v [bs, Hq, D] -> new (m, l, O)."""
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf the row sees propagate
             m_new = np.maximum(m, self.tile_max(s_ij, visible))
-            shift = np.where(np.isneginf(m_new), F32(0), m_new)
+            shift = self.row_shift(m_new)
             alpha = self.exp(m - shift)
             p_ij = self.exp(s_ij - shift[..., None])
             l_new = alpha * l + p_ij.sum(axis=-1)
             O_new = self.output_rescale(alpha, m, m_new)[..., None] * O + self.weighted_values(p_ij, visible, v)
         return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+
+    def row_shift(self, m_new: np.ndarray) -> np.ndarray:
+        """What a row's scores are shifted by before exp: its running max, 0 where that is -inf (the
+        ``m = -inf`` guard: no key seen yet, or every score -inf)."""
+        return np.where(np.isneginf(m_new), F32(0), m_new)
 
     def output_rescale(self, alpha: np.ndarray, m: np.ndarray, m_new: np.ndarray) -> np.ndarray:
         """The factor [n, Hq] O is rescaled by when the running max goes from m to m_new: alpha itself."""

@@ -78,13 +78,18 @@ class AddressedKernelBackend(SteppedKernelBackend):
     def merge(self, states: list[State]) -> State:
         """Merge the parts' (m, l, O): rescale each by exp(m_i - m) to the largest m."""
         m = np.max([s[0] for s in states], axis=0)
-        shift = np.where(np.isneginf(m), F32(0), m)
+        shift = self.merge_shift(m)
         l, O = np.zeros_like(states[0][1]), np.zeros_like(states[0][2])
-        for m_i, l_i, O_i in states:
-            alpha = np.exp(m_i - shift)
-            l = l + alpha * l_i
-            O = O + alpha[..., None] * O_i
+        with np.errstate(invalid="ignore"):
+            for m_i, l_i, O_i in states:
+                alpha = np.exp(m_i - shift)
+                l = l + alpha * l_i
+                O = O + alpha[..., None] * O_i
         return m.astype(F32), l.astype(F32), O.astype(F32)
+
+    def merge_shift(self, m: np.ndarray) -> np.ndarray:
+        """What the merge subtracts from each part's m: the largest m, 0 where it is -inf (no part saw a key)."""
+        return np.where(np.isneginf(m), F32(0), m)
 
     # -- the kernel -----------------------------------------------------------------------------
     def read_block(self, slots: np.ndarray, row: np.ndarray, j: int, problem: AttentionProblem) -> np.ndarray:
@@ -326,16 +331,10 @@ class SplitMergeOfRowsWithoutKeysNaN(AddressedKernelBackend):
               "cupy's merge_partials without its lse_k == -inf test")
 
     def merge(self, states):
-        if len(states) == 1:
-            return states[0]
-        m = np.max([s[0] for s in states], axis=0)
-        l, O = np.zeros_like(states[0][1]), np.zeros_like(states[0][2])
-        with np.errstate(invalid="ignore"):
-            for m_i, l_i, O_i in states:
-                alpha = np.exp(m_i - m)
-                l = l + alpha * l_i
-                O = O + alpha[..., None] * O_i
-        return m.astype(F32), l.astype(F32), O.astype(F32)
+        return states[0] if len(states) == 1 else super().merge(states)
+
+    def merge_shift(self, m):
+        return m
 
 
 class AlibiDistanceInQueryDtype(AddressedKernelBackend):
