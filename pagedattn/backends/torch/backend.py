@@ -139,6 +139,11 @@ class TorchBackend(Backend):
                 if state["explicit"]:
                     o, lse_g = explicit_attention(problem, q.to(torch.float32), k, v, rows, state["alibi_slopes"])
                     lse[rows.tokens.reshape(-1)] = lse_g.reshape(-1, Hq)
+                elif query.device.type != "cuda" and bool(torch.isinf(q).any()):
+                    # SDPA's math kernel gives NaN for a row whose every score is -inf (an inf query
+                    # element against keys of one sign), a row without keys: the explicit path gives 0
+                    o, _ = explicit_attention(problem, q.to(torch.float32), k.to(torch.float32),
+                                              v.to(torch.float32), rows, state["alibi_slopes"])
                 else:
                     o = sdpa_attention(problem, q, k, v, rows)
                 out[rows.tokens.reshape(-1)] = o.reshape(-1, Hq, D).to(query.dtype)
