@@ -88,8 +88,9 @@ class AddressedKernelBackend(SteppedKernelBackend):
         return m.astype(F32), l.astype(F32), O.astype(F32)
 
     def merge_shift(self, m: np.ndarray) -> np.ndarray:
-        """What the merge subtracts from each part's m: the largest m, 0 where it is -inf (no part saw a key)."""
-        return np.where(np.isneginf(m), F32(0), m)
+        """What the merge subtracts from each part's m: the largest m, guarded as a step's shift is
+        (0 where it is -inf: no part saw a key)."""
+        return self.row_shift(m)
 
     # -- the kernel -----------------------------------------------------------------------------
     def read_block(self, slots: np.ndarray, row: np.ndarray, j: int, problem: AttentionProblem) -> np.ndarray:
@@ -313,7 +314,7 @@ class SplitEmptyPartNaN(AddressedKernelBackend):
         if len(states) == 1:
             return states[0]
         m = np.max([s[0] for s in states], axis=0)
-        shift = np.where(np.isneginf(m), F32(0), m)
+        shift = self.merge_shift(m)
         l, O = np.zeros_like(states[0][1]), np.zeros_like(states[0][2])
         for m_i, l_i, O_i in states:
             weight = np.exp(m_i - shift) * l_i
