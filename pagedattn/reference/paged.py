@@ -66,7 +66,8 @@ def paged_attention_reference(
         length = problem.seq_lens[seqs]
         num_blocks_needed = -(-length // bs)  # ceil(L / block_size): columns that may be read
         state = empty_state((len(tokens), Hkv, G), D, dtype=np.float32)
-        q_chunk = (query[tokens].astype(np.float32) * scale).reshape(len(tokens), Hkv, G, D)
+        with np.errstate(invalid="ignore"):  # an infinite query element times scale 0 is NaN, as in the spec
+            q_chunk = (query[tokens].astype(np.float32) * scale).reshape(len(tokens), Hkv, G, D)
         for j in range(int(num_blocks_needed.max(initial=0))):
             active = np.flatnonzero(num_blocks_needed > j)
             if problem.sliding_window is not None:  # blocks entirely left of every window are skipped
