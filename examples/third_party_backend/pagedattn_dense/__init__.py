@@ -36,20 +36,21 @@ class DenseBackend(Backend):
         out = np.zeros(query.shape, np.float32)
         lse = np.full(query.shape[:2], -np.inf, np.float32)
         _, p_q = pr.token_positions()
-        for s in range(pr.num_seqs):
-            start, stop = pr.query_start_loc[s], pr.query_start_loc[s + 1]
-            if stop == start or pr.seq_lens[s] == 0:
-                continue  # no query, or decode padding (L = 0): out 0, lse -inf
-            k, v = (x.astype(np.float32) for x in gather_kv(pr, key_cache, value_cache, s))  # [L, Hkv, D]
-            heads = np.arange(pr.num_q_heads) // pr.group_size  # query head -> KV head
-            scores = pr.scale * np.einsum("thd,lhd->thl", query[start:stop], k[:, heads])
-            visible = np.arange(k.shape[0])[None, :] <= p_q[start:stop, None] if pr.causal else True
-            scores = np.where(visible, scores.transpose(1, 0, 2), -np.inf).transpose(1, 0, 2)
-            m = scores.max(-1, keepdims=True)
-            m = np.where(m == -np.inf, 0.0, m)  # every visible score -inf: a row without keys (out 0, lse -inf)
-            w = np.exp(scores - m)
-            l = w.sum(-1)
-            safe = np.where(l == 0, 1.0, l)
-            out[start:stop] = np.einsum("thl,lhd->thd", w, v[:, heads]) / safe[..., None]
-            lse[start:stop] = np.where(l == 0, -np.inf, m[..., 0] + np.log(safe))
+        with np.errstate(invalid="ignore"):  # NaN and inf in the data propagate as IEEE says: no warning
+            for s in range(pr.num_seqs):
+                start, stop = pr.query_start_loc[s], pr.query_start_loc[s + 1]
+                if stop == start or pr.seq_lens[s] == 0:
+                    continue  # no query, or decode padding (L = 0): out 0, lse -inf
+                k, v = (x.astype(np.float32) for x in gather_kv(pr, key_cache, value_cache, s))  # [L, Hkv, D]
+                heads = np.arange(pr.num_q_heads) // pr.group_size  # query head -> KV head
+                scores = pr.scale * np.einsum("thd,lhd->thl", query[start:stop], k[:, heads])
+                visible = np.arange(k.shape[0])[None, :] <= p_q[start:stop, None] if pr.causal else True
+                scores = np.where(visible, scores.transpose(1, 0, 2), -np.inf).transpose(1, 0, 2)
+                m = scores.max(-1, keepdims=True)
+                m = np.where(m == -np.inf, 0.0, m)  # every visible score -inf: a row without keys (out 0, lse -inf)
+                w = np.exp(scores - m)
+                l = w.sum(-1)
+                safe = np.where(l == 0, 1.0, l)
+                out[start:stop] = np.einsum("thl,lhd->thd", w, v[:, heads]) / safe[..., None]
+                lse[start:stop] = np.where(l == 0, -np.inf, m[..., 0] + np.log(safe))
         return out, (lse if pr.return_lse else None)
