@@ -13,6 +13,10 @@ from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.online_softmax import merge_states
 
+#: Elements of the states merged at a time. The spec merges in float64: states past 2**31
+#: elements merged whole would hold tens of GiB of temporaries at once; a chunk holds tens of MiB.
+MERGE_CHUNK_ELEMENTS = 2**22
+
 
 class NumpyBackend(Backend):
     """Block-by-block paged attention with an online softmax, in NumPy float32 on the CPU."""
@@ -48,5 +52,13 @@ class NumpyBackend(Backend):
             cache[pairs[:, 1]] = cache[pairs[:, 0]].copy()
 
     def _merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
-        out, lse = merge_states(out_a, lse_a, out_b, lse_b)
-        return out.astype(np.asarray(out_a).dtype), lse.astype(np.float32)
+        """The spec's exact merge, :data:`MERGE_CHUNK_ELEMENTS` elements of the states at a time
+        (each row's answer is its own: the bits do not depend on the chunks)."""
+        T, H, D = np.shape(out_a)
+        out = np.empty((T, H, D), dtype=np.asarray(out_a).dtype)
+        lse = np.empty((T, H), dtype=np.float32)
+        rows = max(1, MERGE_CHUNK_ELEMENTS // max(1, H * D))
+        for start in range(0, T, rows):
+            part = slice(start, start + rows)
+            out[part], lse[part] = merge_states(out_a[part], lse_a[part], out_b[part], lse_b[part])
+        return out, lse

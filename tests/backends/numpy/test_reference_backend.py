@@ -154,3 +154,23 @@ def test_reference_propagates_non_finite_visible_data_as_the_spec_does(where) ->
     assert np.isnan(expected.out).any()
     assert np.array_equal(np.isnan(out), np.isnan(expected.out))
     assert np.array_equal(np.isnan(lse), np.isnan(expected.lse))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_merge_states_in_chunks_gives_the_bits_of_one_merge(dtype: str, monkeypatch) -> None:
+    """States merged a few rows at a time (as states past 2**31 elements are) give the bits of the
+    spec's merge of the whole, empty sides and NaN and inf in them included."""
+    import pagedattn.backends.numpy.backend as numpy_backend
+
+    rng = np.random.default_rng(5)
+    out_a, out_b = (rng.standard_normal((13, 3, 8)).astype(numpy_dtype(dtype)) for _ in range(2))
+    lse_a, lse_b = (rng.standard_normal((13, 3)).astype(np.float32) * 5 for _ in range(2))
+    lse_a[0, 0], out_a[0, 0] = -np.inf, np.nan  # an empty side's NaN is ignored
+    lse_a[5, 1] = lse_b[5, 1] = -np.inf  # both sides empty
+    lse_b[7, 2], out_b[9, 0, 3], lse_a[12, 2] = np.nan, np.inf, np.inf
+    want_out, want_lse = spec_merge(out_a, lse_a, out_b, lse_b)
+    monkeypatch.setattr(numpy_backend, "MERGE_CHUNK_ELEMENTS", 2 * 3 * 8)  # two rows a chunk: 7 chunks
+    out, lse = BACKEND.merge_states(out_a, lse_a, out_b, lse_b)
+    assert out.dtype == out_a.dtype and lse.dtype == np.float32
+    assert np.array_equal(out, want_out.astype(out_a.dtype), equal_nan=True)
+    assert np.array_equal(lse, want_lse.astype(np.float32), equal_nan=True)
