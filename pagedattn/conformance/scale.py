@@ -97,6 +97,8 @@ __all__ = [
     "FAR_SCORE_ROWS",
     "FAR_VIEW_LAYERS",
     "FAR_WRITE_ROW_ELEMENTS",
+    "HEAD_NEEDLE_KEY",
+    "HEAD_NEEDLE_QUERY",
     "LARGE_BATCH_SEQS",
     "LONG_BATCH_KEYS",
     "LONG_BATCH_PAIRS",
@@ -104,6 +106,7 @@ __all__ = [
     "LONG_FP8_K_SCALES",
     "LONG_FP8_V_SCALES",
     "LONG_GROUPS",
+    "LONG_HEAD_NEEDLE_KINDS",
     "LONG_MAX_QUERIES",
     "LONG_NEEDLE_KINDS",
     "LONG_PREFILL_ROWS",
@@ -226,6 +229,22 @@ LONG_TAIL_KINDS: tuple[str, ...] = ("tail",)
 LONG_NEEDLE_KINDS: tuple[str, ...] = ("needle",)
 #: The needles' score above every other key's (natural-log units): past log(float32's largest), 88.7.
 NEEDLE_GAP = 100.0
+#: The value pattern of the cell of one-head needles, "head_needles": each query head of a group
+#: owns one dim (the first heads of a group the first dims), where its query is
+#: HEAD_NEEDLE_QUERY * sqrt(head_dim) and every other head's query 0; every key is 0 but one a
+#: head, its needle, which holds HEAD_NEEDLE_KEY in the head's dim, past the first quarter of the
+#: sequence. Every score is exactly 0 but a needle's for its head, 16: after its first keys no row
+#: raises its running max (alpha is exactly 1) but at its own needle, where it alone raises it by
+#: 16. A kernel that decides a step's O *= alpha over some rows of a tile (a warp vote over one of
+#: a lane's two rows) leaves that head's O at the old scale, off by the mass of its earlier keys,
+#: whose values lie near 1; split ranges and the streams within them do not hide it, as every
+#: part starts from scores that never rise.
+LONG_HEAD_NEEDLE_KINDS: tuple[str, ...] = ("head_needles",)
+#: The one-head needle's key in its head's dim: exact in every fp8 format, with any k_scale drawn.
+HEAD_NEEDLE_KEY = 8.0
+#: The one-head needle's query in its head's dim, in units of sqrt(head_dim): a score of
+#: HEAD_NEEDLE_QUERY * HEAD_NEEDLE_KEY (16) under the default scale.
+HEAD_NEEDLE_QUERY = 2.0
 #: Queries a sequence of the long cells holds at most (its last positions: a decode of a few tokens).
 LONG_MAX_QUERIES = 4
 #: Long sequences of a mixed-length batch, at most, and keys of its short sequences, at most: a
@@ -367,9 +386,10 @@ def _kv_layouts(capabilities: Capabilities) -> st.SearchStrategy[str]:
 
 
 def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: int,
-            head_dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
+            head_dim: int, group: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """K, V float64 ``[L, Hkv, D]`` of each sequence for a kind of :data:`LONG_VALUE_KINDS`,
-    :data:`LONG_TAIL_KINDS` or :data:`LONG_NEEDLE_KINDS`."""
+    :data:`LONG_TAIL_KINDS`, :data:`LONG_NEEDLE_KINDS` or :data:`LONG_HEAD_NEEDLE_KINDS` (``group``
+    query heads a KV head)."""
     result = []
     for length in lens:
         k = rng.standard_normal((length, num_kv_heads, head_dim))
@@ -389,6 +409,13 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
             for quarter in (2, 3):  # one needle in the third quarter, one in the last, before every query
                 end = min((quarter + 1) * length // 4, length - LONG_MAX_QUERIES)
                 k[rng.integers(quarter * length // 4, end)] = half_gap
+        elif kind == "head_needles":  # with the query of _query: one key a head scoring 16 for it alone, else 0
+            owned = min(group, head_dim)
+            k = np.zeros_like(k)
+            v = 1.0 + 0.1 * v
+            for kv_head in range(num_kv_heads):
+                for dim in range(owned):
+                    k[rng.integers(length // 4, length - LONG_MAX_QUERIES), kv_head, dim] = HEAD_NEEDLE_KEY
         result.append((k, v))
     return result
 
@@ -406,10 +433,17 @@ def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: s
     first half of each group's heads see their scores fall along the sequence (their running max
     settles in the first keys) and the second half see them rise (it grows at every tile): a
     kernel that rescales O only where some rows of the first half raised their max leaves the
-    second half's O unscaled."""
+    second half's O unscaled; for "head_needles" standard normal but in the dims the group's heads
+    own (:data:`LONG_HEAD_NEEDLE_KINDS`)."""
     query = rng.standard_normal(shape)
     if kind in ("tail", "needle"):
         query = 1.0 + 0.1 * query
+    elif kind == "head_needles":
+        owned = min(group, shape[-1])
+        within = np.arange(shape[-2]) % group
+        owners = np.flatnonzero(within < owned)
+        query[..., :owned] = 0.0
+        query[..., owners, within[owners]] = HEAD_NEEDLE_QUERY * np.sqrt(shape[-1])
     elif kind == "normal":
         low, high = QUERY_ROW_EXPONENTS
         query *= 2.0 ** rng.integers(low, high + 1, size=(*shape[:-1], 1))
@@ -461,7 +495,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     positions in the thousands, which bfloat16 (256) and float16 (2,048) do not hold exactly.
     ``max_window`` caps the window; without ``window_alibi``, ALiBi is drawn only sometimes.
     ``max_kv_heads`` bounds the KV heads (1 to it), ``groups`` are the GQA ratios drawn, ``kinds``
-    the value patterns (:data:`LONG_VALUE_KINDS`, or :data:`LONG_TAIL_KINDS`). With ``short_seqs``,
+    the value patterns (:data:`LONG_VALUE_KINDS`, or another kind's). With ``short_seqs``,
     1 or :data:`MIXED_LONG_SEQS` long sequences share the batch with 1 to ``short_seqs`` short ones
     (:data:`MIXED_SHORT_MAX` keys at most, a block's edges among them), a short one first and the
     rest in any order: split and unsplit sequences in one plan. With ``ragged`` (a backend with
@@ -529,7 +563,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     else:  # a short sequence may hold fewer keys than q_len (L = 0: no query)
         q_lens = _ragged_queries(draw, len(lens), q_len) if ragged else [min(q_len, n) for n in lens]
     query = _query(rng, value_kind, (sum(q_lens), num_q_heads, head_dim), dtype, group)
-    logical = _values(rng, value_kind, lens, num_kv_heads, head_dim)
+    logical = _values(rng, value_kind, lens, num_kv_heads, head_dim, group)
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
                          np.array(lens), logical, garbage, cache_dtype, k_scale, v_scale)
     labels = {"feature": "long_sequences", "values": value_kind, "garbage": garbage,

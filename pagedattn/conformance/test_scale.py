@@ -29,6 +29,7 @@ from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     FAR_BYTE_LIMIT,
     LONG_GROUPS,
+    LONG_HEAD_NEEDLE_KINDS,
     LONG_NEEDLE_KINDS,
     LONG_TAIL_KINDS,
     LONG_VALUE_KINDS,
@@ -221,6 +222,23 @@ def test_long_needles_match_spec(request, backend):
     what float32's exp holds, which a merge must shift by the largest before exponentiating;
     within the error model (float16 queries: the overflow is float32's, whatever the query's dtype)."""
     _run_long_cell(request, backend, "float16", "long_needles", kinds=LONG_NEEDLE_KINDS, examples=few_long_examples)
+
+
+#: The caches of the cell of one-head needles: the query's dtype (float16), or fp8 under bfloat16 queries.
+HEAD_NEEDLE_CACHES = ("same", "fp8")
+
+
+@pytest.mark.parametrize("cache", HEAD_NEEDLE_CACHES)
+def test_long_needles_of_single_heads_match_spec(request, backend, cache):
+    """The long batches of wide groups where each query head has a needle of its own, one key
+    scoring about 11 above the head's other keys and nothing special for the group's other heads:
+    a step where one row of a tile raises its running max and no other must still rescale that
+    row's O (a rescale decided over some of the tile's rows leaves it at the old scale); within
+    the error model."""
+    fp8 = cache == "fp8"
+    _run_long_cell(request, backend, "bfloat16" if fp8 else "float16", f"long_head_needles_{cache}",
+                   requires={"features": ("fp8",)} if fp8 else None, fp8=fp8, kinds=LONG_HEAD_NEEDLE_KINDS,
+                   groups=LONG_WIDE_GROUPS, max_kv_heads=WIDE_LONG_KV_HEADS, examples=few_long_examples)
 
 
 def test_long_sequences_with_non_finite_scores_propagate(request, backend):

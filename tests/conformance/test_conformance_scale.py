@@ -207,6 +207,40 @@ def test_wide_group_long_fp8_shrink_target_takes_cupys_fp8_decode_kernel_split_o
     assert h200_cupy_work(problem).merges.shape[0] > 0  # split on an H200
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_head_needle_cases_raise_one_rows_max_at_a_key_where_no_other_row_does(fp8):
+    from pagedattn.backends.cupy.planning import choose_kernel
+    from pagedattn.backends.cupy.specializations import DECODE_ROWS
+    from pagedattn.conformance.mutants.scale import ROW_SLOT_ROWS
+    from pagedattn.spec.exact import gather_kv
+
+    limits = scale.scale_limits("quick")
+    cases = drawn(scale.long_sequence_cases(DECLARED, dtype="bfloat16" if fp8 else "float16", limits=limits, fp8=fp8,
+                                            groups=scale.LONG_WIDE_GROUPS, kinds=scale.LONG_HEAD_NEEDLE_KINDS,
+                                            max_kv_heads=test_scale.WIDE_LONG_KV_HEADS), limits.long_examples)
+    needle_score = scale.HEAD_NEEDLE_QUERY * scale.HEAD_NEEDLE_KEY
+    for case in cases:
+        problem = checks.problem_of(case)
+        owned = min(problem.group_size, problem.head_dim)
+        kv_head = np.arange(problem.num_q_heads) // problem.group_size
+        for seq in range(problem.num_seqs):
+            k, _ = gather_kv(problem, case.key_cache, case.value_cache, seq)
+            first = int(case.query_start_loc[seq]) if case.query_start_loc is not None else seq
+            q = case.query[first].astype(np.float64)  # [Hq, D]
+            s = problem.scale * np.einsum("hd,lhd->hl", q, k[:, kv_head])  # [Hq, L]
+            owners = np.arange(problem.num_q_heads) % problem.group_size < owned
+            np.testing.assert_array_equal(s[~owners], 0.0)  # heads past head_dim own no needle
+            # every owner scores 0 but at one key, its needle, past the first quarter: a rise of 16
+            nonzero = s[owners] != 0
+            assert (nonzero.sum(axis=1) == 1).all()
+            np.testing.assert_allclose(s[owners][nonzero], needle_score, rtol=2**-7)
+            assert (np.argmax(nonzero, axis=1) >= problem.seq_lens[seq] // 4).all()
+    problem = checks.problem_of(cases[0])  # the shrink target: a group past a tile's first 8 rows
+    assert ROW_SLOT_ROWS < problem.group_size <= DECODE_ROWS and problem.is_decode
+    if fp8:  # cupy's fp8 decode kernel, split on an H200
+        assert choose_kernel(problem).rows == DECODE_ROWS and h200_cupy_work(problem).merges.shape[0] > 0
+
+
 def test_quick_shrink_target_splits_into_an_odd_part_count_with_a_partial_last_part():
     from pagedattn.backends.cupy.planning import build_work
 
