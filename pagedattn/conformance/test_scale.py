@@ -230,11 +230,10 @@ HEAD_NEEDLE_CACHES = ("same", "fp8")
 
 @pytest.mark.parametrize("cache", HEAD_NEEDLE_CACHES)
 def test_long_needles_of_single_heads_match_spec(request, backend, cache):
-    """The long batches of wide groups where each query head has a needle of its own, one key
-    scoring about 11 above the head's other keys and nothing special for the group's other heads:
-    a step where one row of a tile raises its running max and no other must still rescale that
-    row's O (a rescale decided over some of the tile's rows leaves it at the old scale); within
-    the error model."""
+    """The long batches of wide groups where every score is 0 but one key a query head, its
+    needle, which scores 16 for that head alone: a step where one row of a tile raises its running
+    max and no other must still rescale that row's O (a rescale decided over some of the tile's
+    rows leaves it at the old scale); within the error model."""
     fp8 = cache == "fp8"
     _run_long_cell(request, backend, "bfloat16" if fp8 else "float16", f"long_head_needles_{cache}",
                    requires={"features": ("fp8",)} if fp8 else None, fp8=fp8, kinds=LONG_HEAD_NEEDLE_KINDS,
