@@ -212,7 +212,7 @@ def test_head_needle_cases_raise_one_rows_max_at_a_key_where_no_other_row_does(f
     from pagedattn.backends.cupy.planning import choose_kernel
     from pagedattn.backends.cupy.specializations import DECODE_ROWS
     from pagedattn.conformance.mutants.scale import ROW_SLOT_ROWS
-    from pagedattn.spec.exact import gather_kv
+    from pagedattn.spec.exact import gather_kv, scores_and_mask
 
     limits = scale.scale_limits("quick")
     cases = drawn(scale.long_sequence_cases(DECLARED, dtype="bfloat16" if fp8 else "float16", limits=limits, fp8=fp8,
@@ -222,12 +222,12 @@ def test_head_needle_cases_raise_one_rows_max_at_a_key_where_no_other_row_does(f
     for case in cases:
         problem = checks.problem_of(case)
         owned = min(problem.group_size, problem.head_dim)
-        kv_head = np.arange(problem.num_q_heads) // problem.group_size
+        p_q = problem.token_positions()[1]
         for seq in range(problem.num_seqs):
             k, _ = gather_kv(problem, case.key_cache, case.value_cache, seq)
-            first = int(case.query_start_loc[seq]) if case.query_start_loc is not None else seq
-            q = case.query[first].astype(np.float64)  # [Hq, D]
-            s = problem.scale * np.einsum("hd,lhd->hl", q, k[:, kv_head])  # [Hq, L]
+            first = int(problem.query_start_loc[seq])
+            q = case.query[first:first + 1].astype(np.float64)  # the sequence's first query [1, Hq, D]
+            s = scores_and_mask(problem, q, k, p_q[first:first + 1])[0][0]  # [Hq, L]
             owners = np.arange(problem.num_q_heads) % problem.group_size < owned
             np.testing.assert_array_equal(s[~owners], 0.0)  # heads past head_dim own no needle
             # every owner scores 0 but at one key, its needle, past the first quarter: a rise of 16
