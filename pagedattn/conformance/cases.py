@@ -137,6 +137,15 @@ class WriteKVCase(_ShortRepr):
                 f" slot_mapping={_short(self.slot_mapping)}, k_scale={self.k_scale}, v_scale={self.v_scale})")
 
 
+#: Elements of an array a case's repr lists; a larger one is shown as its dtype and shape.
+REPR_LISTED_ELEMENTS = 64
+
+
+def listed(x: np.ndarray) -> str:
+    """A small array's values as a list, a larger one's dtype and shape (a repr stays short at scale)."""
+    return str(x.tolist()) if x.size <= REPR_LISTED_ELEMENTS else summary(x)
+
+
 @dataclass(frozen=True)
 class CopyBlocksCase(_ShortRepr):
     """A ``copy_blocks`` call: caches of ``kv_layout`` and pairs int ``[n, 2]`` of (src, dst)."""
@@ -148,7 +157,7 @@ class CopyBlocksCase(_ShortRepr):
 
     def __repr__(self) -> str:
         return (f"CopyBlocksCase(key_cache={summary(self.key_cache)} {self.kv_layout},"
-                f" pairs={self.pairs.tolist()})")
+                f" pairs={listed(self.pairs)})")
 
 
 @dataclass(frozen=True)
@@ -165,8 +174,8 @@ class MergeCase(_ShortRepr):
 
     def __repr__(self) -> str:
         layout = ", lse_heads_first=True" if self.lse_heads_first else ""
-        return (f"MergeCase(out_a={summary(self.out_a)}, lse_a={self.lse_a.tolist()},"
-                f" lse_b={self.lse_b.tolist()}{layout})")
+        lses = [listed(x) for x in (self.lse_a, self.lse_b)]
+        return f"MergeCase(out_a={summary(self.out_a)}, lse_a={lses[0]}, lse_b={lses[1]}{layout})"
 
 
 def device_merge_arguments(backend: Backend, case: MergeCase) -> tuple[Any, Any, Any, Any]:

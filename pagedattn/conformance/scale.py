@@ -45,7 +45,10 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
 - :func:`many_sequence_cases`: more than 65,536 sequences in one call (decode, or prompts of
   two queries), past the same limit for a kernel that puts sequences on a grid's y or z axis;
 - :func:`many_pair_copy_blocks_cases`: ``copy_blocks`` of more than 65,535 pairs in one call,
-  past it for a kernel that puts pairs there;
+  past it for a kernel that puts pairs there; :func:`many_token_merge_cases`: ``merge_states`` of
+  more than 65,535 tokens;
+- :func:`wide_merge_cases`: ``merge_states`` of 65 to 160 heads of 80 to 512 dims, past a block
+  of one row per head and past a row tile of 128 or 256 dims;
 - :func:`odd_size_cases`: head counts, GQA ratios, head_dim, block_size, num_blocks,
   lengths and batch sizes that are not powers of two, wherever the backend allows them.
 
@@ -77,6 +80,7 @@ from pagedattn.conformance.strategies import (
     copy_blocks_cases,
     fill_caches,
     head_dims,
+    merge_cases,
     seq_lens,
     sizes_are_large,
     write_kv_cases,
@@ -133,6 +137,8 @@ __all__ = [
     "VERY_LONG_MAX",
     "VERY_LONG_MAX_WINDOW",
     "WIDE_GROUPS",
+    "WIDE_MERGE_HEADS",
+    "WIDE_MERGE_HEAD_DIMS",
     "ScaleLimits",
     "far_copy_blocks_cases",
     "far_layer_view_cases",
@@ -156,6 +162,7 @@ __all__ = [
     "many_pair_copy_blocks_cases",
     "many_sequence_cases",
     "many_token_cases",
+    "many_token_merge_cases",
     "many_token_write_kv_cases",
     "odd_size_cases",
     "scale_block_sizes",
@@ -166,6 +173,7 @@ __all__ = [
     "very_long_sequence_cases",
     "very_long_window_sequence_cases",
     "wide_group_cases",
+    "wide_merge_cases",
 ]
 
 
@@ -344,6 +352,13 @@ MANY_SEQUENCE_MAX_LEN = 24
 #: Pairs of a many-pair copy_blocks call, at least: past 65,535, the most blocks a CUDA grid's y or z
 #: axis takes.
 MANY_PAIRS = 65_536
+#: Heads of a wide merge, at least and at most: past 64, where a block of one row per head at 16
+#: lanes a row (head_dim 128 in 16-byte vectors of 16-bit values) passes CUDA's 1,024 threads, to
+#: 160 (an MLA model's 128 heads and more, on one GPU).
+WIDE_MERGE_HEADS = (65, 160)
+#: Head dims of a wide merge: MLA's value dim of 512 first (the shrink target: past a 256-dim tile),
+#: then 128 and 256, and dims that are no power of two.
+WIDE_MERGE_HEAD_DIMS = (512, 80, 128, 192, 256)
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 #: Elements of one query token (query heads x head_dim) of a far-row batch, at least: about 131,072
@@ -1733,6 +1748,28 @@ def many_token_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     value = rng.standard_normal((T, 1, head_dim)).astype(numpy_dtype(dtype))
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
                        slot_mapping=slots.astype(np.int64), kv_layout=kv_layout)
+
+
+@st.composite
+def many_token_merge_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                           limits: ScaleLimits | None = None) -> MergeCase:
+    """Return a strategy for ``merge_states`` of more than 65,535 tokens (the two parts of a long
+    prefill's chunks): :data:`MANY_TOKENS` to 64 more tokens of 1 or 2 heads of 8, each side empty
+    in some rows (lse -inf, its out NaN), non-finite data sometimes (as :func:`merge_cases`)."""
+    del capabilities, limits  # one size for every profile: the limit is the GPU's
+    return draw(merge_cases(dtype=dtype, tokens=(MANY_TOKENS, MANY_TOKENS + 64), heads=(1, 2),
+                            dims=(8,)))
+
+
+@st.composite
+def wide_merge_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                     limits: ScaleLimits | None = None) -> MergeCase:
+    """Return a strategy for ``merge_states`` of many wide heads: 1 to 4 tokens of
+    :data:`WIDE_MERGE_HEADS` heads of one of :data:`WIDE_MERGE_HEAD_DIMS` (more heads than a block
+    holding a row per head takes, and rows past a 128- or 256-dim tile), as :func:`merge_cases`."""
+    del capabilities, limits  # merge_states takes any head_dim; one size for every profile
+    return draw(merge_cases(dtype=dtype, tokens=(1, 4), heads=WIDE_MERGE_HEADS,
+                            dims=WIDE_MERGE_HEAD_DIMS))
 
 
 @st.composite

@@ -44,6 +44,7 @@ __all__ = [
     "FILLERS",
     "GARBAGE_KINDS",
     "LIMITS",
+    "MERGE_HEAD_DIMS",
     "VALUE_KINDS",
     "HeadConfig",
     "Limits",
@@ -663,17 +664,24 @@ def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout
                           pairs=np.stack([src, dst], axis=1).astype(np.int64), kv_layout=kv_layout)
 
 
+#: Head dims of the merges the operation cell draws (the scale cells draw wider ones).
+MERGE_HEAD_DIMS = (8, 64)
+
+
 @st.composite
-def merge_cases(draw: st.DrawFn, *, dtype: str) -> MergeCase:
-    """Return a strategy for a :class:`MergeCase`: lse values from -inf (empty part, its out NaN)
-    through large ones, one side or both empty, lses sometimes strided views of ``[H, T]`` arrays.
+def merge_cases(draw: st.DrawFn, *, dtype: str, tokens: tuple[int, int] = (1, 6), heads: tuple[int, int] = (1, 4),
+                dims: tuple[int, ...] = MERGE_HEAD_DIMS) -> MergeCase:
+    """Return a strategy for a :class:`MergeCase` of ``tokens`` x ``heads`` rows (each range's least
+    and most) of one of ``dims``:
+    lse values from -inf (empty part, its out NaN) through large ones, one side or both empty,
+    lses sometimes strided views of ``[H, T]`` arrays.
     ``non_finite`` puts what attention makes of non-finite data into parts that are not empty:
     ``values`` a NaN or inf in one dimension of out (a non-finite value; lse kept), ``scores``
-    NaN in the whole out and lse (a NaN or +inf score). Shrinks towards one token, finite lse
-    and finite data."""
-    T = draw(st.integers(1, 6), label="num_tokens")
-    H = draw(st.integers(1, 4), label="num_heads")
-    D = draw(st.sampled_from((8, 64)), label="head_dim")
+    NaN in the whole out and lse (a NaN or +inf score). Shrinks towards the fewest tokens and
+    heads, finite lse and finite data."""
+    T = draw(st.integers(*tokens), label="num_tokens")
+    H = draw(st.integers(*heads), label="num_heads")
+    D = draw(st.sampled_from(dims), label="head_dim")
     rng = np.random.default_rng(draw(_SEEDS, label="seed"))
     spread = draw(st.sampled_from((1.0, 30.0, 1e4)), label="lse_spread")
     empty = draw(st.sampled_from((0.0, 0.3, 0.7)), label="empty_fraction")

@@ -1,8 +1,8 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
 batches larger than one wave of CTAs (run once, with fp8 caches too, and planned once and run as
 an engine runs a plan), batches of many sequences sharing a long prefix (a cascade path's), more
-than 65,535 tokens, sequences or block pairs in one call (attention, write_kv, copy_blocks: a
-CUDA grid's y and z axes take no more), prefills of several query tiles per sequence (with and
+than 65,535 tokens, sequences or block pairs in one call (attention, write_kv, copy_blocks,
+merge_states: a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence (with and
 without the causal mask), chunks of thousands of queries after thousands of keys (split plans of
 many query tiles), a sequence of more than 65,536 keys (more split parts than a fixed-size merge
 holds; positions past 16 bits; with fp8 caches, under a sliding window), and one of more than a
@@ -35,6 +35,7 @@ from pagedattn.conformance.scale import (
     many_pair_copy_blocks_cases,
     many_sequence_cases,
     many_token_cases,
+    many_token_merge_cases,
     many_token_write_kv_cases,
     million_key_sequence_cases,
     scale_limits,
@@ -258,6 +259,16 @@ def test_write_kv_of_many_tokens(request, backend):
     run_scale_cell(request, backend, many_token_write_kv_cases, checks.write_kv_matches_spec, limits,
                    dtype="bfloat16", feature="many_tokens_write_kv", max_examples=limits.batch_examples,
                    requires={"features": ("write_kv",), "launch_limits": True})
+
+
+def test_merge_states_of_many_tokens(request, backend):
+    """merge_states of more than 65,535 tokens in one call (the parts of a long prefill's chunks):
+    within rounding of the exact merge, an empty side ignored. A backend run in an interpreter (no
+    grid limits) is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, many_token_merge_cases, checks.merge_states_matches_spec, limits,
+                   dtype="bfloat16", feature="many_tokens_merge", max_examples=limits.batch_examples,
+                   requires={"features": ("merge_states",), "launch_limits": True})
 
 
 #: The dtype of the very-long cell: float16, whose 10-bit mantissa shows a smaller error than

@@ -6,7 +6,8 @@ sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) 
 split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, on the
 caller's stream, and step after step without holding memory), split parts whose lse lie past
 float32's exp range apart or are not finite, sizes that are no power of two, blocks larger than
-a tile and smaller than a run of slots, and head dims past 256. How kernels divide their work at
+a tile and smaller than a run of slots, head dims past 256, and merges of more heads than a
+block of one row per head takes. How kernels divide their work at
 scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
@@ -53,6 +54,7 @@ from pagedattn.conformance.scale import (
     scale_limits,
     small_block_cases,
     small_block_sizes,
+    wide_merge_cases,
 )
 from pagedattn.spec.dtypes import QUERY_DTYPES
 
@@ -318,6 +320,16 @@ def test_large_head_dims_match_spec(request, backend, dtype):
     run_scale_cell(request, backend, large_head_dim_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="large_head_dims", max_examples=limits.odd_examples,
                    requires={"head_dim": large_head_dims(backend.capabilities())[0]})
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_merges_of_many_wide_heads_match_exact_merge(request, backend, dtype):
+    """merge_states of 65 to 160 heads of 80 to 512 dims (an MLA model's 128 heads of 512 among
+    them): within rounding of the exact merge, an empty side ignored. More heads than a block of one
+    row per head takes, rows wider than a 128- or 256-dim tile."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, wide_merge_cases, checks.merge_states_matches_spec, limits, dtype=dtype,
+                   feature="wide_merges", max_examples=limits.odd_examples, requires={"features": ("merge_states",)})
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)

@@ -752,6 +752,32 @@ def test_many_pair_copy_blocks_cases_hold_more_pairs_than_a_grid_axis_y_or_z_wit
     assert np.isin(src, dst).sum() > len(src) // 2  # chains: most sources are also destinations
 
 
+def test_many_token_merge_cases_hold_more_tokens_than_a_grid_axis_y_or_z_with_rows_to_merge_past_it():
+    from pagedattn.conformance.mutants.scale import GRID_YZ_LIMIT
+
+    (case,) = drawn(scale.many_token_merge_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
+    T = case.out_a.shape[0]
+    assert T > GRID_YZ_LIMIT and case.lse_a.shape == case.lse_b.shape == case.out_a.shape[:2]
+    past = slice(GRID_YZ_LIMIT, T)
+    both = np.isfinite(case.lse_a[past]) & np.isfinite(case.lse_b[past])
+    assert both.any()  # rows past the limit that a merge must weigh from both sides
+    assert len(repr(case)) < 200  # a failure's message names the case without listing its lses
+
+
+def test_wide_merge_cases_pass_a_block_of_a_row_per_head_and_a_256_dim_row_tile():
+    from pagedattn.conformance.mutants.scale import BLOCK_THREADS, MERGE_ROW_TILE, VECTOR_BYTES
+
+    cases = drawn(scale.wide_merge_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 8)
+    low, high = scale.WIDE_MERGE_HEADS
+    for case in cases:
+        T, H, D = case.out_a.shape
+        assert 1 <= T <= 4 and low <= H <= high and D in scale.WIDE_MERGE_HEAD_DIMS
+        assert low > BLOCK_THREADS // (128 * 2 // VECTOR_BYTES)  # head_dim 128 in 16 bits: past the block
+    T, H, D = cases[0].out_a.shape  # the shrink target
+    assert D > MERGE_ROW_TILE and D * 2 // VECTOR_BYTES * H > BLOCK_THREADS
+    assert len({case.out_a.shape[2] for case in cases}) > 1
+
+
 def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
     from pagedattn.backends.cupy.planning import choose_kernel
     from pagedattn.backends.cupy.specializations import WGMMA_ROWS

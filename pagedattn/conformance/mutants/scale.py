@@ -839,6 +839,60 @@ class WriteKVTokensOnGridY(SteppedKernelBackend):
         super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
 
 
+def _nothing_merged(out_a: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``merge_states``' output as allocated and never written: out 0, lse -inf."""
+    out_a = np.asarray(out_a)
+    return np.zeros_like(out_a), np.full(out_a.shape[:2], -np.inf, dtype=F32)
+
+
+class MergeTokensOnGridY(SteppedKernelBackend):
+    bug = ("merge_states launches one CTA per (head, token) with tokens on the grid's y axis: past 65,535 tokens "
+           "the launch fails without an exception and nothing is written")
+    models = ("vllm-project/vllm PR 52381 (fused kernels with the token count on grid-y: 65,536 tokens fail to "
+              "launch); fla-org/flash-linear-attention PR 1239 (documents x heads on a grid axis past 65,535)")
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        if np.asarray(out_a).shape[0] > GRID_YZ_LIMIT:
+            return _nothing_merged(out_a)
+        return super()._merge_states(out_a, lse_a, out_b, lse_b)
+
+
+#: Threads a CUDA block takes, at most; bytes a thread loads at once (one 16-byte vector).
+BLOCK_THREADS, VECTOR_BYTES = 1024, 16
+
+
+class MergeHeadsInOneBlock(SteppedKernelBackend):
+    bug = ("merge_states launches one CTA per token holding every head, a row of head_dim / (16 bytes of values) "
+           "lanes per head: past 1,024 threads (more than 64 heads of 128 in 16 bits, 32 of 256) the launch "
+           "fails without an exception and nothing is written")
+    models = ("lightseekorg/tokenspeed PR 330 and PR 1185 (merge_state's head axis packed into blockDim.y: 96 "
+              "MLA heads of 128 ask 1,536 threads, and the launch fails)")
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        out_a = np.asarray(out_a)
+        _, heads, head_dim = out_a.shape
+        if -(-head_dim * out_a.itemsize // VECTOR_BYTES) * heads > BLOCK_THREADS:
+            return _nothing_merged(out_a)
+        return super()._merge_states(out_a, lse_a, out_b, lse_b)
+
+
+#: Dims of the row tile of a merge kernel: a warp of 32 lanes, 8 values each.
+MERGE_ROW_TILE = 256
+
+
+class MergeRowTileOf256(SteppedKernelBackend):
+    bug = ("merge_states holds a row in a tile of 256 dims (a warp of 32 lanes, 8 values each): out's dims past "
+           "the 256th never written")
+    models = ("merge kernels dispatched for head dims up to 256 while MLA's value dim is 512 "
+              "(flashinfer-ai/flashinfer PR 761: merges asked for head_dim 192 and 512)")
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        out, lse = super()._merge_states(out_a, lse_a, out_b, lse_b)
+        out = np.array(out)
+        out[..., MERGE_ROW_TILE:] = 0
+        return out, lse
+
+
 # -- a sequence of more than 65,536 keys -------------------------------------------------------
 
 #: Split parts a fixed-size merge holds (a shared-memory array of one entry per part).
