@@ -48,7 +48,8 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   past it for a kernel that puts pairs there; :func:`many_token_merge_cases`: ``merge_states`` of
   more than 65,535 tokens;
 - :func:`wide_merge_cases`: ``merge_states`` of 65 to 160 heads of 80 to 512 dims, past a block
-  of one row per head and past a row tile of 128 or 256 dims;
+  of one row per head and past a row tile of 128 or 256 dims; :func:`wide_head_operation_cases`:
+  ``write_kv`` and ``copy_blocks`` of 65 to 128 KV heads, past a block of every head of a token;
 - :func:`odd_size_cases`: head counts, GQA ratios, head_dim, block_size, num_blocks,
   lengths and batch sizes that are not powers of two, wherever the backend allows them.
 
@@ -137,6 +138,8 @@ __all__ = [
     "VERY_LONG_MAX",
     "VERY_LONG_MAX_WINDOW",
     "WIDE_GROUPS",
+    "WIDE_KV_HEADS",
+    "WIDE_KV_HEAD_DIMS",
     "WIDE_MERGE_HEADS",
     "WIDE_MERGE_HEAD_DIMS",
     "ScaleLimits",
@@ -173,6 +176,7 @@ __all__ = [
     "very_long_sequence_cases",
     "very_long_window_sequence_cases",
     "wide_group_cases",
+    "wide_head_operation_cases",
     "wide_merge_cases",
 ]
 
@@ -1056,7 +1060,42 @@ def large_block_operation_cases(draw: st.DrawFn, capabilities: Capabilities, *, 
     if operation == "write_kv":
         case = draw(write_kv_cases(dtype=dtype, cache_dtype=dtype, block_size=block_size, kv_layout=kv_layout))
         return _with_a_last_slot(case, block_size)
-    return draw(copy_blocks_cases(dtype=dtype, block_size=block_size, kv_layout=kv_layout))
+    return _with_a_moved_block(draw(copy_blocks_cases(dtype=dtype, block_size=block_size, kv_layout=kv_layout)))
+
+
+#: KV heads of a wide-head write_kv or copy_blocks, at least and at most: past 64, where a block
+#: holding every KV head of a token or slot, 16 lanes a head of 128 16-bit values, passes CUDA's
+#: 1,024 threads; up to 128 (MiniMax-M3's KV heads, a multi-head model on one GPU).
+WIDE_KV_HEADS = (65, 128)
+#: Head dims of a wide-head write_kv or copy_blocks.
+WIDE_KV_HEAD_DIMS = (128, 256)
+
+
+@st.composite
+def wide_head_operation_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                              limits: ScaleLimits | None = None, operation: str = "write_kv") -> Any:
+    """Return a strategy for ``operation`` (``write_kv`` or ``copy_blocks``) on caches of
+    :data:`WIDE_KV_HEADS` KV heads of :data:`WIDE_KV_HEAD_DIMS`: the operation's own cases (slots or
+    pairs anywhere in a small pool, garbage around them) with tokens and slots that many heads wide."""
+    del limits  # one size for every profile: the threshold is a block's threads
+    block_size = draw(st.sampled_from(scale_block_sizes(capabilities)), label="block_size")
+    kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
+    wide = {"heads": WIDE_KV_HEADS, "dims": WIDE_KV_HEAD_DIMS}
+    if operation == "write_kv":
+        return draw(write_kv_cases(dtype=dtype, cache_dtype=dtype, block_size=block_size, kv_layout=kv_layout,
+                                   **wide))
+    return _with_a_moved_block(draw(copy_blocks_cases(dtype=dtype, block_size=block_size, kv_layout=kv_layout,
+                                                      **wide)))
+
+
+def _with_a_moved_block(case: CopyBlocksCase) -> CopyBlocksCase:
+    """``case`` with its first pair copying another block where every pair copies a block onto
+    itself (a scale cell draws a few examples: each must move data)."""
+    pairs = np.array(case.pairs)
+    if np.any(pairs[:, 0] != pairs[:, 1]):
+        return case
+    pairs[0, 0] = (pairs[0, 1] + 1) % case.key_cache.shape[0]
+    return replace(case, pairs=pairs)
 
 
 def _with_a_last_slot(case: WriteKVCase, block_size: int) -> WriteKVCase:

@@ -41,11 +41,15 @@ __all__ = [
     "ARRANGEMENTS",
     "CONTRACT_BLOCK_SIZES",
     "CONTRACT_HEAD_DIMS",
+    "COPY_BLOCKS_HEADS",
+    "COPY_BLOCKS_HEAD_DIMS",
     "FILLERS",
     "GARBAGE_KINDS",
     "LIMITS",
     "MERGE_HEAD_DIMS",
     "VALUE_KINDS",
+    "WRITE_KV_HEADS",
+    "WRITE_KV_HEAD_DIMS",
     "HeadConfig",
     "Limits",
     "PoolLayout",
@@ -595,9 +599,18 @@ def _written_values(rng: np.random.Generator, kind: str, shape: tuple[int, ...],
     return x.astype(numpy_dtype(dtype))
 
 
+#: KV heads (least, most) and head dims of the write_kv cases the operation cells draw (the scale
+#: cells draw wider ones).
+WRITE_KV_HEADS, WRITE_KV_HEAD_DIMS = (1, 3), (8, 16, 64, 80)
+#: KV heads (least, most) and head dims of the copy_blocks cases the operation cells draw.
+COPY_BLOCKS_HEADS, COPY_BLOCKS_HEAD_DIMS = (1, 2), (16,)
+
+
 @st.composite
-def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size: int, kv_layout: str) -> WriteKVCase:
-    """Return a strategy for a :class:`WriteKVCase`: unique slots (some -1) into garbage-filled caches.
+def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size: int, kv_layout: str,
+                   heads: tuple[int, int] = WRITE_KV_HEADS, dims: tuple[int, ...] = WRITE_KV_HEAD_DIMS) -> WriteKVCase:
+    """Return a strategy for a :class:`WriteKVCase` of ``heads`` KV heads (least, most) of one of
+    ``dims``: unique slots (some -1) into garbage-filled caches.
 
     Slots are drawn from the whole pool, so neighbours of written slots hold garbage that must
     survive. Key and value are sometimes views of fused QKV rows, garbage in the query heads.
@@ -605,8 +618,8 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
     either fp8 range and into its subnormals; ``non_finite``, about one element in ten NaN,
     +inf or -inf. Shrinks towards one token, one head, arrays of their own, normal values.
     """
-    heads = draw(st.integers(1, 3), label="num_kv_heads")
-    head_dim = draw(st.sampled_from((8, 16, 64, 80)), label="head_dim")
+    num_heads = draw(st.integers(*heads), label="num_kv_heads")
+    head_dim = draw(st.sampled_from(dims), label="head_dim")
     num_blocks = draw(st.integers(1, 6), label="num_blocks")
     T = draw(st.integers(1, min(LIMITS.max_tokens_write, num_blocks * block_size)), label="num_tokens")
     skips = draw(st.integers(0, T), label="skipped_tokens")
@@ -618,33 +631,37 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
     if cache_dtype in FP8_DTYPES:
         scales = draw(st.sampled_from(((1.0, 1.0), (0.5, 2.0), (0.0625, 0.25))), label="scales")
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
-    shape_nhd = (num_blocks, block_size, heads, head_dim)
+    shape_nhd = (num_blocks, block_size, num_heads, head_dim)
     with np.errstate(over="ignore", invalid="ignore"):
         caches = [_garbage(rng, garbage, shape_nhd).astype(numpy_dtype(cache_dtype)) for _ in range(2)]
     if kv_layout == "HND":
         caches = [np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in caches]
     values = draw(st.sampled_from(("normal", "wide", "non_finite")), label="values")
-    key, value = (_written_values(rng, values, (T, heads, head_dim), dtype) for _ in range(2))
+    key, value = (_written_values(rng, values, (T, num_heads, head_dim), dtype) for _ in range(2))
     qkv = None
     if draw(st.booleans(), label="fused_qkv"):  # key and value views of a fused projection's rows
-        query_heads = heads * draw(st.sampled_from((1, 4, 7)), label="group")
-        qkv = fused_qkv_rows(rng, garbage, query_heads, heads, key=key, value=value)
-        key, value = kv_views(qkv, heads)
+        query_heads = num_heads * draw(st.sampled_from((1, 4, 7)), label="group")
+        qkv = fused_qkv_rows(rng, garbage, query_heads, num_heads, key=key, value=value)
+        key, value = kv_views(qkv, num_heads)
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
                        slot_mapping=slots.astype(index_dtype), kv_layout=kv_layout,
                        k_scale=scales[0], v_scale=scales[1], qkv=qkv)
 
 
 @st.composite
-def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout: str) -> CopyBlocksCase:
-    """Return a strategy for a :class:`CopyBlocksCase`: pairs with chains (a->b, b->c) and swaps.
+def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout: str,
+                      heads: tuple[int, int] = COPY_BLOCKS_HEADS,
+                      dims: tuple[int, ...] = COPY_BLOCKS_HEAD_DIMS) -> CopyBlocksCase:
+    """Return a strategy for a :class:`CopyBlocksCase` of ``heads`` KV heads (least, most) of one of
+    ``dims``: pairs with chains (a->b, b->c) and swaps.
 
     Destinations are unique (a repeated destination is bad input). ``dtype`` is the caches'; fp8
     caches hold random bytes, every code (NaN among them) a bit pattern to copy. Shrinks towards
     one pair.
     """
     num_blocks = draw(st.integers(2, 8), label="num_blocks")
-    heads = draw(st.integers(1, 2), label="num_kv_heads")
+    num_heads = draw(st.integers(*heads), label="num_kv_heads")
+    head_dim = draw(st.sampled_from(dims), label="head_dim")
     rng = np.random.default_rng(draw(_SEEDS, label="seed"))
     n = draw(st.integers(1, num_blocks), label="num_pairs")
     dst = rng.choice(num_blocks, size=n, replace=False)
@@ -655,7 +672,8 @@ def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout
         src = np.roll(dst, 1)
     else:
         src = rng.integers(0, num_blocks, size=n)
-    shape = (num_blocks, block_size, heads, 16) if kv_layout == "NHD" else (num_blocks, heads, block_size, 16)
+    shape = ((num_blocks, block_size, num_heads, head_dim) if kv_layout == "NHD"
+             else (num_blocks, num_heads, block_size, head_dim))
     if dtype in FP8_DTYPES:
         caches = [rng.integers(0, 256, size=shape, dtype=np.uint8).view(numpy_dtype(dtype)) for _ in range(2)]
     else:

@@ -6,8 +6,8 @@ sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) 
 split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, on the
 caller's stream, and step after step without holding memory), split parts whose lse lie past
 float32's exp range apart or are not finite, sizes that are no power of two, blocks larger than
-a tile and smaller than a run of slots, head dims past 256, and merges of more heads than a
-block of one row per head takes. How kernels divide their work at
+a tile and smaller than a run of slots, head dims past 256, and write_kv, copy_blocks and
+merges of more heads than a block of one row per head takes. How kernels divide their work at
 scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
@@ -54,6 +54,7 @@ from pagedattn.conformance.scale import (
     scale_limits,
     small_block_cases,
     small_block_sizes,
+    wide_head_operation_cases,
     wide_merge_cases,
 )
 from pagedattn.spec.dtypes import QUERY_DTYPES
@@ -310,6 +311,18 @@ def test_large_block_operations_match_spec(request, backend, operation):
                    LARGE_BLOCK_OPERATIONS[operation], limits, dtype="bfloat16", feature=f"large_blocks_{operation}",
                    max_examples=limits.odd_examples, cell={"operation": operation},
                    requires={"features": (operation,), "block_size": large_block_sizes(backend.capabilities())[0]})
+
+
+@pytest.mark.parametrize("operation", sorted(LARGE_BLOCK_OPERATIONS))
+def test_wide_head_operations_match_spec(request, backend, operation):
+    """write_kv and copy_blocks on caches of 65 to 128 KV heads of 128 or 256 (more than a block
+    holding every head of a token or slot takes): the spec's bits in every slot. A backend that
+    declares not the operation is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, partial(wide_head_operation_cases, operation=operation),
+                   LARGE_BLOCK_OPERATIONS[operation], limits, dtype="bfloat16", feature=f"wide_heads_{operation}",
+                   max_examples=limits.odd_examples, cell={"operation": operation},
+                   requires={"features": (operation,)})
 
 
 @pytest.mark.parametrize("dtype", LARGE_BLOCK_DTYPES)

@@ -778,6 +778,23 @@ def test_wide_merge_cases_pass_a_block_of_a_row_per_head_and_a_256_dim_row_tile(
     assert len({case.out_a.shape[2] for case in cases}) > 1
 
 
+@pytest.mark.parametrize("operation", ["write_kv", "copy_blocks"])
+def test_wide_head_operation_cases_pass_a_block_of_every_head_of_a_slot_and_move_data(operation):
+    from pagedattn.conformance.mutants.scale import BLOCK_THREADS, threads_of_heads_in_one_block
+
+    cases = drawn(scale.wide_head_operation_cases(ANY, dtype="bfloat16", operation=operation), 4)
+    for case in cases:
+        layout = case.kv_layout
+        shape = case.key_cache.shape
+        heads, head_dim = (shape[2] if layout == "NHD" else shape[1]), shape[-1]
+        assert scale.WIDE_KV_HEADS[0] <= heads <= scale.WIDE_KV_HEADS[1] and head_dim in scale.WIDE_KV_HEAD_DIMS
+        assert threads_of_heads_in_one_block(heads, head_dim, 2) > BLOCK_THREADS
+        if operation == "write_kv":
+            assert case.key.shape[1:] == (heads, head_dim) and np.any(np.asarray(case.slot_mapping) >= 0)
+        else:  # at least one pair copies another block: a copy left undone shows
+            assert np.any(case.pairs[:, 0] != case.pairs[:, 1])
+
+
 def test_long_prefill_cases_take_several_query_tiles_and_cupys_hopper_kernel():
     from pagedattn.backends.cupy.planning import choose_kernel
     from pagedattn.backends.cupy.specializations import WGMMA_ROWS

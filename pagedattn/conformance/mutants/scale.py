@@ -861,6 +861,12 @@ class MergeTokensOnGridY(SteppedKernelBackend):
 BLOCK_THREADS, VECTOR_BYTES = 1024, 16
 
 
+def threads_of_heads_in_one_block(heads: int, head_dim: int, itemsize: int) -> int:
+    """Threads of a block holding ``heads`` heads of ``head_dim`` values of ``itemsize`` bytes, a
+    16-byte vector a thread."""
+    return heads * -(-head_dim * itemsize // VECTOR_BYTES)
+
+
 class MergeHeadsInOneBlock(SteppedKernelBackend):
     bug = ("merge_states launches one CTA per token holding every head, a row of head_dim / (16 bytes of values) "
            "lanes per head: past 1,024 threads (more than 64 heads of 128 in 16 bits, 32 of 256) the launch "
@@ -869,11 +875,46 @@ class MergeHeadsInOneBlock(SteppedKernelBackend):
               "MLA heads of 128 ask 1,536 threads, and the launch fails)")
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
-        out_a = np.asarray(out_a)
-        _, heads, head_dim = out_a.shape
-        if -(-head_dim * out_a.itemsize // VECTOR_BYTES) * heads > BLOCK_THREADS:
+        _, heads, head_dim = np.shape(out_a)
+        if threads_of_heads_in_one_block(heads, head_dim, np.asarray(out_a).itemsize) > BLOCK_THREADS:
             return _nothing_merged(out_a)
         return super()._merge_states(out_a, lse_a, out_b, lse_b)
+
+
+class WriteKVHeadsInOneBlock(SteppedKernelBackend):
+    bug = ("write_kv launches one CTA per token holding every KV head, head_dim / (16 bytes of values) lanes a "
+           "head: past 1,024 threads (more than 64 KV heads of 128 in 16 bits) the launch fails without an "
+           "exception and nothing is written")
+    models = ("vllm-project/vllm PR 26021 (reshape_and_cache as grid(num_tokens), block(num_heads * head_size / "
+              "x)); LMCache/LMCache issue 4154 (a KV block transfer of 16 lanes x num_heads threads: "
+              "MiniMax-M3's 128 KV heads fail to launch); gittensor-ai-lab/sparkinfer issue 201 (a KV append "
+              "with blockDim = head_dim)")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        _, heads, head_dim = np.shape(key)
+        if threads_of_heads_in_one_block(heads, head_dim, np.asarray(key).itemsize) > BLOCK_THREADS:
+            return
+        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+
+
+class CopyBlocksHeadsInOneBlock(SteppedKernelBackend):
+    bug = ("copy_blocks launches one CTA per (pair, slot) holding every KV head, head_dim / (16 bytes of values) "
+           "lanes a head: past 1,024 threads (more than 64 KV heads of 128 in 16 bits) the launch fails "
+           "without an exception and nothing is copied")
+    models = ("LMCache/LMCache issue 4154 (multi_layer_block_kv_transfer launched with blocks of "
+              "min(elements_per_head, 32) x num_heads threads: 128 KV heads of 128 fail to launch)")
+
+    launches = True
+
+    def copy_blocks(self, key_cache, value_cache, pairs, *, kv_layout="NHD"):
+        shape = np.shape(key_cache)
+        heads = shape[2] if kv_layout == "NHD" else shape[1]
+        self.launches = threads_of_heads_in_one_block(heads, shape[-1], key_cache.dtype.itemsize) <= BLOCK_THREADS
+        super().copy_blocks(key_cache, value_cache, pairs, kv_layout=kv_layout)
+
+    def _copy_blocks(self, key_cache, value_cache, pairs):
+        if self.launches:
+            super()._copy_blocks(key_cache, value_cache, pairs)
 
 
 #: Dims of the row tile of a merge kernel: a warp of 32 lanes, 8 values each.
