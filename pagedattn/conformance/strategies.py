@@ -45,6 +45,7 @@ __all__ = [
     "COPY_BLOCKS_HEAD_DIMS",
     "FILLERS",
     "GARBAGE_KINDS",
+    "INDEX_DTYPES",
     "LIMITS",
     "MERGE_HEAD_DIMS",
     "VALUE_KINDS",
@@ -550,11 +551,16 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
     if draw(st.booleans(), label="table_view"):  # the block table a view of an engine's wider one
         wide = wider_table(rng, tables, pool.num_blocks, draw(st.integers(1, 5), label="table_extra_columns"))
         tables = table_view(wide, pool.block_tables.shape[1])
+    seed = draw(_SEEDS, label="variant_seed")
+    index = np.dtype(draw(st.sampled_from(INDEX_DTYPES), label="index_dtype"))
+    if wide is not None:
+        wide = wide.astype(index)
+        tables = table_view(wide, pool.block_tables.shape[1])
+    q_starts = layout.query_start_loc
     return AttentionCase(
-        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=tables,
-        seq_lens=layout.seq_lens, query_start_loc=layout.query_start_loc, options=options,
-        pool=pool_array, layer=layer, qkv=qkv, wide_tables=wide, seed=draw(_SEEDS, label="variant_seed"),
-        labels=labels,
+        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=tables.astype(index, copy=False),
+        seq_lens=layout.seq_lens.astype(index), query_start_loc=None if q_starts is None else q_starts.astype(index),
+        options=options, pool=pool_array, layer=layer, qkv=qkv, wide_tables=wide, seed=seed, labels=labels,
     )
 
 
@@ -678,10 +684,14 @@ def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout
         caches = [rng.integers(0, 256, size=shape, dtype=np.uint8).view(numpy_dtype(dtype)) for _ in range(2)]
     else:
         caches = [rng.standard_normal(shape).astype(numpy_dtype(dtype)) for _ in range(2)]
+    index = draw(st.sampled_from(INDEX_DTYPES[::-1]), label="pairs_dtype")  # int64 first
     return CopyBlocksCase(key_cache=caches[0], value_cache=caches[1],
-                          pairs=np.stack([src, dst], axis=1).astype(np.int64), kv_layout=kv_layout)
+                          pairs=np.stack([src, dst], axis=1).astype(index), kv_layout=kv_layout)
 
 
+#: Dtypes of the index arrays (block tables, seq_lens, query_start_loc, copy_blocks' pairs): the
+#: contract takes any integer dtype; engines pass int32, and torch makes int64 by default.
+INDEX_DTYPES = ("int32", "int64")
 #: Head dims of the merges the operation cell draws (the scale cells draw wider ones).
 MERGE_HEAD_DIMS = (8, 64)
 

@@ -347,6 +347,28 @@ class TableRowsAssumedDense(SteppedKernelBackend):
         return plan.state[s].astype(np.int64)
 
 
+def int32_words(array: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """An index array's memory read as ``shape`` int32 words from its first element, as a kernel
+    given an ``int*`` reads it whatever its dtype (int64: entry ``i`` from word ``i``)."""
+    words = np.ascontiguousarray(np.asarray(array)).view(np.int32).reshape(-1)
+    return words[:math.prod(shape)].reshape(shape).astype(np.int64)
+
+
+class IndexArraysReadAsInt32(SteppedKernelBackend):
+    bug = ("reads the block table and seq_lens as int32 words whatever their dtype: from an int64 seq_lens the "
+           "second sequence's length is the high word of the first's (0), and an int64 table's entry j is word j")
+    models = ("flashinfer-ai/flashinfer issue 1654 (an int64 last_page_len given to plan, which took int32: the "
+              "second sequence came back all 0s, with no error)")
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return int32_words(block_tables, problem.block_tables.shape), int32_words(seq_lens, problem.seq_lens.shape)
+
+    def _run(self, plan, query, key_cache, value_cache):
+        tables, lens = plan.state
+        read = replace(plan, problem=replace(plan.problem, block_tables=tables, seq_lens=lens))
+        return super()._run(read, query, key_cache, value_cache)
+
+
 class CacheRowsAsWords(SteppedKernelBackend):
     bug = "reads 16-bit and fp8 caches as 32-bit words of values, its strides rounded down to whole words"
     models = ("caches read as words of two or four values (an fp8 tile has no transposing ldmatrix of bytes, "
