@@ -264,11 +264,11 @@ def test_write_kv_of_many_tokens(request, backend):
 def test_merge_states_of_many_tokens(request, backend):
     """merge_states of more than 65,535 tokens in one call (the parts of a long prefill's chunks):
     within rounding of the exact merge, an empty side ignored. A backend run in an interpreter (no
-    grid limits) is unsupported here."""
+    grid limits) is unsupported here. Not shrunk: every case is as large as the first."""
     limits = scale_limits()
     run_scale_cell(request, backend, many_token_merge_cases, checks.merge_states_matches_spec, limits,
                    dtype="bfloat16", feature="many_tokens_merge", max_examples=limits.batch_examples,
-                   requires={"features": ("merge_states",), "launch_limits": True})
+                   requires={"features": ("merge_states",), "launch_limits": True}, shrink=False)
 
 
 #: The dtype of the very-long cell: float16, whose 10-bit mantissa shows a smaller error than
