@@ -1763,11 +1763,12 @@ def many_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
 
 @st.composite
 def many_token_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                              limits: ScaleLimits | None = None) -> WriteKVCase:
+                              limits: ScaleLimits | None = None, fp8: bool = False) -> WriteKVCase:
     """Return a strategy for ``write_kv`` of more than :data:`MANY_TOKENS` tokens (a long prefill's
     keys and values in one call) into a pool with a few spare blocks: consecutive slots in
     block-table order, the blocks shuffled, some tokens skipped (-1). Every slot not written holds
-    random values that must survive."""
+    random values that must survive. With ``fp8``, the caches are one of the backend's fp8 dtypes
+    and the call has scales (many backends write fp8 caches with a kernel of their own)."""
     del limits  # one size for every profile: the limit is the GPU's
     caps = capabilities
     block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
@@ -1782,11 +1783,13 @@ def many_token_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     slots[rng.random(T) < 0.01] = -1
     slots[-1] = order[(T - 1) // block_size] * block_size + (T - 1) % block_size  # the last token is written
     shape = (num_blocks, block_size, 1, head_dim) if kv_layout == "NHD" else (num_blocks, 1, block_size, head_dim)
-    caches = [rng.standard_normal(shape).astype(numpy_dtype(dtype)) for _ in range(2)]
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    caches = [rng.standard_normal(shape).astype(numpy_dtype(cache_dtype)) for _ in range(2)]
     key = rng.standard_normal((T, 1, head_dim)).astype(numpy_dtype(dtype))
     value = rng.standard_normal((T, 1, head_dim)).astype(numpy_dtype(dtype))
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
-                       slot_mapping=slots.astype(np.int64), kv_layout=kv_layout)
+                       slot_mapping=slots.astype(np.int64), kv_layout=kv_layout,
+                       k_scale=scales.get("k_scale", 1.0), v_scale=scales.get("v_scale", 1.0))
 
 
 @st.composite

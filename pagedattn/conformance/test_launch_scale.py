@@ -251,14 +251,17 @@ def test_many_tokens_match_spec(request, backend, dtype):
                    feature="many_tokens", max_examples=limits.batch_examples, requires={"launch_limits": True})
 
 
-def test_write_kv_of_many_tokens(request, backend):
-    """write_kv of more than 65,535 tokens in one call (a long prefill's keys and values): the spec's
-    bits at every slot written, every other slot unchanged. A backend run in an interpreter (no
-    grid limits) is unsupported here."""
+@pytest.mark.parametrize("cache", ["same", "fp8"])
+def test_write_kv_of_many_tokens(request, backend, cache):
+    """write_kv of more than 65,535 tokens in one call (a long prefill's keys and values), into
+    caches of the keys' dtype or fp8 with scales: the spec's bits at every slot written, every
+    other slot unchanged. A backend run in an interpreter (no grid limits) is unsupported here."""
     limits = scale_limits()
-    run_scale_cell(request, backend, many_token_write_kv_cases, checks.write_kv_matches_spec, limits,
-                   dtype="bfloat16", feature="many_tokens_write_kv", max_examples=limits.batch_examples,
-                   requires={"features": ("write_kv",), "launch_limits": True})
+    fp8 = cache == "fp8"
+    run_scale_cell(request, backend, functools.partial(many_token_write_kv_cases, fp8=fp8),
+                   checks.write_kv_matches_spec, limits, dtype="bfloat16", feature="many_tokens_write_kv",
+                   max_examples=limits.batch_examples, cell={"cache": cache},
+                   requires={"features": ("write_kv", "fp8") if fp8 else ("write_kv",), "launch_limits": True})
 
 
 def test_merge_states_of_many_tokens(request, backend):

@@ -723,9 +723,17 @@ def test_many_token_cases_hold_more_query_tokens_than_a_grid_axis_y_or_z():
         assert problem.is_decode != caps.supports("varlen")
         if caps.supports("varlen"):  # whole prompts: far fewer sequences than tokens
             assert problem.num_seqs < problem.num_tokens // 10
-    (write,) = drawn(scale.many_token_write_kv_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick")), 1)
-    assert len(write.slot_mapping) > GRID_YZ_LIMIT and write.slot_mapping[-1] >= 0
-    assert 0 < int((write.slot_mapping < 0).sum()) < len(write.slot_mapping) // 50  # a few skipped
+    for fp8 in (False, True):
+        (write,) = drawn(scale.many_token_write_kv_cases(ANY, dtype="bfloat16", limits=scale.scale_limits("quick"),
+                                                         fp8=fp8), 1)
+        assert len(write.slot_mapping) > GRID_YZ_LIMIT and write.slot_mapping[-1] >= 0
+        assert 0 < int((write.slot_mapping < 0).sum()) < len(write.slot_mapping) // 50  # a few skipped
+        cache = str(write.key_cache.dtype)
+        if fp8:  # an fp8 cache, with the long cells' scales
+            assert cache.startswith("float8") and write.k_scale in scale.LONG_FP8_K_SCALES
+            assert write.v_scale in scale.LONG_FP8_V_SCALES
+        else:
+            assert cache == "bfloat16" and write.k_scale == write.v_scale == 1.0
 
 
 def test_many_sequence_cases_hold_more_sequences_than_a_grid_axis_y_or_z():

@@ -839,6 +839,19 @@ class WriteKVTokensOnGridY(SteppedKernelBackend):
         super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
 
 
+class Fp8WriteKVTokensOnGridY(SteppedKernelBackend):
+    bug = ("write_kv into fp8 caches launches one CTA per token on the grid's y axis (the 16-bit path's on x): "
+           "past 65,535 tokens the launch fails without an exception and nothing is written")
+    models = ("a cache write with a kernel of its own for fp8 caches (quantising with the scales), launched "
+              "as WriteKVTokensOnGridY; vllm-project/vllm issue 6429 (FP8 KV-cache models failed where the "
+              "16-bit cache served)")
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        if problem.num_tokens > GRID_YZ_LIMIT and problem.cache_dtype in FP8_DTYPES:
+            return
+        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+
+
 def _nothing_merged(out_a: Any) -> tuple[np.ndarray, np.ndarray]:
     """``merge_states``' output as allocated and never written: out 0, lse -inf."""
     out_a = np.asarray(out_a)
