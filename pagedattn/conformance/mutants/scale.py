@@ -852,6 +852,8 @@ class Fp8WriteKVTokensOnGridY(SteppedKernelBackend):
         super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
 
 
+# -- merges and cache operations: tokens on a grid axis, heads in one block, rows in one tile -------
+
 def _nothing_merged(out_a: Any) -> tuple[np.ndarray, np.ndarray]:
     """``merge_states``' output as allocated and never written: out 0, lse -inf."""
     out_a = np.asarray(out_a)
