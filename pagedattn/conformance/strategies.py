@@ -547,18 +547,20 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
     if draw(st.booleans(), label="fused_qkv"):  # the query a view of a fused projection's rows
         qkv = fused_qkv_rows(rng, garbage, heads.num_q_heads, heads.num_kv_heads, query=query)
         query = query_view(qkv, heads.num_q_heads)
-    tables, wide = pool.block_tables, None
+    wide = None
     if draw(st.booleans(), label="table_view"):  # the block table a view of an engine's wider one
-        wide = wider_table(rng, tables, pool.num_blocks, draw(st.integers(1, 5), label="table_extra_columns"))
-        tables = table_view(wide, pool.block_tables.shape[1])
+        wide = wider_table(rng, pool.block_tables, pool.num_blocks,
+                           draw(st.integers(1, 5), label="table_extra_columns"))
     seed = draw(_SEEDS, label="variant_seed")
     index = np.dtype(draw(st.sampled_from(INDEX_DTYPES), label="index_dtype"))
-    if wide is not None:
+    if wide is None:
+        tables = pool.block_tables.astype(index)
+    else:
         wide = wide.astype(index)
         tables = table_view(wide, pool.block_tables.shape[1])
     q_starts = layout.query_start_loc
     return AttentionCase(
-        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=tables.astype(index, copy=False),
+        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=tables,
         seq_lens=layout.seq_lens.astype(index), query_start_loc=None if q_starts is None else q_starts.astype(index),
         options=options, pool=pool_array, layer=layer, qkv=qkv, wide_tables=wide, seed=seed, labels=labels,
     )
@@ -605,6 +607,9 @@ def _written_values(rng: np.random.Generator, kind: str, shape: tuple[int, ...],
     return x.astype(numpy_dtype(dtype))
 
 
+#: Dtypes of the index arrays (block tables, seq_lens, query_start_loc, write_kv's slots, copy_blocks'
+#: pairs): the contract takes any integer dtype; engines pass int32, and torch makes int64 by default.
+INDEX_DTYPES = ("int32", "int64")
 #: KV heads (least, most) and head dims of the write_kv cases the operation cells draw (the scale
 #: cells draw wider ones).
 WRITE_KV_HEADS, WRITE_KV_HEAD_DIMS = (1, 3), (8, 16, 64, 80)
@@ -632,7 +637,7 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
     rng = np.random.default_rng(draw(_SEEDS, label="seed"))
     slots = rng.choice(num_blocks * block_size, size=T, replace=False)
     slots[rng.choice(T, size=skips, replace=False)] = -1
-    index_dtype = draw(st.sampled_from(("int64", "int32")), label="slot_dtype")
+    index_dtype = draw(st.sampled_from(INDEX_DTYPES[::-1]), label="slot_dtype")  # int64 first
     scales = (1.0, 1.0)
     if cache_dtype in FP8_DTYPES:
         scales = draw(st.sampled_from(((1.0, 1.0), (0.5, 2.0), (0.0625, 0.25))), label="scales")
@@ -689,9 +694,6 @@ def copy_blocks_cases(draw: st.DrawFn, *, dtype: str, block_size: int, kv_layout
                           pairs=np.stack([src, dst], axis=1).astype(index), kv_layout=kv_layout)
 
 
-#: Dtypes of the index arrays (block tables, seq_lens, query_start_loc, copy_blocks' pairs): the
-#: contract takes any integer dtype; engines pass int32, and torch makes int64 by default.
-INDEX_DTYPES = ("int32", "int64")
 #: Head dims of the merges the operation cell draws (the scale cells draw wider ones).
 MERGE_HEAD_DIMS = (8, 64)
 

@@ -833,23 +833,25 @@ class WriteKVTokensOnGridY(SteppedKernelBackend):
     models = ("kernels launched with tokens on gridDim.y or z (as QueryTokensOnGridZ); lablup/mlxcel issue 648 "
               "(long-prompt prefill: a grid's y dimension past 65,535)")
 
+    def launch_fails(self, problem: Any) -> bool:
+        """Whether the launch for this call fails: past 65,535 tokens on the grid's y axis."""
+        return problem.num_tokens > GRID_YZ_LIMIT
+
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
-        if problem.num_tokens > GRID_YZ_LIMIT:
+        if self.launch_fails(problem):
             return
         super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
 
 
-class Fp8WriteKVTokensOnGridY(SteppedKernelBackend):
+class Fp8WriteKVTokensOnGridY(WriteKVTokensOnGridY):
     bug = ("write_kv into fp8 caches launches one CTA per token on the grid's y axis (the 16-bit path's on x): "
            "past 65,535 tokens the launch fails without an exception and nothing is written")
     models = ("a cache write with a kernel of its own for fp8 caches (quantising with the scales), launched "
               "as WriteKVTokensOnGridY; vllm-project/vllm issue 6429 (FP8 KV-cache models failed where the "
               "16-bit cache served)")
 
-    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
-        if problem.num_tokens > GRID_YZ_LIMIT and problem.cache_dtype in FP8_DTYPES:
-            return
-        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+    def launch_fails(self, problem):
+        return super().launch_fails(problem) and problem.cache_dtype in FP8_DTYPES
 
 
 # -- merges and cache operations: tokens on a grid axis, heads in one block, rows in one tile -------
