@@ -1056,11 +1056,8 @@ def large_block_operation_cases(draw: st.DrawFn, capabilities: Capabilities, *, 
     pool, garbage around them) at that block size."""
     del limits  # one size for every profile: the threshold is a tile's
     block_size = draw(st.sampled_from(large_block_sizes(capabilities)), label="block_size")
-    kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
-    if operation == "write_kv":
-        case = draw(write_kv_cases(dtype=dtype, cache_dtype=dtype, block_size=block_size, kv_layout=kv_layout))
-        return _with_a_last_slot(case, block_size)
-    return _with_a_moved_block(draw(copy_blocks_cases(dtype=dtype, block_size=block_size, kv_layout=kv_layout)))
+    case = _operation_case(draw, capabilities, dtype, operation, block_size)
+    return _with_a_last_slot(case, block_size) if operation == "write_kv" else case
 
 
 #: KV heads of a wide-head write_kv or copy_blocks, at least and at most: past 64, where a block
@@ -1079,13 +1076,21 @@ def wide_head_operation_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     pairs anywhere in a small pool, garbage around them) with tokens and slots that many heads wide."""
     del limits  # one size for every profile: the threshold is a block's threads
     block_size = draw(st.sampled_from(scale_block_sizes(capabilities)), label="block_size")
-    kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
-    wide = {"heads": WIDE_KV_HEADS, "dims": WIDE_KV_HEAD_DIMS}
+    return _operation_case(draw, capabilities, dtype, operation, block_size,
+                           heads=WIDE_KV_HEADS, dims=WIDE_KV_HEAD_DIMS)
+
+
+def _operation_case(draw: st.DrawFn, caps: Capabilities, dtype: str, operation: str, block_size: int,
+                    **shape: tuple[int, int]) -> Any:
+    """``operation``'s own case (``write_kv`` into caches of ``dtype``, or ``copy_blocks`` with a block
+    moved) at ``block_size``, in a layout the backend takes, of ``shape`` (``heads``, ``dims``) where
+    given."""
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     if operation == "write_kv":
         return draw(write_kv_cases(dtype=dtype, cache_dtype=dtype, block_size=block_size, kv_layout=kv_layout,
-                                   **wide))
+                                   **shape))
     return _with_a_moved_block(draw(copy_blocks_cases(dtype=dtype, block_size=block_size, kv_layout=kv_layout,
-                                                      **wide)))
+                                                      **shape)))
 
 
 def _with_a_moved_block(case: CopyBlocksCase) -> CopyBlocksCase:
