@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pagedattn.spec.arrays import AttentionProblem
+from pagedattn.spec.case import listed
 from pagedattn.spec.error_model import Tolerance
 from pagedattn.spec.exact import ExactResult
 
@@ -39,7 +40,7 @@ def describe_call(backend: str, problem: AttentionProblem, options: dict[str, ob
     if options and isinstance(options.get("alibi_slopes"), np.ndarray):
         shown["alibi_slopes"] = "[...]"
     return (f"[call: backend={backend} dtype={problem.dtype} cache_dtype={problem.cache_dtype}"
-            f" kv_layout={problem.kv_layout} block_size={problem.block_size} seq_lens={problem.seq_lens.tolist()}"
+            f" kv_layout={problem.kv_layout} block_size={problem.block_size} seq_lens={listed(problem.seq_lens)}"
             f" options={shown}]")
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from pagedattn.backends.interface import Backend
 from pagedattn.errors import PagedAttentionError
-from pagedattn.spec.case import AttentionCase, pool_views, pretty, query_view, summary, table_view
+from pagedattn.spec.case import AttentionCase, listed, pool_views, pretty, query_view, summary, table_view
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 from pagedattn.spec.pools import occupied_blocks
 
@@ -135,15 +135,6 @@ class WriteKVCase(_ShortRepr):
         qkv = "" if self.qkv is None else f" of qkv={summary(self.qkv)}"
         return (f"WriteKVCase(key={summary(self.key)}{qkv}, key_cache={summary(self.key_cache)} {self.kv_layout},"
                 f" slot_mapping={_short(self.slot_mapping)}, k_scale={self.k_scale}, v_scale={self.v_scale})")
-
-
-#: Elements of an array a case's repr lists; a larger one is shown as its dtype and shape.
-REPR_LISTED_ELEMENTS = 64
-
-
-def listed(x: np.ndarray) -> str:
-    """A small array's values as a list, a larger one's dtype and shape (a repr stays short at scale)."""
-    return str(x.tolist()) if x.size <= REPR_LISTED_ELEMENTS else summary(x)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from pagedattn.conformance.scale import (
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
-from pagedattn.spec.case import pool_views
+from pagedattn.spec.case import listed, pool_views
 from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
 from pagedattn.spec.error_model import merge_tolerance, tolerance
 from pagedattn.spec.exact import exact_attention_problem
@@ -914,9 +914,8 @@ def copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> float:
                                                       for c in (case.key_cache, case.value_cache))
     backend.copy_blocks(key_pool[1], value_pool[1], backend.to_device(case.pairs), kv_layout=case.kv_layout)
     backend.synchronize()
-    pairs = case.pairs.tolist() if len(case.pairs) <= 16 else f"{len(case.pairs):,} of them, in the saved case"
     call = (f"[call: backend={backend.name} copy_blocks dtype={dtype_name(case.key_cache.dtype)}"
-            f" kv_layout={case.kv_layout} pairs={pairs}]")
+            f" kv_layout={case.kv_layout} pairs={listed(case.pairs)}]")
     for name, pool, host, expected in (("key_cache", key_pool, key_host, expected_k),
                                        ("value_cache", value_pool, value_host, expected_v)):
         actual = _inside_guards(backend, name, pool, host, "copy_blocks", call)
@@ -1156,7 +1155,7 @@ def far_write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
             f" cache_dtype={dtype_name(case.key_cache.dtype)} kv_layout={case.kv_layout}"
             f" k_scale={case.k_scale} v_scale={case.v_scale}"
             f" block_size={block_size} caches of {case.key_cache.size:,} elements,"
-            f" slot_mapping={case.slot_mapping.tolist()}]")
+            f" slot_mapping={listed(case.slot_mapping)}]")
     return _far_blocks_match_spec(
         backend, case, blocks,
         lambda key_cache, value_cache: kv_ops.write_kv(case.key, case.value, key_cache, value_cache, small,
@@ -1175,7 +1174,7 @@ def far_copy_blocks_matches_spec(backend: Backend, case: CopyBlocksCase) -> floa
     _require_pool(backend, case.key_cache.size)
     blocks = np.unique(case.pairs.astype(np.int64))
     call = (f"[call: backend={backend.name} copy_blocks dtype={dtype_name(case.key_cache.dtype)}"
-            f" kv_layout={case.kv_layout} caches of {case.key_cache.size:,} elements pairs={case.pairs.tolist()}]")
+            f" kv_layout={case.kv_layout} caches of {case.key_cache.size:,} elements pairs={listed(case.pairs)}]")
     return _far_blocks_match_spec(
         backend, case, blocks,
         lambda key_cache, value_cache: kv_ops.copy_blocks(

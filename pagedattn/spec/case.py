@@ -28,6 +28,19 @@ def summary(x: np.ndarray | None) -> str:
     return "None" if x is None else f"{dtype_name(x.dtype)}{list(x.shape)}"
 
 
+#: Elements of an array a message or repr lists; a larger one is shown by its dtype, shape and range.
+LISTED_ELEMENTS = 64
+
+
+def listed(x: np.ndarray) -> str:
+    """A small array's values as a list; a larger one's dtype, shape and least and greatest value
+    (a message about a call of 65,536 sequences stays a line)."""
+    x = np.asarray(x)
+    if x.size <= LISTED_ELEMENTS:
+        return str(x.tolist())
+    return f"{summary(x)} of {x.min()} to {x.max()}"
+
+
 def pool_views(pool: Any, layer: int, head_dim: int) -> tuple[Any, Any]:
     """``(key_cache, value_cache)``: the views ``pool[:, 0, layer]`` and ``pool[:, 1, layer]`` of a
     multi-layer pool (host or device array), the last axis cut to ``head_dim`` where the pool's

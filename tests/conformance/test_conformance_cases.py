@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.conformance import checks
-from pagedattn.conformance.assertions import ConformanceFailure
+from pagedattn.conformance.assertions import ConformanceFailure, describe_call
 from pagedattn.conformance.cases import WriteKVCase, device_arguments, device_caches, load_case, save_case
 from pagedattn.conformance.strategies import (
     ARRANGEMENTS,
@@ -151,6 +151,16 @@ def test_failure_message_names_the_worst_element_and_the_call_last():
     assert f"token {last_token}" in message and "head" in message and "dim" in message
     assert message.splitlines()[-1].startswith("[call: backend=off-by-one dtype=float32")
     assert info.value.fraction > 1
+
+
+def test_the_call_line_of_a_batch_of_many_sequences_stays_one_short_line():
+    num_seqs, block_size = 70_000, 16
+    caches = np.zeros((num_seqs, block_size, 1, 8), np.float32)
+    problem = check_paged_attention(np.zeros((num_seqs, 1, 8), np.float32), caches, caches,
+                                    np.arange(num_seqs).reshape(num_seqs, 1), np.arange(num_seqs) % block_size + 1)
+    line = describe_call("many", problem)
+    assert len(line) < 250, line
+    assert f"seq_lens=int64[{num_seqs}] of 1 to {block_size}" in line
 
 
 class NaNBackend(NumpyBackend):
