@@ -138,11 +138,12 @@ CHEAP_TESTS = frozenset({"test_write_kv_writes_only_its_slots", "test_copy_block
                          "test_merge_states_matches_exact_merge", "test_bad_input_raises_naming_the_argument"})
 #: Tests whose cells cost a CPU backend seconds to tens of seconds each (arrays of 2**31 elements built
 #: for the call; batches of more than 65,535 sequences or block pairs; hundreds of sequences of
-#: thousands of keys each): they run last, so that a bug
-#: any other cell shows is not held up behind them.
-COSTLY_TESTS = frozenset({"test_far_layer_views_match_spec", "test_far_rows_of_write_kv",
-                          "test_many_sequences_match_spec", "test_copy_blocks_of_many_pairs",
-                          "test_long_batches_match_spec", "test_long_batches_with_fp8_caches_match_spec"})
+#: thousands of keys each): they run last, so that a bug any other cell shows is not held up behind
+#: them, and among themselves in this order, the cheapest first (on a stepped NumPy kernel: well
+#: under a second each for the first three, about 11 s a cell of many sequences, 26 s of long batches).
+COSTLY_TESTS: tuple[str, ...] = ("test_far_rows_of_write_kv", "test_far_layer_views_match_spec",
+                                 "test_copy_blocks_of_many_pairs", "test_many_sequences_match_spec",
+                                 "test_long_batches_match_spec", "test_long_batches_with_fp8_caches_match_spec")
 
 
 def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
@@ -151,7 +152,7 @@ def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
     First the cheapest cell of each (backend, test, feature) group, so every operation
     (write_kv, copy_blocks, merge_states, bad input, then each attention feature and rule)
     runs once early; then the other cells of the cheap tests; then the rest; then the cells of
-    :data:`COSTLY_TESTS`. Each tier keeps the collection order.
+    :data:`COSTLY_TESTS`, in its order. Each tier otherwise keeps the collection order.
     """
     firsts: dict[tuple[Any, ...], pytest.Item] = {}
     for item in items:
@@ -165,14 +166,14 @@ def fail_fast_order(items: list[pytest.Item]) -> list[pytest.Item]:
             firsts[group] = item
     first_ids = {id(item) for item in firsts.values()}
 
-    def tier(item: pytest.Item) -> tuple[int, int]:
+    def tier(item: pytest.Item) -> tuple[int, int, int]:
         name = getattr(item, "originalname", item.name)
         if name in COSTLY_TESTS:
-            return (3, 0 if id(item) in first_ids else 1)
+            return (3, 0 if id(item) in first_ids else 1, COSTLY_TESTS.index(name))
         cheap = name in CHEAP_TESTS
         if id(item) in first_ids:
-            return (0, 0 if cheap else 1)  # the other operations first: their bugs hide behind attention's cells
-        return (1, 0) if cheap and item.get_closest_marker("pagedattn_conformance") is not None else (2, 0)
+            return (0, 0 if cheap else 1, 0)  # the other operations first: their bugs hide behind attention's cells
+        return (1, 0, 0) if cheap and item.get_closest_marker("pagedattn_conformance") is not None else (2, 0, 0)
 
     return sorted(items, key=tier)  # stable: collection order within a tier
 

@@ -162,7 +162,8 @@ def test_long_batches_match_spec(request, backend, dtype):
     interpreter (one program at a time) is unsupported here."""
     limits = scale_limits()
     run_scale_cell(request, backend, long_batch_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="long_batch", max_examples=limits.batch_examples, requires={"launch_limits": True})
+                   feature="long_batch", max_examples=limits.batch_examples, requires={"launch_limits": True},
+                   shrink=False)  # every case fills the GPU: a shrink step rebuilds one as large
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
@@ -173,7 +174,7 @@ def test_long_batches_with_fp8_caches_match_spec(request, backend, dtype):
     limits = scale_limits()
     run_scale_cell(request, backend, functools.partial(long_batch_cases, fp8=True), checks.matches_spec, limits,
                    dtype=dtype, feature="long_batch_fp8", max_examples=limits.batch_examples,
-                   requires={"features": ("fp8",), "launch_limits": True})
+                   requires={"features": ("fp8",), "launch_limits": True}, shrink=False)
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagedattn.conformance.mutants.run import run_pytest_in_process
+from pagedattn.conformance.plugin import COSTLY_TESTS
 from pagedattn.conformance.report import RecordCollector
 
 PLUGIN = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=quick"]
@@ -87,7 +88,7 @@ class _Collected:
         self.nodeids = [item.nodeid for item in session.items]
 
 
-def test_each_operation_and_feature_runs_early_and_no_cell_is_lost(tmp_path):
+def test_each_operation_and_feature_runs_early_the_costly_cells_last_and_no_cell_is_lost(tmp_path):
     collected = _Collected()
     code = run_pytest_in_process([*PLUGIN, "--conformance-cases", str(tmp_path), "--backend", "numpy",
                                   "--collect-only", "--pyargs", "pagedattn.conformance"], [collected])
@@ -108,6 +109,10 @@ def test_each_operation_and_feature_runs_early_and_no_cell_is_lost(tmp_path):
     features = {n.split("[")[1].split("-")[2] for n in order if "test_attention_matches_spec" in n}
     early = {n.split("[")[1].split("-")[2] for n in first_tier if "test_attention_matches_spec" in n}
     assert early == features
+    # the costly cells last, the cheapest test's first
+    costly = [n for n in order if n.split("::")[-1].split("[")[0] in COSTLY_TESTS]
+    assert order[len(order) - len(costly):] == costly
+    assert sorted(COSTLY_TESTS, key=first.__getitem__) == list(COSTLY_TESTS)
 
 
 def test_progress_counts_cells_per_backend_and_estimates_the_rest():
