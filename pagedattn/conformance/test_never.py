@@ -55,7 +55,8 @@ def test_relocated_blocks_give_identical_bits(request, backend, dtype, block_siz
 @pytest.mark.parametrize("kv_layout", KV_LAYOUTS)
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 def test_same_call_twice_gives_identical_bits(request, backend, dtype, block_size, kv_layout):
-    """Two identical calls return the same bits."""
+    """Two identical calls return the same bits, the second given the block table as a list of
+    lists of ints (the contract's other form of it)."""
     _run(request, backend, "deterministic", dtype, block_size, kv_layout)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -12,7 +14,14 @@ from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.numpy.backend import NumpyBackend
 from pagedattn.conformance import checks
 from pagedattn.conformance.assertions import ConformanceFailure, describe_call
-from pagedattn.conformance.cases import WriteKVCase, device_arguments, device_caches, load_case, save_case
+from pagedattn.conformance.cases import (
+    AttentionCase,
+    WriteKVCase,
+    device_arguments,
+    device_caches,
+    load_case,
+    save_case,
+)
 from pagedattn.conformance.strategies import (
     ARRANGEMENTS,
     attention_cases,
@@ -26,6 +35,7 @@ from pagedattn.conformance.strategies import (
 from pagedattn.spec.arrays import check_paged_attention
 from pagedattn.spec.dtypes import numpy_dtype
 from pagedattn.spec.exact import exact_attention
+from pagedattn.spec.pools import random_paged_inputs
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 CAPS = Capabilities()
@@ -151,6 +161,30 @@ def test_failure_message_names_the_worst_element_and_the_call_last():
     assert f"token {last_token}" in message and "head" in message and "dim" in message
     assert message.splitlines()[-1].startswith("[call: backend=off-by-one dtype=float32")
     assert info.value.fraction > 1
+
+
+class TableOfArraysOnly(NumpyBackend):
+    """Plans on a block table it takes to be an array: a list's rows are read as one row."""
+
+    name = "table-of-arrays-only"
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        if isinstance(block_tables, list):
+            return replace(problem, block_tables=np.tile(problem.block_tables[:1], (problem.num_seqs, 1)))
+        return problem
+
+    def _run(self, plan, query, key_cache, value_cache):
+        return super()._run(replace(plan, problem=plan.state), query, key_cache, value_cache)
+
+
+def test_the_same_call_twice_passes_the_block_table_as_a_list_the_second_time():
+    inputs = random_paged_inputs([9, 21, 4], None, block_size=16, head_dim=16, seed=0)
+    case = AttentionCase(query=inputs.query, key_cache=inputs.key_cache, value_cache=inputs.value_cache,
+                         block_tables=inputs.block_tables, seq_lens=inputs.seq_lens, query_start_loc=None,
+                         options={"kv_layout": "NHD"}, seed=0)
+    assert checks.deterministic(NumpyBackend(), case) == 0.0
+    with pytest.raises(ConformanceFailure, match="list of lists"):
+        checks.deterministic(TableOfArraysOnly(), case)
 
 
 def test_the_call_line_of_a_batch_of_many_sequences_stays_one_short_line():
