@@ -118,8 +118,9 @@ def kv_views(qkv: Any, num_kv_heads: int) -> tuple[Any, Any]:
 
 @dataclass(frozen=True)
 class WriteKVCase(_ShortRepr):
-    """A ``write_kv`` call: key/value ``[T, Hkv, D]``, caches of ``kv_layout``, slot_mapping ``[T]``;
-    ``qkv`` (when not None) the fused QKV rows of which key and value are views (:func:`kv_views`)."""
+    """A ``write_kv`` call: key/value ``[T, Hkv, D]``, caches of ``kv_layout``, slot_mapping ``[T]``
+    (passed as a list of ints where ``slots_as_list``); ``qkv`` (when not None) the fused QKV rows
+    of which key and value are views (:func:`kv_views`)."""
 
     key: np.ndarray
     value: np.ndarray
@@ -130,11 +131,17 @@ class WriteKVCase(_ShortRepr):
     k_scale: float = 1.0
     v_scale: float = 1.0
     qkv: np.ndarray | None = None
+    slots_as_list: bool = False
 
     def __repr__(self) -> str:
         qkv = "" if self.qkv is None else f" of qkv={summary(self.qkv)}"
+        form = " as a list" if self.slots_as_list else ""
         return (f"WriteKVCase(key={summary(self.key)}{qkv}, key_cache={summary(self.key_cache)} {self.kv_layout},"
-                f" slot_mapping={_short(self.slot_mapping)}, k_scale={self.k_scale}, v_scale={self.v_scale})")
+                f" slot_mapping={_short(self.slot_mapping)}{form}, k_scale={self.k_scale}, v_scale={self.v_scale})")
+
+    def slot_mapping_for(self, backend: Backend) -> Any:
+        """slot_mapping as the call passes it: a list of ints, or an array on the backend's device."""
+        return self.slot_mapping.tolist() if self.slots_as_list else backend.to_device(self.slot_mapping)
 
 
 @dataclass(frozen=True)

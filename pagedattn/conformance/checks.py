@@ -878,7 +878,7 @@ def write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
     (key_pool, key_host), (value_pool, value_host) = (_guarded_on_device(backend, c)
                                                       for c in (case.key_cache, case.value_cache))
     backend.write_kv(*device_kv(backend, case), key_pool[1], value_pool[1],
-                     backend.to_device(case.slot_mapping), kv_layout=case.kv_layout, k_scale=case.k_scale,
+                     case.slot_mapping_for(backend), kv_layout=case.kv_layout, k_scale=case.k_scale,
                      v_scale=case.v_scale)
     backend.synchronize()
     block_size = case.key_cache.shape[1 if case.kv_layout == "NHD" else 2]
@@ -1170,7 +1170,7 @@ def far_write_kv_matches_spec(backend: Backend, case: WriteKVCase) -> float:
                                                        v_scale=case.v_scale),
         lambda key_cache, value_cache: backend.write_kv(
             backend.to_device(case.key), backend.to_device(case.value), key_cache, value_cache,
-            backend.to_device(case.slot_mapping), kv_layout=case.kv_layout, k_scale=case.k_scale,
+            case.slot_mapping_for(backend), kv_layout=case.kv_layout, k_scale=case.k_scale,
             v_scale=case.v_scale),
         "write_kv past element 2**31 differs from the spec in the blocks written", call)
 

@@ -637,7 +637,8 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
     rng = np.random.default_rng(draw(_SEEDS, label="seed"))
     slots = rng.choice(num_blocks * block_size, size=T, replace=False)
     slots[rng.choice(T, size=skips, replace=False)] = -1
-    index_dtype = draw(st.sampled_from(INDEX_DTYPES[::-1]), label="slot_dtype")  # int64 first
+    # int64 first; a list of ints, the contract's other form, last
+    slot_form = draw(st.sampled_from((*INDEX_DTYPES[::-1], "list")), label="slot_form")
     scales = (1.0, 1.0)
     if cache_dtype in FP8_DTYPES:
         scales = draw(st.sampled_from(((1.0, 1.0), (0.5, 2.0), (0.0625, 0.25))), label="scales")
@@ -655,8 +656,8 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
         qkv = fused_qkv_rows(rng, garbage, query_heads, num_heads, key=key, value=value)
         key, value = kv_views(qkv, num_heads)
     return WriteKVCase(key=key, value=value, key_cache=caches[0], value_cache=caches[1],
-                       slot_mapping=slots.astype(index_dtype), kv_layout=kv_layout,
-                       k_scale=scales[0], v_scale=scales[1], qkv=qkv)
+                       slot_mapping=slots.astype("int64" if slot_form == "list" else slot_form), kv_layout=kv_layout,
+                       k_scale=scales[0], v_scale=scales[1], qkv=qkv, slots_as_list=slot_form == "list")
 
 
 @st.composite

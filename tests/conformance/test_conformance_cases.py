@@ -82,24 +82,27 @@ def test_strategies_reach_the_edges():
     assert {"MHA", "GQA", "MQA", "decode", "prefill", "chunked"}.issubset(kinds)
 
 
-def test_index_arrays_come_in_int32_and_int64_as_the_contract_allows():
-    from pagedattn.conformance.strategies import INDEX_DTYPES, copy_blocks_cases
+def test_index_arrays_come_in_int32_and_int64_and_slots_as_a_list_as_the_contract_allows():
+    from pagedattn.conformance.strategies import INDEX_DTYPES, copy_blocks_cases, write_kv_cases
 
-    seen: dict[str, set[str]] = {"attention": set(), "pairs": set()}
+    seen: dict[str, set[str]] = {"attention": set(), "pairs": set(), "slots": set()}
 
     @settings(max_examples=30, deadline=None, database=None, derandomize=True)
     @given(attention_cases(CAPS, dtype="float32", block_size=16, kv_layout="NHD", feature="combined"),
-           copy_blocks_cases(dtype="float16", block_size=16, kv_layout="NHD"))
-    def collect(case, copy):
+           copy_blocks_cases(dtype="float16", block_size=16, kv_layout="NHD"),
+           write_kv_cases(dtype="float16", cache_dtype="float16", block_size=16, kv_layout="NHD"))
+    def collect(case, copy, write):
         dtypes = {case.block_tables.dtype, case.seq_lens.dtype}
         if case.query_start_loc is not None:
             dtypes.add(case.query_start_loc.dtype)
         assert len(dtypes) == 1  # one index dtype a call
         seen["attention"].add(str(dtypes.pop()))
         seen["pairs"].add(str(copy.pairs.dtype))
+        seen["slots"].add("list" if write.slots_as_list else str(write.slot_mapping.dtype))
+        assert isinstance(write.slot_mapping_for(NumpyBackend()), list) == write.slots_as_list
 
     collect()
-    assert seen == {"attention": set(INDEX_DTYPES), "pairs": set(INDEX_DTYPES)}
+    assert seen == {"attention": set(INDEX_DTYPES), "pairs": set(INDEX_DTYPES), "slots": {*INDEX_DTYPES, "list"}}
 
 
 @FAST
