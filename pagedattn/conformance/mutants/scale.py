@@ -815,32 +815,65 @@ class SequencesOnGridY(UnwrittenOutputKernel):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_seqs > GRID_YZ_LIMIT)
 
 
-class CopyBlocksPairsOnGridY(SteppedKernelBackend):
+class UnlaunchedOperationKernel(SteppedKernelBackend):
+    """The stepped kernel whose ``write_kv``, ``copy_blocks`` or ``merge_states`` launch fails without
+    an exception where its hook says so: nothing written or copied, or the merge's output as
+    allocated (out 0, lse -inf). The base of the operations' launch-limit mutants (not registered)."""
+
+    kv_layout = "NHD"  # the layout of the copy_blocks call under way (_copy_blocks is not given it)
+
+    def write_kv_launch_fails(self, problem: Any, key: Any) -> bool:
+        """Whether the launch of this ``write_kv`` fails (never here)."""
+        return False
+
+    def copy_launch_fails(self, num_pairs: int, heads: int, head_dim: int, itemsize: int) -> bool:
+        """Whether the launch of a ``copy_blocks`` of ``num_pairs`` pairs on caches of ``heads`` KV heads
+        of ``head_dim`` values of ``itemsize`` bytes fails (never here)."""
+        return False
+
+    def merge_launch_fails(self, out_a: Any) -> bool:
+        """Whether the launch of a ``merge_states`` of states shaped as ``out_a`` fails (never here)."""
+        return False
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        if not self.write_kv_launch_fails(problem, key):
+            super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+
+    def copy_blocks(self, key_cache, value_cache, pairs, *, kv_layout="NHD"):
+        self.kv_layout = kv_layout
+        super().copy_blocks(key_cache, value_cache, pairs, kv_layout=kv_layout)
+
+    def _copy_blocks(self, key_cache, value_cache, pairs):
+        shape = np.shape(key_cache)
+        heads = shape[2] if self.kv_layout == "NHD" else shape[1]
+        if not self.copy_launch_fails(len(pairs), heads, shape[-1], np.asarray(key_cache).itemsize):
+            super()._copy_blocks(key_cache, value_cache, pairs)
+
+    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+        if self.merge_launch_fails(out_a):  # out and lse as allocated
+            out_a = np.asarray(out_a)
+            return np.zeros_like(out_a), np.full(out_a.shape[:2], -np.inf, dtype=F32)
+        return super()._merge_states(out_a, lse_a, out_b, lse_b)
+
+
+class CopyBlocksPairsOnGridY(UnlaunchedOperationKernel):
     bug = ("copy_blocks launches one CTA per (layer, pair) with pairs on the grid's y axis: past 65,535 pairs the "
            "launch fails without an exception and nothing is copied")
     models = ("vLLM's copy_blocks launcher (dim3 grid(num_layers, num_pairs)) and the kernels derived from it "
               "(ROCm/aiter, the fp8 copy_pages variants)")
 
-    def _copy_blocks(self, key_cache, value_cache, pairs):
-        if len(pairs) > GRID_YZ_LIMIT:
-            return
-        super()._copy_blocks(key_cache, value_cache, pairs)
+    def copy_launch_fails(self, num_pairs, heads, head_dim, itemsize):
+        return num_pairs > GRID_YZ_LIMIT
 
 
-class WriteKVTokensOnGridY(SteppedKernelBackend):
+class WriteKVTokensOnGridY(UnlaunchedOperationKernel):
     bug = ("write_kv launches one CTA per token on the grid's y axis: past 65,535 tokens the launch fails without "
            "an exception and nothing is written")
     models = ("kernels launched with tokens on gridDim.y or z (as QueryTokensOnGridZ); lablup/mlxcel issue 648 "
               "(long-prompt prefill: a grid's y dimension past 65,535)")
 
-    def launch_fails(self, problem: Any) -> bool:
-        """Whether the launch for this call fails: past 65,535 tokens on the grid's y axis."""
+    def write_kv_launch_fails(self, problem, key):
         return problem.num_tokens > GRID_YZ_LIMIT
-
-    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
-        if self.launch_fails(problem):
-            return
-        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
 
 
 class Fp8WriteKVTokensOnGridY(WriteKVTokensOnGridY):
@@ -850,28 +883,20 @@ class Fp8WriteKVTokensOnGridY(WriteKVTokensOnGridY):
               "as WriteKVTokensOnGridY; vllm-project/vllm issue 6429 (FP8 KV-cache models failed where the "
               "16-bit cache served)")
 
-    def launch_fails(self, problem):
-        return super().launch_fails(problem) and problem.cache_dtype in FP8_DTYPES
+    def write_kv_launch_fails(self, problem, key):
+        return super().write_kv_launch_fails(problem, key) and problem.cache_dtype in FP8_DTYPES
 
 
 # -- merges and cache operations: tokens on a grid axis, heads in one block, rows in one tile -------
 
-def _nothing_merged(out_a: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``merge_states``' output as allocated and never written: out 0, lse -inf."""
-    out_a = np.asarray(out_a)
-    return np.zeros_like(out_a), np.full(out_a.shape[:2], -np.inf, dtype=F32)
-
-
-class MergeTokensOnGridY(SteppedKernelBackend):
+class MergeTokensOnGridY(UnlaunchedOperationKernel):
     bug = ("merge_states launches one CTA per (head, token) with tokens on the grid's y axis: past 65,535 tokens "
            "the launch fails without an exception and nothing is written")
     models = ("vllm-project/vllm PR 52381 (fused kernels with the token count on grid-y: 65,536 tokens fail to "
               "launch); fla-org/flash-linear-attention PR 1239 (documents x heads on a grid axis past 65,535)")
 
-    def _merge_states(self, out_a, lse_a, out_b, lse_b):
-        if np.asarray(out_a).shape[0] > GRID_YZ_LIMIT:
-            return _nothing_merged(out_a)
-        return super()._merge_states(out_a, lse_a, out_b, lse_b)
+    def merge_launch_fails(self, out_a):
+        return np.shape(out_a)[0] > GRID_YZ_LIMIT
 
 
 #: Threads a CUDA block takes, at most; bytes a thread loads at once (one 16-byte vector).
@@ -884,21 +909,19 @@ def threads_of_heads_in_one_block(heads: int, head_dim: int, itemsize: int) -> i
     return heads * -(-head_dim * itemsize // VECTOR_BYTES)
 
 
-class MergeHeadsInOneBlock(SteppedKernelBackend):
+class MergeHeadsInOneBlock(UnlaunchedOperationKernel):
     bug = ("merge_states launches one CTA per token holding every head, a row of head_dim / (16 bytes of values) "
            "lanes per head: past 1,024 threads (more than 64 heads of 128 in 16 bits, 32 of 256) the launch "
            "fails without an exception and nothing is written")
     models = ("lightseekorg/tokenspeed PR 330 and PR 1185 (merge_state's head axis packed into blockDim.y: 96 "
               "MLA heads of 128 ask 1,536 threads, and the launch fails)")
 
-    def _merge_states(self, out_a, lse_a, out_b, lse_b):
+    def merge_launch_fails(self, out_a):
         _, heads, head_dim = np.shape(out_a)
-        if threads_of_heads_in_one_block(heads, head_dim, np.asarray(out_a).itemsize) > BLOCK_THREADS:
-            return _nothing_merged(out_a)
-        return super()._merge_states(out_a, lse_a, out_b, lse_b)
+        return threads_of_heads_in_one_block(heads, head_dim, np.asarray(out_a).itemsize) > BLOCK_THREADS
 
 
-class WriteKVHeadsInOneBlock(SteppedKernelBackend):
+class WriteKVHeadsInOneBlock(UnlaunchedOperationKernel):
     bug = ("write_kv launches one CTA per token holding every KV head, head_dim / (16 bytes of values) lanes a "
            "head: past 1,024 threads (more than 64 KV heads of 128 in 16 bits) the launch fails without an "
            "exception and nothing is written")
@@ -907,31 +930,20 @@ class WriteKVHeadsInOneBlock(SteppedKernelBackend):
               "MiniMax-M3's 128 KV heads fail to launch); gittensor-ai-lab/sparkinfer issue 201 (a KV append "
               "with blockDim = head_dim)")
 
-    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+    def write_kv_launch_fails(self, problem, key):
         _, heads, head_dim = np.shape(key)
-        if threads_of_heads_in_one_block(heads, head_dim, np.asarray(key).itemsize) > BLOCK_THREADS:
-            return
-        super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
+        return threads_of_heads_in_one_block(heads, head_dim, np.asarray(key).itemsize) > BLOCK_THREADS
 
 
-class CopyBlocksHeadsInOneBlock(SteppedKernelBackend):
+class CopyBlocksHeadsInOneBlock(UnlaunchedOperationKernel):
     bug = ("copy_blocks launches one CTA per (pair, slot) holding every KV head, head_dim / (16 bytes of values) "
            "lanes a head: past 1,024 threads (more than 64 KV heads of 128 in 16 bits) the launch fails "
            "without an exception and nothing is copied")
     models = ("LMCache/LMCache issue 4154 (multi_layer_block_kv_transfer launched with blocks of "
               "min(elements_per_head, 32) x num_heads threads: 128 KV heads of 128 fail to launch)")
 
-    launches = True
-
-    def copy_blocks(self, key_cache, value_cache, pairs, *, kv_layout="NHD"):
-        shape = np.shape(key_cache)
-        heads = shape[2] if kv_layout == "NHD" else shape[1]
-        self.launches = threads_of_heads_in_one_block(heads, shape[-1], key_cache.dtype.itemsize) <= BLOCK_THREADS
-        super().copy_blocks(key_cache, value_cache, pairs, kv_layout=kv_layout)
-
-    def _copy_blocks(self, key_cache, value_cache, pairs):
-        if self.launches:
-            super()._copy_blocks(key_cache, value_cache, pairs)
+    def copy_launch_fails(self, num_pairs, heads, head_dim, itemsize):
+        return threads_of_heads_in_one_block(heads, head_dim, itemsize) > BLOCK_THREADS
 
 
 #: Dims of the row tile of a merge kernel: a warp of 32 lanes, 8 values each.
