@@ -23,7 +23,16 @@ import numpy as np
 
 from pagedattn.backends.interface import Backend
 from pagedattn.errors import PagedAttentionError
-from pagedattn.spec.case import AttentionCase, listed, pool_views, pretty, query_view, summary, table_view
+from pagedattn.spec.case import (
+    LISTED_ELEMENTS,
+    AttentionCase,
+    listed,
+    pool_views,
+    pretty,
+    query_view,
+    summary,
+    table_view,
+)
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
 from pagedattn.spec.pools import occupied_blocks
 
@@ -95,10 +104,11 @@ def run_case(backend: Backend, case: AttentionCase, *, caches: tuple[Any, Any, A
     return host_result(backend, result, bool(options.get("return_lse")))
 
 
-def _short(index: np.ndarray, most: int = 64) -> str:
-    """An index array as its list, or past ``most`` entries as its size and the entries that are not -1."""
-    if index.size <= most:
-        return str(index.tolist())
+def _short(index: np.ndarray) -> str:
+    """An index array as :func:`listed` lists it, or past that many entries as its size and the
+    entries that are not -1."""
+    if index.size <= LISTED_ELEMENTS:
+        return listed(index)
     kept = np.flatnonzero(index.ravel() != -1)
     return f"{summary(index)} ({kept.size} not -1, from entry {int(kept[0]) if kept.size else '-'})"
 
