@@ -14,9 +14,12 @@ ATTENTION_FEATURES: tuple[str, ...] = (
 )
 #: Operations besides paged attention.
 OPERATIONS: tuple[str, ...] = ("write_kv", "merge_states", "copy_blocks")
-#: Other abilities: caches given as strided views of a larger pool.
-OTHER_FEATURES: tuple[str, ...] = ("strided_caches",)
+#: Other abilities: caches given as strided views of a larger pool; a call whose arrays are on a
+#: GPU other than the current one, run on theirs.
+OTHER_FEATURES: tuple[str, ...] = ("strided_caches", "other_device")
 ALL_FEATURES: tuple[str, ...] = ATTENTION_FEATURES + OPERATIONS + OTHER_FEATURES
+#: Every feature but ``other_device``: what a backend that launches on the current device declares.
+ON_CURRENT_DEVICE_FEATURES: frozenset[str] = frozenset(ALL_FEATURES) - {"other_device"}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pagedattn.backends.capabilities import Capabilities
-from pagedattn.errors import PagedAttentionError
+from pagedattn.backends.devices import require_one_device
+from pagedattn.errors import PagedAttentionError, UnsupportedError
 from pagedattn.spec.arrays import (
     AttentionProblem,
     WriteKVProblem,
@@ -102,6 +103,23 @@ class Backend(abc.ABC):
     def to_numpy(self, array: Any) -> np.ndarray:
         """Return a device array as a NumPy array of the same dtype (ml_dtypes for bf16/fp8)."""
 
+    def current_device(self) -> str | None:
+        """The device this backend runs on now, as :func:`~pagedattn.backends.devices.array_device`
+        names it (``"cuda:0"``); None where there is no such notion (a CPU backend). A backend
+        without the ``other_device`` feature refuses, as unsupported, a call whose arrays are on
+        another device than this one."""
+        return None
+
+    def _require_device(self, device: str | None, argument: str) -> None:
+        """Raise :class:`UnsupportedError` when the call's arrays are on ``device``, not the current
+        one, and the backend does not declare ``other_device``."""
+        if device is None:
+            return
+        current = self.current_device()
+        if current is not None and device != current and not self.capabilities().supports("other_device"):
+            raise UnsupportedError(argument, f"arrays on {device} while {current} is the current device",
+                                   backend=self.name, capability="other_device")
+
     def synchronize(self) -> None:
         """Wait until all work queued by this backend is done (for timing); CPU backends: no-op."""
         return None
@@ -119,9 +137,11 @@ class Backend(abc.ABC):
 
         The keyword options and their defaults are those of :func:`check_paged_attention`
         (kv_layout, scale, causal, sliding_window, softcap, alibi_slopes, k_scale, v_scale,
-        return_lse). query and caches are inspected for shape and dtype only; the index arrays
-        and ``alibi_slopes`` are read on the host (copied from the device if needed).
+        return_lse). query and caches are inspected for shape, dtype and device only (one device:
+        the key cache's); the index arrays and ``alibi_slopes`` are read on the host (copied from
+        the device if needed).
         """
+        device = require_one_device((("key_cache", key_cache), ("value_cache", value_cache), ("query", query)))
         alibi_slopes = options.get("alibi_slopes")
         host_options = {**options, "alibi_slopes": self._host_or_none(alibi_slopes)}
         problem = check_paged_attention(
@@ -130,6 +150,7 @@ class Backend(abc.ABC):
             self._host_or_none(query_start_loc), **host_options,
         )
         self.capabilities().require(problem, backend=self.name)
+        self._require_device(device, "key_cache")
         contiguous = not self.capabilities().supports("strided_caches")
         if contiguous:
             self._require_contiguous(key_cache, "key_cache")
@@ -187,8 +208,6 @@ class Backend(abc.ABC):
             expected.append(step)
             step *= n
         if strides is not None and tuple(strides) != tuple(reversed(expected)):
-            from pagedattn.errors import UnsupportedError
-
             raise UnsupportedError(
                 argument, f"strided cache views (strides {tuple(strides)})", backend=self.name,
                 capability="strided_caches",
@@ -217,21 +236,28 @@ class Backend(abc.ABC):
     def write_kv(self, key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any, *,
                  kv_layout: str = "NHD", k_scale: float = 1.0, v_scale: float = 1.0) -> None:
         """Store key/value ``[T, Hkv, D]`` at ``slot_mapping`` (int ``[T]``, -1 = skip), in place."""
+        device = require_one_device((("key_cache", key_cache), ("value_cache", value_cache), ("key", key),
+                                     ("value", value)))
         problem = check_write_kv(key, value, key_cache, value_cache, self._host_or_none(slot_mapping),
                                  kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
         self.capabilities().require_operation("write_kv", backend=self.name)
+        self._require_device(device, "key_cache")
         self._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
 
     def copy_blocks(self, key_cache: Any, value_cache: Any, pairs: Any, *, kv_layout: str = "NHD") -> None:
         """Copy whole blocks ``(src, dst)`` in both caches, all sources read before any write."""
+        device = require_one_device((("key_cache", key_cache), ("value_cache", value_cache)))
         table = check_copy_blocks(key_cache, value_cache, self._host_or_none(pairs), kv_layout=kv_layout)
         self.capabilities().require_operation("copy_blocks", backend=self.name)
+        self._require_device(device, "key_cache")
         self._copy_blocks(key_cache, value_cache, table)
 
     def merge_states(self, out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
         """Merge two partial results over disjoint keys: ``(out [T, H, D], lse float32 [T, H])``."""
+        device = require_one_device((("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)))
         check_merge_states(out_a, lse_a, out_b, lse_b)
         self.capabilities().require_operation("merge_states", backend=self.name)
+        self._require_device(device, "out_a")
         return self._merge_states(out_a, lse_a, out_b, lse_b)
 
     def _write_kv(self, problem: WriteKVProblem, key: Any, value: Any, key_cache: Any,

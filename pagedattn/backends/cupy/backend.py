@@ -20,7 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
-from pagedattn.backends.capabilities import ALL_FEATURES, Capabilities
+from pagedattn.backends.capabilities import ON_CURRENT_DEVICE_FEATURES, Capabilities
 from pagedattn.backends.cupy import arrays, planning, specializations
 from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.backends.cupy.options import resolve as resolve_options
@@ -198,10 +198,17 @@ class CupyBackend(Backend):
             block_sizes=specializations.BLOCK_SIZES,
             head_dims=specializations.HEAD_DIMS,
             kv_layouts=("NHD", "HND"),
-            features=frozenset(ALL_FEATURES),
+            features=ON_CURRENT_DEVICE_FEATURES,
             tf32=False,
             device="cuda",
         )
+
+    def current_device(self) -> str | None:
+        """The kernels load and launch on the current CUDA device: a call of arrays on another one
+        is unsupported."""
+        import cupy
+
+        return f"cuda:{cupy.cuda.Device().id}"
 
     def device_name(self) -> str:
         import cupy

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from pagedattn.backends.bitviews import numpy_to_torch, torch_to_numpy
-from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.capabilities import ON_CURRENT_DEVICE_FEATURES, Capabilities
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.backends.torch import groups
 from pagedattn.backends.torch.groups import plan_groups
@@ -61,7 +61,15 @@ class TorchBackend(Backend):
         return None
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(device=self.device.type)
+        return Capabilities(device=self.device.type, features=ON_CURRENT_DEVICE_FEATURES)
+
+    def current_device(self) -> str | None:
+        """The device of the plan's index tensors (the backend's, else the current CUDA device): a
+        call of arrays on another GPU is unsupported. None on the CPU."""
+        if self.device.type != "cuda":
+            return None
+        index = self.device.index
+        return f"cuda:{_torch().cuda.current_device() if index is None else index}"
 
     def device_name(self) -> str:
         torch = _torch()

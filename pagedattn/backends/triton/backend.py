@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pagedattn.backends.bitviews import as_tensor, numpy_to_torch, torch_to_numpy
-from pagedattn.backends.capabilities import Capabilities
+from pagedattn.backends.capabilities import ON_CURRENT_DEVICE_FEATURES, Capabilities
 from pagedattn.backends.interface import Backend, Plan
 from pagedattn.backends.torch_streams import current_device_getter, current_stream_getter
 from pagedattn.backends.triton.launch_config import (
@@ -197,7 +197,15 @@ class TritonBackend(Backend):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(tf32=False, device="cpu (Triton interpreter)" if interpreter_mode() else "cuda",
-                            max_head_dim=MAX_HEAD_DIM)
+                            max_head_dim=MAX_HEAD_DIM, features=ON_CURRENT_DEVICE_FEATURES)
+
+    def current_device(self) -> str | None:
+        """Triton launches on the current CUDA device: a call of arrays on another one is unsupported."""
+        if interpreter_mode():
+            return None
+        import torch
+
+        return f"cuda:{torch.cuda.current_device()}"
 
     def device_name(self) -> str:
         if interpreter_mode():
