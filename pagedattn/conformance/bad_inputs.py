@@ -1,6 +1,11 @@
 """The contract's "Bad input" items: each turns a valid call into a bad one and names the argument
 the error must name. :func:`check_bad_input` asserts the backend raises
 :class:`~pagedattn.errors.PagedAttentionError` naming that argument and writes nothing.
+
+The items ``*_on_another_device`` hand one array on another device than the rest (the contract's
+"Devices"): a torch tensor on the host when the backend's arrays are on a GPU, on torch's meta
+device when they are on the host. A backend whose arrays are NumPy's has no other device: those
+items are unsupported there.
 """
 
 from __future__ import annotations
@@ -10,8 +15,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pagedattn.backends.bitviews import numpy_to_torch, torch_to_numpy
+from pagedattn.backends.devices import array_device
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.assertions import ConformanceFailure, assert_bit_identical
+from pagedattn.conformance.runner import Unsupported
 from pagedattn.errors import PagedAttentionError
 from pagedattn.spec.dtypes import numpy_dtype
 
@@ -29,6 +37,12 @@ class BadInput(NamedTuple):
 def _set(key: str, make: Callable[[Call], Any]) -> Callable[[Call], None]:
     def spoil(call: Call) -> None:
         call[key] = make(call)
+    return spoil
+
+
+def _elsewhere(argument: str) -> Callable[[Call], None]:
+    def spoil(call: Call) -> None:
+        call["elsewhere"] = argument
     return spoil
 
 
@@ -87,7 +101,22 @@ BAD_INPUTS: dict[str, BadInput] = {
         "pairs", lambda c: np.array([[0, c["key_cache"].shape[0]]], np.int64))),
     "merge_shapes_differ": BadInput("merge_states", "out_b", _set("out_b", lambda c: c["out_b"][:, :1].copy())),
     "merge_lse_dtype": BadInput("merge_states", "lse_a", _set("lse_a", lambda c: c["lse_a"].astype(np.float64))),
+    "query_on_another_device": BadInput("paged_attention", "query", _elsewhere("query")),
+    "value_cache_on_another_device": BadInput("paged_attention", "value_cache", _elsewhere("value_cache")),
+    "write_kv_key_on_another_device": BadInput("write_kv", "key", _elsewhere("key")),
+    "write_kv_value_cache_on_another_device": BadInput("write_kv", "value_cache", _elsewhere("value_cache")),
+    "copy_blocks_value_cache_on_another_device": BadInput("copy_blocks", "value_cache", _elsewhere("value_cache")),
+    "merge_lse_b_on_another_device": BadInput("merge_states", "lse_b", _elsewhere("lse_b")),
 }
+
+
+def other_device(backend: Backend) -> str:
+    """The device an ``*_on_another_device`` item hands its array on: ``"cpu"`` when the backend's
+    arrays are on a GPU, ``"meta"`` when on the host; :class:`Unsupported` when they are NumPy's."""
+    device = array_device(backend.to_device(np.zeros(1, np.float32)))
+    if device is None:
+        raise Unsupported(f"{backend.name}: its arrays are on no device of their own, so none is on another")
+    return "meta" if device.startswith("cpu") else "cpu"
 
 
 def valid_call(dtype: str, block_size: int, kv_layout: str) -> Call:
@@ -113,23 +142,29 @@ def valid_call(dtype: str, block_size: int, kv_layout: str) -> Call:
     }
 
 
-def _invoke(backend: Backend, operation: str, call: Call, key_cache: Any, value_cache: Any) -> None:
-    dev = backend.to_device
+def _invoke(backend: Backend, operation: str, call: Call, key_cache: Any, value_cache: Any, other: str) -> None:
+    """Make the call, every array on the backend's device but the one ``call["elsewhere"]`` names, on ``other``."""
+    elsewhere = call.get("elsewhere")
+
+    def dev(array: np.ndarray, argument: str = "") -> Any:
+        return numpy_to_torch(array, other) if argument == elsewhere else backend.to_device(array)
+
     if operation == "paged_attention":
         options: dict[str, Any] = {k: call[k] for k in ("sliding_window", "softcap", "scale", "return_lse")
                                    if k in call}
         if "alibi_slopes" in call:
             options["alibi_slopes"] = dev(call["alibi_slopes"])
         qsl = None if call["query_start_loc"] is None else dev(call["query_start_loc"])
-        backend.paged_attention(dev(call["query"]), key_cache, value_cache, dev(call["block_tables"]),
+        backend.paged_attention(dev(call["query"], "query"), key_cache, value_cache, dev(call["block_tables"]),
                                 dev(call["seq_lens"]), qsl, kv_layout=call["kv_layout"], **options)
     elif operation == "write_kv":
-        backend.write_kv(dev(call["key"]), dev(call["value"]), key_cache, value_cache, dev(call["slot_mapping"]),
-                         kv_layout=call["kv_layout"])
+        backend.write_kv(dev(call["key"], "key"), dev(call["value"], "value"), key_cache, value_cache,
+                         dev(call["slot_mapping"]), kv_layout=call["kv_layout"])
     elif operation == "copy_blocks":
         backend.copy_blocks(key_cache, value_cache, dev(call["pairs"]), kv_layout=call["kv_layout"])
     else:
-        backend.merge_states(dev(call["out_a"]), dev(call["lse_a"]), dev(call["out_b"]), dev(call["lse_b"]))
+        backend.merge_states(dev(call["out_a"], "out_a"), dev(call["lse_a"], "lse_a"), dev(call["out_b"], "out_b"),
+                             dev(call["lse_b"], "lse_b"))
 
 
 def check_bad_input(backend: Backend, name: str, *, dtype: str, block_size: int, kv_layout: str) -> None:
@@ -140,9 +175,11 @@ def check_bad_input(backend: Backend, name: str, *, dtype: str, block_size: int,
     item.spoil(call)
     where = f"[call: backend={backend.name} {item.operation} bad input {name!r} dtype={dtype} kv_layout={kv_layout}" \
             f" block_size={block_size}]"
-    key_cache, value_cache = backend.to_device(call["key_cache"].copy()), backend.to_device(call["value_cache"].copy())
+    other = other_device(backend) if "elsewhere" in call else ""
+    key_cache, value_cache = (numpy_to_torch(call[name].copy(), other) if call.get("elsewhere") == name
+                              else backend.to_device(call[name].copy()) for name in ("key_cache", "value_cache"))
     try:
-        _invoke(backend, item.operation, call, key_cache, value_cache)
+        _invoke(backend, item.operation, call, key_cache, value_cache, other)
     except PagedAttentionError as error:
         if error.argument != item.argument:
             raise ConformanceFailure(f"the error names {error.argument!r}, expected {item.argument!r}:"
@@ -155,5 +192,11 @@ def check_bad_input(backend: Backend, name: str, *, dtype: str, block_size: int,
     backend.synchronize()
     for label, device, original in (("key_cache", key_cache, call["key_cache"]),
                                     ("value_cache", value_cache, call["value_cache"])):
-        assert_bit_identical(label, np.asarray(backend.to_numpy(device)), original,
-                             "the call raised but wrote into the cache", where, coordinates="cache index")
+        if call.get("elsewhere") == label:
+            if other == "meta":
+                continue  # a meta tensor holds no data to write
+            after = torch_to_numpy(device)
+        else:
+            after = np.asarray(backend.to_numpy(device))
+        assert_bit_identical(label, after, original, "the call raised but wrote into the cache", where,
+                             coordinates="cache index")

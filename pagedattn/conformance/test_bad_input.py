@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedattn.conformance.bad_inputs import BAD_INPUTS, check_bad_input
+from pagedattn.conformance.bad_inputs import BAD_INPUTS, check_bad_input, other_device
 from pagedattn.conformance.runner import RECORD_KEY, Unsupported, require
 
 pytestmark = pytest.mark.pagedattn_conformance
@@ -24,6 +24,8 @@ def test_bad_input_raises_naming_the_argument(request, backend, name):
         if not (caps.dtypes and caps.kv_layouts and (caps.block_sizes is None or caps.block_sizes)):
             raise Unsupported(f"{backend.name}: declares no dtype, layout or block size")
         require(backend, features=_OPERATION_FEATURE[BAD_INPUTS[name].operation])
+        if name.endswith("_on_another_device"):
+            other_device(backend)
     except Unsupported as error:
         record.update(status="unsupported", reason=str(error), examples=0)
         raise

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pagedattn.conformance import checks
+from pagedattn.conformance import another_gpu, checks
 from pagedattn.conformance.runner import run_property
 from pagedattn.conformance.strategies import copy_blocks_cases, merge_cases, write_kv_cases
 from pagedattn.spec.arrays import KV_LAYOUTS
@@ -83,6 +83,28 @@ _OPERATION_CELLS: dict[str, tuple[Callable[..., Any], checks.Check]] = {
                     checks.copy_blocks_follows_callers_stream),
     "merge_states": (merge_cases, checks.merge_states_follows_callers_stream),
 }
+
+
+#: The strategy and another-GPU check of each operation, for the cell below.
+_ANOTHER_GPU_CELLS: dict[str, tuple[Callable[..., Any], checks.Check]] = {
+    "write_kv": (_OPERATION_CELLS["write_kv"][0], another_gpu.write_kv_on_another_gpu),
+    "copy_blocks": (_OPERATION_CELLS["copy_blocks"][0], another_gpu.copy_blocks_on_another_gpu),
+    "merge_states": (merge_cases, another_gpu.merge_states_on_another_gpu),
+}
+
+
+@pytest.mark.parametrize("operation", sorted(_ANOTHER_GPU_CELLS))
+def test_an_operation_on_another_gpu(request, backend, operation):
+    """Every array on a GPU other than the current one: the spec's answer, on that GPU, the current
+    device unchanged. Unsupported with fewer than two GPUs, and for backends that run only on the
+    current device."""
+    cases, check = _ANOTHER_GPU_CELLS[operation]
+    run_property(
+        request, backend, lambda: cases(dtype="bfloat16"), check,
+        cell={"feature": f"{operation}_another_gpu", "dtype": "bfloat16", "block_size": "-", "kv_layout": "-"},
+        requires={"dtype": "bfloat16", "block_size": 16, "kv_layout": "NHD", "features": (operation,),
+                  "device": "cuda"},
+    )
 
 
 @pytest.mark.parametrize("operation", sorted(_OPERATION_CELLS))

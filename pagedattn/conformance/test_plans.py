@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.interface import Backend
-from pagedattn.conformance import checks
+from pagedattn.conformance import another_gpu, checks
 from pagedattn.conformance.cases import AttentionCase
 from pagedattn.conformance.runner import run_property
 from pagedattn.conformance.strategies import CONTRACT_BLOCK_SIZES, attention_cases
@@ -73,6 +73,14 @@ def test_a_run_follows_the_callers_stream(request, backend, dtype):
     those contents, within the error model. Unsupported off CUDA and for backends that do not take
     torch CUDA tensors."""
     _run_plan_cell(request, backend, dtype, checks.run_follows_callers_stream, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+def test_a_call_on_another_gpu_matches_spec(request, backend, dtype):
+    """Every array on a GPU other than the current one (an engine that splits a model's layers over
+    GPUs): the spec's answer, returned on that GPU, the current device unchanged. Unsupported with
+    fewer than two GPUs, and for backends that run only on the current device."""
+    _run_plan_cell(request, backend, dtype, another_gpu.attention_on_another_gpu, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
