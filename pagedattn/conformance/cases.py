@@ -34,7 +34,7 @@ from pagedattn.spec.case import (
     table_view,
 )
 from pagedattn.spec.dtypes import dtype_name, numpy_dtype
-from pagedattn.spec.pools import occupied_blocks
+from pagedattn.spec.pools import INT32_OFFSET_LIMIT, occupied_blocks
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 #: Arrays with more elements are saved as their non-zero blocks (axis 0) only.
@@ -54,7 +54,10 @@ def device_caches(backend: Backend, case: AttentionCase,
     kept (``to_device``: how the arrays get there, by default ``backend.to_device``)."""
     to_device = to_device or backend.to_device
     if case.pool is not None:
-        pool = to_device(case.pool)
+        # a pool past 2**31 elements is lazy (pools.lazy_cache) and handed over as it is, which a
+        # host backend takes without copying; a smaller one is copied, so that the case keeps its
+        # bits from before the call to compare with
+        pool = to_device(case.pool if case.pool.size >= INT32_OFFSET_LIMIT else case.pool.copy())
         return (*pool_views(pool, case.layer, case.head_dim), pool)
     return to_device(case.key_cache.copy()), to_device(case.value_cache.copy()), None
 

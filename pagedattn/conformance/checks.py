@@ -83,8 +83,12 @@ def run_checked(backend: Backend, case: AttentionCase) -> AttentionResult:
     call = _call(backend, case)
     key_cache, value_cache, pool = caches
     if pool is not None and case.pool is not None:
-        assert_bit_identical("pool", np.asarray(backend.to_numpy(pool)), case.pool,
-                             "the call wrote into the K/V pool", call, coordinates="pool index")
+        after = np.asarray(backend.to_numpy(pool))
+        # a host backend takes the case's pool itself (a lazy one is not copied): it is its own
+        # "before", and comparing it with itself, 8 GiB of a far pool, would prove nothing
+        if not np.may_share_memory(after, case.pool):
+            assert_bit_identical("pool", after, case.pool, "the call wrote into the K/V pool", call,
+                                 coordinates="pool index")
     else:
         assert_bit_identical("key_cache", np.asarray(backend.to_numpy(key_cache)), case.key_cache,
                              "the call wrote into key_cache", call, coordinates="cache index")

@@ -7,6 +7,7 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
+from cases import poisoned_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -282,6 +283,23 @@ def test_the_plan_check_runs_other_blocks_and_the_next_layers_negated_contents(d
         assert (mine.view(bits) == theirs.view(bits) ^ sign).all()  # the sign bit, exactly
     assert layer.query.shape == case.query.shape and not np.array_equal(layer.query, case.query)
     assert checks.plan_serves_many_runs(NumpyBackend(), case) >= 0.0
+
+
+class _WritesIntoTheOtherLayer(NumpyBackend):
+    """NumPy attention that then writes into the pool around the key cache view it was given."""
+
+    def _run(self, plan, query, key_cache, value_cache):
+        result = super()._run(plan, query, key_cache, value_cache)
+        key_cache.base[0, 0, 0] = 0  # block 0 of the other layer's key cache
+        return result
+
+
+def test_a_host_backend_that_writes_into_a_pool_it_was_given_is_caught():
+    """A small pool reaches a host backend as a copy, so the case keeps its bits to compare with."""
+    case = poisoned_case("pool", [9, 21], pool=True, dtype="float32")
+    assert checks.matches_spec(NumpyBackend(), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match="wrote into the K/V pool"):
+        checks.matches_spec(_WritesIntoTheOtherLayer(), case)
 
 
 def test_a_fused_qkv_query_reaches_the_backend_strided_and_follows_replace():
