@@ -87,7 +87,7 @@ from pagedattn.conformance.strategies import (
     write_kv_cases,
 )
 from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
-from pagedattn.spec.pools import INT32_OFFSET_LIMIT, blocks_past, lazy_cache
+from pagedattn.spec.pools import INT32_OFFSET_LIMIT, UINT32_OFFSET_LIMIT, blocks_past, lazy_cache
 
 __all__ = [
     "FAR_BYTE_LIMIT",
@@ -665,11 +665,11 @@ def far_pool_limit(cache_dtype: str) -> int:
 def _far_block_ids(rng: np.random.Generator, num_blocks: int, block_elements: int, count: int,
                    limit: int) -> np.ndarray:
     """``count`` distinct block ids whose first element lies at or past element ``limit`` (the
-    first such block, the last of the pool, and others in between), in random order."""
+    last block of the pool, the first such block, and others in between), in random order."""
     first_far = -(-limit // block_elements)
     if num_blocks - first_far < count:
         raise ValueError(f"a pool of {num_blocks} blocks has fewer than {count} blocks past element {limit}")
-    picks = [first_far, num_blocks - 1][:count]
+    picks = [num_blocks - 1, first_far][:count]
     others = rng.choice(np.arange(first_far + 1, num_blocks - 1), size=count - len(picks), replace=False)
     return rng.permutation(np.array([*picks, *others.tolist()], dtype=np.int64))
 
@@ -751,19 +751,28 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 FAR_VIEW_LAYERS = 2
 
 
+def far_layer_view_elements(limits: ScaleLimits) -> int:
+    """Elements a far layer-view pool holds more than: ``limits.pool_elements``, and at least
+    2**32, where an unsigned 32-bit element offset wraps (8 GiB of a 16-bit pool, K and V of both
+    layers; each view a quarter of it)."""
+    return max(limits.pool_elements, UINT32_OFFSET_LIMIT)
+
+
 @st.composite
 def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                          limits: ScaleLimits | None = None) -> AttentionCase:
-    """Return a strategy for attention on layer views of a pool of more than ``limits.pool_elements``
-    elements whose views each hold fewer than 2**31: every block in use starts at or past element
-    2**31 of the pool.
+    """Return a strategy for attention on layer views of a pool of more than 2**32 elements (and
+    ``limits.pool_elements``) whose views each hold fewer than 2**31: every block in use starts at
+    or past element 2**31 of the pool, the pool's last block past element 2**32.
 
     ``key_cache = pool[:, 0, 1]`` and ``value_cache = pool[:, 1, 1]`` of a lazy pool
     ``[num_blocks, 2, FAR_VIEW_LAYERS, ...]`` (an engine's one pool for all layers, K and V of a
     block together). A kernel that takes 32-bit offsets because the view holds fewer than 2**31
-    elements computes ``block * block_stride`` past 2**31 and reads other memory. The blocks in
-    use hold the case's values and garbage in their unused slots; the other layer of those blocks
-    holds garbage too. One or two short sequences, decode or a few queries each.
+    elements computes ``block * block_stride`` past 2**31 and reads other memory; one that takes
+    them unsigned reads the blocks up to element 2**32 right and wraps past it (the last block is
+    always in use). The blocks in use hold the case's values and garbage in their unused slots;
+    the other layer of those blocks holds garbage too. One or two short sequences, decode or a few
+    queries each.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -772,7 +781,8 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     head_dim = min(caps.head_dims or (16,))
     block_elements = block_size * num_kv_heads * head_dim
     stride_blocks = 2 * FAR_VIEW_LAYERS  # a view's block stride, in blocks of the view
-    num_blocks = blocks_past((limits.pool_elements + FAR_BLOCKS * stride_blocks * block_elements) // stride_blocks,
+    pool_elements = far_layer_view_elements(limits)
+    num_blocks = blocks_past((pool_elements + FAR_BLOCKS * stride_blocks * block_elements) // stride_blocks,
                              block_elements)
     kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
     num_seqs = len(lens)

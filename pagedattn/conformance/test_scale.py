@@ -37,6 +37,7 @@ from pagedattn.conformance.scale import (
     LONG_WIDE_GROUPS,
     far_copy_blocks_cases,
     far_layer_view_cases,
+    far_layer_view_elements,
     far_merge_row_cases,
     far_partial_cases,
     far_pool_cases,
@@ -370,13 +371,15 @@ def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_far_layer_views_match_spec(request, backend, dtype):
-    """Attention on K/V views of one layer of a pool past 2**31 elements, each view under 2**31,
-    every block in use past element 2**31 of the pool, within the error model; nothing written."""
+    """Attention on K/V views of one layer of a pool past 2**32 elements, each view under 2**31,
+    every block in use past element 2**31 of the pool and the last past 2**32, within the error
+    model; nothing written."""
     limits = scale_limits()
+    pool_elements = far_layer_view_elements(limits)
     run_scale_cell(request, backend, far_layer_view_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="far_layer_view", max_examples=limits.far_examples,
-                   cell={"pool_elements": limits.pool_elements},
-                   requires={"features": ("strided_caches",), "pool_elements": limits.pool_elements})
+                   cell={"pool_elements": pool_elements},
+                   requires={"features": ("strided_caches",), "pool_elements": pool_elements})
 
 
 #: The far-pool cells of the cache operations: each operation's cases and check.

@@ -109,6 +109,8 @@ def in_pool(case: AttentionCase, *, num_layers: int = 2, layer: int = 1) -> Atte
 
 #: Elements of a cache past which an int32 element offset overflows.
 INT32_OFFSET_LIMIT = 2**31
+#: Elements past which an unsigned 32-bit element offset wraps.
+UINT32_OFFSET_LIMIT = 2**32
 
 
 def blocks_past(min_elements: int, block_elements: int) -> int:

@@ -22,15 +22,16 @@ from typing import Any
 
 import numpy as np
 
+from pagedattn.backends.capabilities import Capabilities
 from pagedattn.conformance.mutants.attention import FusedScoreShift, RowMaxOfUnscaledProducts
 from pagedattn.conformance.mutants.kernel import F32, State, SteppedKernelBackend
 from pagedattn.conformance.mutants.plans import LaunchBindsFirstRunArrays
 from pagedattn.conformance.scale import LONG_BATCH_PAIRS, LONG_PREFILL_ROWS
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem
-from pagedattn.spec.dtypes import FP8_DTYPES
+from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES
 from pagedattn.spec.online_softmax import merge_states
-from pagedattn.spec.pools import INT32_OFFSET_LIMIT
+from pagedattn.spec.pools import INT32_OFFSET_LIMIT, UINT32_OFFSET_LIMIT
 
 #: Sequences from this many keys are split when the batch is small (at most SPLIT_MAX_SEQS).
 SPLIT_MIN_KEYS = 2048
@@ -159,6 +160,26 @@ class Int32OffsetsOfSmallViews(AddressedKernelBackend):
             return offsets
         block_elements = problem.block_size * problem.num_kv_heads * problem.head_dim
         read = _wrap_int32(blocks.astype(np.int64) * self.block_stride) // self.block_stride
+        return offsets + (read - blocks) * block_elements
+
+
+class Uint32OffsetsWithoutFp8(Int32OffsetsOfSmallViews):
+    bug = ("attention computes block * block_stride in unsigned 32 bits (an int32 overflow mended with an "
+           "unsigned type): right up to element 2**32 of the pool, wrapped past it; a backend of 16-bit "
+           "caches only, whose far pools end before element 2**32")
+    models = ("32-bit offsets of a layer view over one allocation for all layers: ROCm/aiter PR 4427 (a per-layer "
+              "view's block * stride in a 32-bit unsigned buffer offset, past it at 6.5 GB), "
+              "vllm-project/vllm-xpu-kernels PR 445 (vLLM's one allocation for all layers, block * stride in 32 "
+              "bits); unsigned, such an offset reaches element 2**32 of a 16-bit pool, 8 GiB")
+
+    def capabilities(self) -> Capabilities:
+        caps = super().capabilities()
+        return replace(caps, cache_dtypes=QUERY_DTYPES, features=caps.features - {"fp8"})
+
+    def block_offsets(self, blocks, slots, problem):
+        offsets = AddressedKernelBackend.block_offsets(self, blocks, slots, problem)
+        block_elements = problem.block_size * problem.num_kv_heads * problem.head_dim
+        read = (blocks.astype(np.int64) * self.block_stride % UINT32_OFFSET_LIMIT) // self.block_stride
         return offsets + (read - blocks) * block_elements
 
 
