@@ -1,4 +1,4 @@
-"""The suite's strength: the quick profile kills every mutant of the catalog, and not the correct kernel."""
+"""The suite's strength: the quick profile kills every mutant of the catalog, and not the correct kernels."""
 
 from __future__ import annotations
 
@@ -9,41 +9,15 @@ from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import AttentionCase
 from pagedattn.conformance.mutants import MUTANTS, plans, scale
 from pagedattn.conformance.mutants.kernel import SteppedKernelBackend
-from pagedattn.conformance.mutants.run import SUITE_MODULES, run_mutant, run_pytest_in_process
+from pagedattn.conformance.mutants.run import (
+    cell_location,
+    run_mutant_at_its_cell,
+    run_pytest_in_process,
+    suite_location,
+)
 from pagedattn.conformance.mutants.run import main as run_main
 from pagedattn.conformance.plugin import COSTLY_TESTS
 from pagedattn.spec.pools import random_paged_inputs
-
-
-def test_catalog_has_at_least_20_mutants_with_a_bug_each():
-    assert len(MUTANTS) >= 20
-    for name, cls in MUTANTS.items():
-        assert issubclass(cls, SteppedKernelBackend) and cls.bug and cls.models, name
-
-
-def test_correct_stepped_kernel_passes_quick_profile(tmp_path):
-    code = run_pytest_in_process(["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x",
-                                  "--hypothesis-profile=quick", "--conformance-cases", str(tmp_path),
-                                  "--backend", "pagedattn.conformance.mutants.kernel:SteppedKernelBackend",
-                                  "--pyargs", *SUITE_MODULES])
-    assert code == 0
-
-
-#: The bases of the scale mutants, and the scale cells their mutants die in (None: any).
-SCALE_BASES = {"AddressedKernelBackend": None, "UniformSplitKernelBackend": "mixed_length or long_sequences",
-               "CascadeKernelBackend": "shared_prefix"}
-
-
-@pytest.mark.parametrize("base", sorted(SCALE_BASES))
-def test_correct_scale_kernels_pass_the_scale_cells_of_the_quick_profile(tmp_path, base):
-    """The bases of the scale mutants are right where their mutants die: a mutant dies of its bug."""
-    cells = SCALE_BASES[base]
-    code = run_pytest_in_process(["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x",
-                                  "--hypothesis-profile=quick", "--conformance-cases", str(tmp_path),
-                                  "--backend", f"pagedattn.conformance.mutants.scale:{base}",
-                                  *(["-k", cells] if cells else []), "--pyargs", *MUTANT_MODULES[scale.__name__]])
-    assert code == 0
-
 
 #: Where the mutants of ``mutants/scale.py`` must die: their bugs show only in the scale cells (by
 #: name: an installed package's node ids do not always carry the module's path).
@@ -51,33 +25,58 @@ SCALE_CELLS = tuple(name for module in (test_scale, test_launch_scale) for name 
                     if name.startswith("test_"))
 #: Where the mutants of ``mutants/plans.py`` must die: only a backend used as an engine uses it shows their bugs.
 PLAN_CELLS = tuple(name for name in vars(test_plans) if name.startswith("test_"))
-#: The suite's modules each family of mutants runs: a scale or plan mutant only the modules of the
-#: cells it must die in (the rest of the quick profile, run on the correct kernel above, adds only
-#: time); every other mutant the whole suite.
-MUTANT_MODULES = {scale.__name__: (test_scale.__name__, test_launch_scale.__name__),
-                  plans.__name__: (test_plans.__name__,)}
+#: The test functions each family of mutants may be killed by (any other family: any of the suite's).
+FAMILY_CELLS = {scale.__name__: SCALE_CELLS, plans.__name__: PLAN_CELLS}
+
+#: The correct kernels the mutants are made from; each passes the quick profile's cells where its mutants die.
+BASES = (SteppedKernelBackend, scale.AddressedKernelBackend, scale.UniformSplitKernelBackend,
+         scale.CascadeKernelBackend)
 
 
-#: Seconds of processor time a mutant may take to die: 60, or 300 for one that only a costly cell
-#: kills (the plugin runs those last, after the rest of the quick suite: ``plugin.COSTLY_TESTS``).
+def _base(mutant: type[SteppedKernelBackend]) -> type[SteppedKernelBackend]:
+    """The correct kernel of :data:`BASES` a mutant is made from (the nearest in its MRO)."""
+    return next(cls for cls in mutant.__mro__ if cls in BASES)
+
+
+def test_catalog_has_at_least_20_mutants_with_a_bug_and_a_killing_cell_each():
+    assert len(MUTANTS) >= 20
+    for name, cls in MUTANTS.items():
+        assert issubclass(cls, SteppedKernelBackend) and cls.bug and cls.models, name
+        assert "killed_by" in vars(cls), f"{name} inherits the cell that kills its parent"
+        assert cls.killed_by in FAMILY_CELLS.get(cls.__module__, (cls.killed_by,)), f"{name}: {cls.killed_by}"
+        assert cell_location(cls.killed_by).endswith(f"::{cls.killed_by}")
+
+
+@pytest.mark.parametrize("base", BASES, ids=lambda cls: cls.__name__)
+def test_correct_kernels_pass_the_cells_their_mutants_die_in(tmp_path, base):
+    """A mutant dies of its bug: the kernel it is made from passes the cells that kill it (quick profile)."""
+    cells = sorted({cls.killed_by for cls in MUTANTS.values() if _base(cls) is base})
+    assert cells
+    code = run_pytest_in_process(["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x",
+                                  "--hypothesis-profile=quick", "--conformance-cases", str(tmp_path),
+                                  "--backend", f"{base.__module__}:{base.__name__}",
+                                  *suite_location([cell_location(cell) for cell in cells])])
+    assert code == 0
+
+
+#: Seconds of processor time a mutant may take to die in its cell: 60, or 300 in a costly cell
+#: (``plugin.COSTLY_TESTS``: cells of hundreds of thousands of rows, or pools of several GB).
 #: Processor time, the run's own: the other workers of a parallel test run stretch its wall time.
 KILL_SECONDS, COSTLY_KILL_SECONDS = 60, 300
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_quick_profile_kills_mutant(name):
-    """Killed within KILL_SECONDS of processor time (COSTLY_KILL_SECONDS by a costly cell); a scale
-    mutant by a scale cell, a plan mutant by a cell of test_plans."""
-    family = MUTANTS[name].__module__
-    result = run_mutant(name, profile="quick", modules=MUTANT_MODULES.get(family, SUITE_MODULES))
-    assert result.killed, f"mutant {name} survived the quick profile ({MUTANTS[name].bug}); exit {result.exit_code}"
-    costly = any(f"::{cell}[" in result.killed_by for cell in COSTLY_TESTS)
-    bound = COSTLY_KILL_SECONDS if costly else KILL_SECONDS
+    """The cell the mutant's ``killed_by`` names kills it under the quick profile, within KILL_SECONDS
+    of processor time (COSTLY_KILL_SECONDS in a costly cell). A cell's draws do not depend on the
+    cells before it, so this is the kill the whole suite makes (``mutants.run`` without ``--at-its-cell``)."""
+    result = run_mutant_at_its_cell(name, profile="quick")
+    killed_by = MUTANTS[name].killed_by
+    assert result.killed, f"mutant {name} survived {killed_by} ({MUTANTS[name].bug}); exit {result.exit_code}"
+    assert f"::{killed_by}[" in result.killed_by, result.killed_by
+    bound = COSTLY_KILL_SECONDS if killed_by in COSTLY_TESTS else KILL_SECONDS
     assert result.cpu_seconds < bound, (f"mutant {name} took {result.cpu_seconds:.0f} s of processor time to kill "
                                         f"({result.seconds:.0f} s of wall time, by {result.killed_by})")
-    cells = {scale.__name__: SCALE_CELLS, plans.__name__: PLAN_CELLS}.get(family)
-    if cells is not None:
-        assert any(f"::{cell}[" in result.killed_by for cell in cells), f"{name} killed by {result.killed_by}"
 
 
 def _decode_case(seed: int) -> AttentionCase:

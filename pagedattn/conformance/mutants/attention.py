@@ -26,6 +26,7 @@ def _where_set(problem: AttentionProblem, field: str, change: Callable[[Any], An
 class UnmaskedTail(SteppedKernelBackend):
     bug = "slots p >= L of the last block are not masked (only the causal/window bounds are)"
     models = "tail of the last block read unmasked"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def visible(self, p, p_q, length, problem):
         vis = np.ones((len(p_q), len(p)), dtype=bool)
@@ -42,6 +43,7 @@ class DecodeTailUnmaskedWithoutCausal(SteppedKernelBackend):
     models = ("this project's cupy decode kernel takes a sub-tile as seen whole when it ends by L and by the "
               "causal bound; the kernel edit DecodeWholeSubTilePastL drops the L bound, which only causal=False "
               "decode exposes")
+    killed_by = "test_attention_matches_spec"
 
     def visible(self, p, p_q, length, problem):
         if problem.is_decode and not problem.causal:
@@ -55,6 +57,7 @@ class DecodeTailUnmaskedWithoutCausal(SteppedKernelBackend):
 class BlockCountFloor(SteppedKernelBackend):
     bug = "number of blocks is L // block_size: the partial last block is dropped"
     models = "off-by-one block count"
+    killed_by = "test_long_sequences_match_spec"
 
     def logical_blocks(self, length, block_size, p_q, problem):
         return list(range(length // block_size))
@@ -63,6 +66,7 @@ class BlockCountFloor(SteppedKernelBackend):
 class ReadsPastTable(SteppedKernelBackend):
     bug = "visits one block-table column more than ceil(L / block_size)"
     models = "reads block-table entries past the sequence (padding -1 / garbage ids)"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def logical_blocks(self, length, block_size, p_q, problem):
         return list(range(min(-(-length // block_size) + 1, problem.max_blocks_per_seq)))
@@ -71,6 +75,7 @@ class ReadsPastTable(SteppedKernelBackend):
 class MissingRescale(SteppedKernelBackend):
     bug = "online softmax: O is not rescaled by exp(m_i - m_new) when the maximum grows"
     models = "missing rescale of the accumulator in the online softmax"
+    killed_by = "test_long_sequences_with_a_window_match_spec"
 
     def update(self, m, l, O, s_ij, visible, v):
         m_new, l_new, _ = super().update(m, l, O, s_ij, visible, v)
@@ -83,6 +88,7 @@ class MissingRescale(SteppedKernelBackend):
 class FiniteMaskSentinel(SteppedKernelBackend):
     bug = "masked scores are set to -1e4 instead of -inf"
     models = "finite mask value (-1e4 / -FLT_MAX) leaking weight"
+    killed_by = "test_long_rows_of_minus_inf_scores_are_empty"
 
     def mask(self, s_ij, visible):
         return np.where(visible[:, None, :], s_ij, F32(-1e4))
@@ -91,6 +97,7 @@ class FiniteMaskSentinel(SteppedKernelBackend):
 class NaNOnEmptyRow(SteppedKernelBackend):
     bug = "epilogue divides O by l without a guard: a query with no visible key gets 0/0 = NaN"
     models = "NaN output for fully masked rows / zero-length sequences"
+    killed_by = "test_mixed_length_batches_match_spec"
 
     def finalize(self, m, l, O):
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -100,6 +107,7 @@ class NaNOnEmptyRow(SteppedKernelBackend):
 class NaNOnMaskedBlock(SteppedKernelBackend):
     bug = "visits blocks wholly outside the window and computes exp(m_i - m_new) with both -inf"
     models = "NaN from exp(-inf - -inf) in the online softmax"
+    killed_by = "test_long_sequences_with_a_window_match_spec"
 
     def update(self, m, l, O, s_ij, visible, v):
         with np.errstate(invalid="ignore"):
@@ -119,6 +127,7 @@ class NaNOnMaskedBlock(SteppedKernelBackend):
 class WrongGQAMapping(SteppedKernelBackend):
     bug = "query head h reads KV head h % num_kv_heads instead of h // group_size"
     models = "wrong GQA head mapping"
+    killed_by = "test_attention_matches_spec"
 
     def kv_heads(self, problem):
         return np.arange(problem.num_q_heads) % problem.num_kv_heads
@@ -127,6 +136,7 @@ class WrongGQAMapping(SteppedKernelBackend):
 class Int16BlockIds(SteppedKernelBackend):
     bug = "block ids are kept in int16: ids >= 32768 wrap to negative"
     models = "block ids overflow a narrow integer type in large pools"
+    killed_by = "test_far_pool_attention_matches_spec"
 
     def physical_block(self, row, j):
         return int(np.array(row[j]).astype(np.int16))
@@ -135,6 +145,7 @@ class Int16BlockIds(SteppedKernelBackend):
 class HardcodedBlockSize(SteppedKernelBackend):
     bug = "assumes block_size 16 (the cache is addressed in 16-slot blocks)"
     models = "hard-coded block size"
+    killed_by = "test_odd_sizes_match_spec"
 
     def block_size(self, problem):
         return 16
@@ -147,6 +158,7 @@ class HardcodedBlockSize(SteppedKernelBackend):
 class LayoutMixup(SteppedKernelBackend):
     bug = "ignores kv_layout: HND caches are read as NHD"
     models = "NHD/HND layout mix-up"
+    killed_by = "test_large_blocks_match_spec"
 
     def slots(self, cache, problem):
         array = np.asarray(cache)
@@ -170,6 +182,7 @@ class _SoftcapFormula(SteppedKernelBackend):
 class SoftcapOverflow(_SoftcapFormula):
     bug = "softcap's tanh as (e^2x - 1) / (e^2x + 1) in float32: inf / inf = NaN for large scores"
     models = "softcap overflow"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def capped(self, s_ij, cap):
         e = np.exp(F32(2) * s_ij / cap)
@@ -180,6 +193,7 @@ class SoftcapCancels(_SoftcapFormula):
     bug = ("softcap as softcap - 2 softcap / (e^(2x / softcap) + 1) in float32: off by ulps of softcap for "
            "scores near 0, where tanh's own error is ulps of the score")
     models = "a one-exp soft cap traded for tanh's accuracy near 0 (this project's GPU kernels, caught on the H200)"
+    killed_by = "test_attention_matches_spec"
 
     def capped(self, s_ij, cap):
         e = np.exp(F32(2) * s_ij / cap).astype(F32)
@@ -189,6 +203,7 @@ class SoftcapCancels(_SoftcapFormula):
 class MaskBeforeSoftcap(SteppedKernelBackend):
     bug = "applies the -inf mask before softcap: tanh(-inf) = -1 gives masked keys the score -softcap"
     models = "mask applied before logit softcapping"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def transform(self, s_ij, p, p_q, visible, problem):
         return super().transform(super().mask(s_ij, visible), p, p_q, visible, problem)
@@ -200,6 +215,7 @@ class MaskBeforeSoftcap(SteppedKernelBackend):
 class HalfPrecisionScores(SteppedKernelBackend):
     bug = "q . k is rounded to the query dtype (float16/bfloat16) before the softmax"
     models = "low-precision accumulation of scores"
+    killed_by = "test_long_sequences_with_a_window_match_spec"
 
     def scores(self, q, k, problem):
         from pagedattn.spec.dtypes import numpy_dtype
@@ -211,6 +227,7 @@ class HalfPrecisionScores(SteppedKernelBackend):
 class ScaleFromPaddedHeadDim(SteppedKernelBackend):
     bug = "default scale 1/sqrt(head_dim) uses head_dim padded to a power of two (80 -> 128)"
     models = "wrong default softmax scale"
+    killed_by = "test_odd_sizes_match_spec"
 
     def scale(self, problem):
         if math.isclose(problem.scale, 1.0 / math.sqrt(problem.head_dim)):
@@ -221,6 +238,7 @@ class ScaleFromPaddedHeadDim(SteppedKernelBackend):
 class ExplicitScaleIgnored(SteppedKernelBackend):
     bug = "an explicit scale is ignored: always 1/sqrt(head_dim)"
     models = "scale argument not forwarded to the kernel"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def scale(self, problem):
         return 1.0 / math.sqrt(problem.head_dim)
@@ -229,6 +247,7 @@ class ExplicitScaleIgnored(SteppedKernelBackend):
 class LseInLog2(SteppedKernelBackend):
     bug = "returns lse in base 2 (m log2(e) + log2 l), as the exp2 kernels keep it"
     models = "lse in log2 units returned as natural log"
+    killed_by = "test_long_sequences_match_spec"
 
     def finalize(self, m, l, O):
         out, lse = super().finalize(m, l, O)
@@ -238,6 +257,7 @@ class LseInLog2(SteppedKernelBackend):
 class AlibiSign(SteppedKernelBackend):
     bug = "ALiBi bias slope * (p_q - p) instead of slope * (p - p_q)"
     models = "ALiBi bias sign"
+    killed_by = "test_long_sequences_with_a_window_match_spec"
 
     def transform(self, s_ij, p, p_q, visible, problem):
         flipped = _where_set(problem, "alibi_slopes", lambda slopes: -slopes)
@@ -247,6 +267,7 @@ class AlibiSign(SteppedKernelBackend):
 class SlidingWindowOffByOne(SteppedKernelBackend):
     bug = "window keeps p >= p_q - W (W + 1 keys) instead of p > p_q - W"
     models = "sliding-window off-by-one"
+    killed_by = "test_large_blocks_match_spec"
 
     def visible(self, p, p_q, length, problem):
         wider = _where_set(problem, "sliding_window", lambda window: window + 1)
@@ -256,6 +277,7 @@ class SlidingWindowOffByOne(SteppedKernelBackend):
 class ChunkedPrefillPositions(SteppedKernelBackend):
     bug = "varlen queries are placed at positions 0..q_len-1 (ignores the cached context before them)"
     models = "chunked prefill / prefix caching query positions"
+    killed_by = "test_long_speculative_batches_match_spec"
 
     def query_positions(self, problem):
         if problem.is_decode:
@@ -267,6 +289,7 @@ class ChunkedPrefillPositions(SteppedKernelBackend):
 class NonCausalIgnored(SteppedKernelBackend):
     bug = "causal=False is ignored: the causal mask is always applied"
     models = "causal flag not forwarded"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def visible(self, p, p_q, length, problem):
         return super().visible(p, p_q, length, replace(problem, causal=True))
@@ -275,6 +298,7 @@ class NonCausalIgnored(SteppedKernelBackend):
 class FP8ScaleIgnored(SteppedKernelBackend):
     bug = "fp8 caches are used without multiplying by k_scale / v_scale"
     models = "fp8 KV-cache scales not applied"
+    killed_by = "test_long_sequences_with_fp8_caches_match_spec"
 
     def _run(self, plan, query, key_cache, value_cache):
         pr = plan.problem
@@ -286,6 +310,7 @@ class Fp8QueryRoundedToFloat16(SteppedKernelBackend):
     bug = ("fp8 caches are multiplied in float16 and a bfloat16 query is rounded to float16 as it is: "
            "elements beyond 65,504 become inf")
     models = "fp8 KV-cache products in float16 without scaling the query into float16's range"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def scores(self, q, k, problem):
         from pagedattn.spec.dtypes import FP8_DTYPES
@@ -304,6 +329,7 @@ class Fp8NaNReadAsFinite(SteppedKernelBackend):
            "never reaches the row")
     models = ("fast fp8-to-16-bit conversions by shifts and one multiply (Marlin-style dequantisation); "
               "Triton's CPU interpreter casts float8_e4m3fn's NaN to float32 as 480")
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def read_block(self, slots, row, j, problem):
         block = super().read_block(slots, row, j, problem)
@@ -317,6 +343,7 @@ class Fp8NaNReadAsFinite(SteppedKernelBackend):
 class StridedAssumedContiguous(SteppedKernelBackend):
     bug = "addresses blocks with contiguous strides even when the cache is a strided view of a pool"
     models = "non-contiguous (strided) KV cache read as contiguous"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def slots(self, cache: Any, problem: AttentionProblem) -> np.ndarray:
         return super().slots(read_as_dense(np.asarray(cache)), problem)
@@ -328,6 +355,7 @@ class QueryRowsAssumedDense(SteppedKernelBackend):
     models = ("ai-bond/flash-attention-v100 issue 41 (varlen forward assumes dense Hq * D query rows: strided "
               "views of a fused QKV split silently misread); flashinfer-ai/flashinfer issue 311 and "
               "sgl-project/sglang PR 7462 (non-contiguous queries from a fused QKV projection)")
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def queries(self, query: Any, problem: AttentionProblem) -> np.ndarray:
         return read_as_dense(np.asarray(query))
@@ -339,6 +367,7 @@ class TableRowsAssumedDense(SteppedKernelBackend):
     models = ("NVIDIA/TensorRT-LLM PR 17285 (a non-contiguous view of block indices read as a contiguous "
               "allocation: wrong KV pages, wrong or non-finite output); vLLM's paged_attention kernels step "
               "block_tables by block_tables.size(1)")
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
         return read_as_dense(np.asarray(block_tables))
@@ -359,6 +388,7 @@ class IndexArraysReadAsInt32(SteppedKernelBackend):
            "second sequence's length is the high word of the first's (0), and an int64 table's entry j is word j")
     models = ("flashinfer-ai/flashinfer issue 1654 (an int64 last_page_len given to plan, which took int32: the "
               "second sequence came back all 0s, with no error)")
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
         return int32_words(block_tables, problem.block_tables.shape), int32_words(seq_lens, problem.seq_lens.shape)
@@ -374,6 +404,7 @@ class CacheRowsAsWords(SteppedKernelBackend):
     models = ("caches read as words of two or four values (an fp8 tile has no transposing ldmatrix of bytes, "
               "so a kernel takes it as 16-bit words): on a view with odd strides the rows read are not the "
               "rows asked; triton's fp8 value tiles here check the strides at run time for this")
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def slots(self, cache: Any, problem: AttentionProblem) -> np.ndarray:
         array = np.asarray(cache)
@@ -386,6 +417,7 @@ class CacheRowsAsWords(SteppedKernelBackend):
 class MaskByMultiply(SteppedKernelBackend):
     bug = "masks by multiplying weights by 0 and uses unmasked values: NaN/inf garbage gives NaN"
     models = "NaN/inf in unused cache slots leaking through a multiplicative mask"
+    killed_by = "test_long_sequences_match_spec"
 
     def mask(self, s_ij, visible):
         return s_ij
@@ -404,6 +436,7 @@ class MaskByMultiply(SteppedKernelBackend):
 class NondeterministicBlockOrder(SteppedKernelBackend):
     bug = "blocks are accumulated in a run-dependent order (split-K partials added as they finish)"
     models = "non-deterministic output (atomics / split-K reduction order)"
+    killed_by = "test_long_plans_serve_many_runs"
 
     def logical_blocks(self, length, block_size, p_q, problem):
         order = super().logical_blocks(length, block_size, p_q, problem)
@@ -414,6 +447,7 @@ class NondeterministicBlockOrder(SteppedKernelBackend):
 class HalfPrecisionAccumulator(SteppedKernelBackend):
     bug = "the running O = sum p v is kept in the query dtype (float16/bfloat16): each p v is added in 16 bits"
     models = "16-bit attention accumulators that lose small terms at long context (llama.cpp, Paddle, tract)"
+    killed_by = "test_long_sequences_match_spec"
 
     def update(self, m, l, O, s_ij, visible, v):
         half = self.query_dtype if self.query_dtype != np.float32 else F32
@@ -433,6 +467,7 @@ class HalfPrecisionAccumulator(SteppedKernelBackend):
 class FiniteMaxSentinel(SteppedKernelBackend):
     bug = "the running max starts at -5e4 instead of -inf: a row whose scores all lie below it gets l = 0"
     models = "softmax max clamped to a finite floor (burn's SOFTMAX_MAX_FLOOR of -1e4)"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def initial_max(self):
         return -5e4
@@ -443,6 +478,7 @@ class FusedScoreShift(SteppedKernelBackend):
            "max key's weight is e to its score's rounding error, inf or 0 once scores pass about 1e9")
     models = ("exp2(s * scale - m) as one FFMA, the max scaled and rounded apart (Dao-AILab/flash-attention's "
               "softmax scale_apply_exp2; its UNFUSE_FMA option rounds the product first with __fmul_rn)")
+    killed_by = "test_attention_matches_spec"
 
     def scores(self, q, k, problem):
         return np.einsum("nhd,bhd->nhb", q.astype(np.float64), k.astype(np.float64))  # not yet rounded
@@ -469,6 +505,7 @@ class NaNMaskingKernel(SteppedKernelBackend):
     bug = "non-finite scores are masked like invisible keys and non-finite values read as 0: NaN input is hidden"
     models = ("NaN-safe attention that hides corrupted input as zeros (PyTorch's CPU flash SDPA returns 0 for a"
               " NaN query; cubecl's test let a NaN reference pass)")
+    killed_by = "test_long_sequences_with_non_finite_scores_propagate"
 
     def mask(self, s_ij, visible):
         return np.where(visible[:, None, :] & np.isfinite(s_ij), s_ij, F32(-np.inf))
@@ -480,6 +517,7 @@ class NaNMaskingKernel(SteppedKernelBackend):
 class Exp2WithoutLog2e(SteppedKernelBackend):
     bug = "weights are exp2(s - m) without folding log2(e) into the scale: a base-2 softmax"
     models = "exp -> exp2 rewrite of the softmax (jax, vllm-metal) with the log2(e) factor lost"
+    killed_by = "test_long_sequences_match_spec"
 
     def exp(self, x):
         return np.exp2(x)
@@ -488,6 +526,7 @@ class Exp2WithoutLog2e(SteppedKernelBackend):
 class AlibiFromSequenceEnd(SteppedKernelBackend):
     bug = "ALiBi distance p - L instead of p - p_q: a per-row shift of the scores, so out is right and lse is off"
     models = "ALiBi distance measured from the context length (vLLM: token_idx - context_len, missing + 1)"
+    killed_by = "test_long_sequences_with_a_window_match_spec"
 
     def transform(self, s_ij, p, p_q, visible, problem):
         return super().transform(s_ij, p, p_q + 1, visible, problem)
@@ -496,6 +535,7 @@ class AlibiFromSequenceEnd(SteppedKernelBackend):
 class AlibiSlopePerKVHead(SteppedKernelBackend):
     bug = "ALiBi slope indexed by the KV head (h // group_size) instead of the query head h"
     models = "ALiBi slopes and the GQA head mapping mixed up (vLLM's ALiBi head-mapping hotfix)"
+    killed_by = "test_non_finite_visible_data_propagates"
 
     def transform(self, s_ij, p, p_q, visible, problem):
         by_kv_head = np.arange(problem.num_q_heads) // problem.group_size
@@ -507,6 +547,7 @@ class RowMaxOfUnscaledProducts(SteppedKernelBackend):
     bug = ("the row max taken on the raw products q.k and then scaled (the exponent one FFMA): under a negative "
            "scale that is the row's least score, and exp(s - m) overflows once the scores spread past 88")
     models = "a fast path that assumes scale > 0 (max(q.k) * scale as the running max)"
+    killed_by = "test_attention_matches_spec"
 
     def scale(self, problem):
         # the fast path of scores that are scale * q.k and nothing more
@@ -525,6 +566,7 @@ class MinusInfRowUnguarded(SteppedKernelBackend):
            "are skipped: a row whose every visible score is -inf gets exp(-inf + inf) = NaN")
     models = ("flashinfer-ai/flashinfer PR 4401 (once masked logits are -inf, exp2(m_prev - m) of a row whose every "
               "logit is -inf is NaN, in a warp's slice and in the split-KV merge of empty chunks)")
+    killed_by = "test_long_rows_of_minus_inf_scores_are_empty"
 
     def row_shift(self, m_new):
         return m_new

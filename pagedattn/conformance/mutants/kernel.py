@@ -45,6 +45,10 @@ class SteppedKernelBackend(NumpyBackend):
     bug: ClassVar[str] = ""
     #: The public reports of the same kind of bug.
     models: ClassVar[str] = ""
+    #: The test function of the conformance suite that fails first under the ``quick`` profile, its
+    #: modules run in :data:`~pagedattn.conformance.mutants.run.SUITE_MODULES`' order (the kill
+    #: table's last column); for a mutant of ``mutants/plans.py``, the first in ``test_plans``.
+    killed_by: ClassVar[str] = ""
 
     # -- steps ------------------------------------------------------------------------------
     def queries(self, query: Any, problem: AttentionProblem) -> np.ndarray:

@@ -15,6 +15,7 @@ from pagedattn.spec.dtypes import FP8_DTYPES, numpy_dtype
 class WriteKVClobbersNeighbour(SteppedKernelBackend):
     bug = "write_kv stores each token into its slot and the next one (a two-slot vector store)"
     models = "cache write clobbering neighbouring slots"
+    killed_by = "test_write_kv_writes_only_its_slots"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
@@ -32,6 +33,7 @@ class WriteKVRowsAssumedDense(SteppedKernelBackend):
     models = ("vLLM's reshape_and_cache takes key.stride(0) and value.stride(0), keys and values being views of "
               "fused QKV rows (its launcher as quoted in ROCm/aiter PR 2772); the query side: "
               "ai-bond/flash-attention-v100 issue 41")
+    killed_by = "test_write_kv_writes_only_its_slots"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         super()._write_kv(problem, read_as_dense(np.asarray(key)), read_as_dense(np.asarray(value)),
@@ -41,6 +43,7 @@ class WriteKVRowsAssumedDense(SteppedKernelBackend):
 class WriteKVScaleMultiplies(SteppedKernelBackend):
     bug = "write_kv stores x * scale into fp8 caches instead of x / scale"
     models = "fp8 cache quantisation scale inverted"
+    killed_by = "test_write_kv_writes_only_its_slots"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         kv_ops.write_kv(key, value, key_cache, value_cache, problem.slot_mapping, kv_layout=problem.kv_layout,
@@ -77,6 +80,7 @@ class WriteKVTruncates(SteppedKernelBackend):
            "bits): up to one step off where the spec rounds to nearest even")
     models = ("fp8 conversions by shifting a float's bits, without rounding; Triton's downcasts take "
               "fp_downcast_rounding='rtz' as an option")
+    killed_by = "test_write_kv_writes_only_its_slots"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         _write_converted(problem, key, value, key_cache, value_cache, _toward_zero)
@@ -92,6 +96,7 @@ class WriteKVClampsToE4m3Max(SteppedKernelBackend):
            "dtype, with fminf and fmaxf: float8_e5m2 values past 448 are clipped, and NaN is stored as 448")
     models = ("flashinfer-ai/flashinfer PR 2639 (fp8 quantisation kernels, the paged-KV append of RoPE among them, "
               "clamped with a hard-coded fmaxf(-448.0f, fminf(x, 448.0f)) whatever the fp8 type)")
+    killed_by = "test_write_kv_writes_only_its_slots"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         _write_converted(problem, key, value, key_cache, value_cache,
@@ -103,6 +108,7 @@ class WriteKVClampHidesNaN(SteppedKernelBackend):
            "a NaN key or value element is stored as the largest finite value, so the NaN never reaches attention")
     models = ("fp8 cache writes clamped as fmaxf(-max, fminf(x, max)) (flashinfer-ai/flashinfer PR 2639); "
               "AcademySoftwareFoundation/OpenImageIO PR 1617 (a clamp written so that NaN returns a bound)")
+    killed_by = "test_write_kv_writes_only_its_slots"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         _write_converted(problem, key, value, key_cache, value_cache,
@@ -112,6 +118,7 @@ class WriteKVClampHidesNaN(SteppedKernelBackend):
 class WriteKVIgnoresSkip(SteppedKernelBackend):
     bug = "write_kv does not skip slot -1: padding tokens land in the pool's last slot"
     models = "padding slot -1 not skipped in reshape_and_cache"
+    killed_by = "test_write_kv_writes_only_its_slots"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         for cache, x, scale in ((key_cache, key, problem.k_scale), (value_cache, value, problem.v_scale)):
@@ -137,6 +144,7 @@ class WriteKVSkipLandsBeforeTheCache(SteppedKernelBackend):
            "cache (another layer's cache in one buffer)")
     models = ("vllm-project/vllm PR 13922 (padding slots in reshape_and_cache), in a kernel addressing the cache "
               "linearly; KV caches of all layers allocated as views of one buffer")
+    killed_by = "test_write_kv_writes_only_its_slots"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         super()._write_kv(problem, key, value, key_cache, value_cache, slot_mapping)
@@ -153,6 +161,7 @@ class WriteKVSkipLandsBeforeTheCache(SteppedKernelBackend):
 class CopyBlocksSequential(SteppedKernelBackend):
     bug = "copy_blocks copies pair by pair, so a chain a->b, b->c copies a's data into c"
     models = "copy-on-write block copies not reading all sources first"
+    killed_by = "test_copy_blocks_reads_all_sources_first"
 
     def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
         for cache in (key_cache, value_cache):
@@ -166,6 +175,7 @@ class CopyBlocksFp8ByIndexing(SteppedKernelBackend):
     models = ('pytorch/pytorch issue 169656 ("index_cpu" not implemented for Float8_e4m3fn, found copying blocks '
               'of an fp8 KV cache in vLLM); pytorch/pytorch issue 133605 ("index_cuda" not implemented for '
               "Float8_e4m3fn)")
+    killed_by = "test_copy_blocks_of_fp8_caches"
 
     def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
         if np.asarray(key_cache).dtype.itemsize == 1:
@@ -179,6 +189,7 @@ class MergeLseAssumedDense(SteppedKernelBackend):
     models = ("vllm-project/vllm PR 57012 (an lse of (tokens, heads) indexed as (heads, tokens) in chunked-context "
               "merges); vllm-project/vllm-xpu-kernels PR 479 (an lse layout other than merge_attn_states' "
               "[heads, tokens]: accuracy lost); Dao-AILab/flash-attention PR 2388 (lse strides hard-coded)")
+    killed_by = "test_merge_states_matches_exact_merge"
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
         return super()._merge_states(out_a, read_as_dense(np.asarray(lse_a)), out_b, read_as_dense(np.asarray(lse_b)))
@@ -189,6 +200,7 @@ class MergeZeroesNonFiniteOut(SteppedKernelBackend):
            "non-empty part's out holds never reaches the row")
     models = ("sgl-project/sglang PR 34213 (context-parallel partial outputs sanitised in place with nan_to_num_ "
               "before their LSE merge)")
+    killed_by = "test_merge_states_matches_exact_merge"
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
         def sanitised(out):
@@ -202,6 +214,7 @@ class MergeSkipsNonFiniteLse(SteppedKernelBackend):
     models = ("NVIDIA/TensorRT-LLM PR 16940 (a merge over the pools of finite LSE only, each pool's output "
               "kept where isfinite(lse)); vllm-project/vllm PR 28181 (merge_attn_states branches on "
               "isinf(max_lse))")
+    killed_by = "test_merge_states_matches_exact_merge"
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
         def finite(lse):
@@ -217,6 +230,7 @@ class MergeReadsPartsOfPositiveWeight(SteppedKernelBackend):
            "never reaches the row, and a NaN lse gives -inf")
     models = ("merges that read a part only where its weight is positive, a guard for empty parts that also "
               "drops NaN once a float32 weight underflows (104 below the largest lse)")
+    killed_by = "test_merge_states_matches_exact_merge"
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
         lse_a, lse_b = np.asarray(lse_a, np.float32), np.asarray(lse_b, np.float32)
@@ -236,6 +250,7 @@ class MergeReadsPartsOfPositiveWeight(SteppedKernelBackend):
 class MergeNaNOnEmpty(SteppedKernelBackend):
     bug = "merge_states weights exp(lse - max) without a guard: -inf on both sides or NaN out gives NaN"
     models = "merge of attention states with -inf lse"
+    killed_by = "test_merge_states_matches_exact_merge"
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
         with np.errstate(invalid="ignore"):

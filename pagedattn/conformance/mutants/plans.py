@@ -19,6 +19,7 @@ class PlanStateOnBackend(SteppedKernelBackend):
     models = ("sgl-project/sglang PR 27193 (a re-plan inside a multi-step loop clobbers the per-step attention "
               "metadata: wrong output, not a crash); NVIDIA/TensorRT-LLM PR 15546 (the next step's block offsets "
               "overwrite a reused staging buffer before the previous step's copy ran)")
+    killed_by = "test_a_plan_serves_many_runs"
 
     def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
         self.planned_last = problem
@@ -33,6 +34,7 @@ class LaunchBindsFirstRunArrays(SteppedKernelBackend):
            "the first run's arrays")
     models = ("flashinfer-ai/flashinfer PR 5080 (an identity-memoised plan replayed without re-pointing it "
               "at the new call's buffers); host-time launch caches that keep argument addresses")
+    killed_by = "test_a_plan_serves_many_runs"
 
     def caches_launch(self, plan) -> bool:
         """Whether ``plan``'s launches are cached with the arrays of its first run: every plan's."""
@@ -53,6 +55,7 @@ class OutputBufferPerPlan(SteppedKernelBackend):
     bug = "the plan allocates out (and lse) once and every run returns them: a later run overwrites an earlier out"
     models = ("NVIDIA/TensorRT-LLM PR 17887 (a returned output held in a reused buffer, safe only if consumed "
               "before the next call); output buffers cached per plan to save host time")
+    killed_by = "test_a_plan_serves_many_runs"
 
     def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
         return {"out": None, "lse": None}
@@ -72,6 +75,7 @@ class WriteKVLandsLate(SteppedKernelBackend):
            "after it reads the newest slots before they are written (a synchronize waits for it)")
     models = ("tile-ai/TileOPs PR 1215 review (a KV-cache append racing the attention reads of the same pages); "
               "vllm-project/vllm PR 42359 (attention over KV blocks the step has not written yet)")
+    killed_by = "test_a_step_writes_then_attends"
 
     pending: tuple[Any, ...] | None = None
 
@@ -98,6 +102,7 @@ class LaunchCacheKeepsEveryRunsArrays(SteppedKernelBackend):
            "holding them: every step of an engine adds an entry, and no step's arrays are ever freed")
     models = ("sgl-project/sglang PR 40175 review (a plan cache holding views of the last Q/K/V per shape: a "
               "long-running worker runs out of memory); launch caches keyed by argument addresses")
+    killed_by = "test_runs_hold_no_memory"
 
     def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
         return {"launches": {}}
@@ -117,6 +122,7 @@ class PlanStateInARingOf32(SteppedKernelBackend):
            "overwrites the first plan's batch, whose runs then follow it")
     models = ("fixed pools of per-plan device buffers sized below the plans an engine keeps (one per CUDA-graph "
               "capture size: 67 in vLLM's default list); ROCm/aiter PR 4916 (a fixed pool of per-launch slots)")
+    killed_by = "test_many_plans_stay_independent"
 
     #: the batch each slot holds, and how many plans were made
     plan_slots: dict[int, Any]

@@ -5,6 +5,8 @@ test did it. The suite's modules run cheapest first (operations, bad input, non-
 meaning, never), so a mutant is usually killed by the first cell that exercises its bug.
 :func:`kill_table` runs the catalog under several profiles, each mutant in a fresh process;
 ``python -m pagedattn.conformance.mutants.run --profile quick --profile ci`` prints the table.
+:func:`run_mutant_at_its_cell` (``--at-its-cell``) runs a mutant on the one test function that
+kills it first (its ``killed_by``): the same kill, without the cells before it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,19 @@ def suite_location(modules: Sequence[str] = SUITE_MODULES) -> list[str]:
     import pagedattn
 
     return ["--rootdir", str(Path(pagedattn.__file__).resolve().parent.parent), "--pyargs", *modules]
+
+
+def cell_location(function: str, modules: Sequence[str] = SUITE_MODULES) -> str:
+    """``module::function`` for the suite's test function ``function``, the first of ``modules`` defining it.
+
+    Passed in ``modules``, it runs that function's cells only (every parametrization).
+    """
+    import importlib
+
+    for module in modules:
+        if callable(getattr(importlib.import_module(module), function, None)):
+            return f"{module}::{function}"
+    raise LookupError(f"no test function {function!r} in {', '.join(modules)}")
 
 
 class MutantResult(NamedTuple):
@@ -141,16 +156,29 @@ def run_mutant(
     return MutantResult(name, code == pytest.ExitCode.TESTS_FAILED, seconds, first.nodeid, int(code), cpu)
 
 
-def kill_table(names: Sequence[str], profiles: Sequence[str], *,
+def run_mutant_at_its_cell(name: str, *, profile: str = "quick", isolated: bool = False) -> MutantResult:
+    """:func:`run_mutant` on the one test function the mutant's ``killed_by`` names.
+
+    A kill there is a kill by the whole suite (a cell's draws do not depend on the cells run
+    before it), in the time of that function's cells rather than of every cell before them.
+    """
+    from pagedattn.conformance.mutants import MUTANTS
+
+    return run_mutant(name, profile=profile, isolated=isolated, modules=[cell_location(MUTANTS[name].killed_by)])
+
+
+def kill_table(names: Sequence[str], profiles: Sequence[str], *, at_its_cell: bool = False,
                progress: Callable[[MutantResult, str], None] | None = None) -> dict[str, dict[str, MutantResult]]:
     """Run each mutant under each profile (isolated); return ``{name: {profile: result}}``.
 
+    ``at_its_cell``: on the test function its ``killed_by`` names only, not the whole suite.
     ``progress(result, profile)`` is told of each run as it ends.
     """
+    run = run_mutant_at_its_cell if at_its_cell else run_mutant
     table: dict[str, dict[str, MutantResult]] = {}
     for name in names:
         for profile in profiles:
-            result = run_mutant(name, profile=profile, isolated=True)
+            result = run(name, profile=profile, isolated=True)
             table.setdefault(name, {})[profile] = result
             if progress is not None:
                 progress(result, profile)
@@ -181,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="hypothesis profile (repeatable; default quick)")
     parser.add_argument("--mutant", action="append", choices=sorted(MUTANTS), metavar="NAME",
                         help="one mutant of the catalog (repeatable; default all)")
+    parser.add_argument("--at-its-cell", action="store_true",
+                        help="run each mutant on the test function its killed_by names, not the whole suite")
     args = parser.parse_args(argv)
     profiles = args.profile or ["quick"]
     names = args.mutant or sorted(MUTANTS)
@@ -188,11 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def progress(result: MutantResult, profile: str) -> None:
         print(f"{result.name} [{profile}]: {_cell(result)}", file=sys.stderr, flush=True)
 
-    table = kill_table(names, profiles, progress=progress)
+    table = kill_table(names, profiles, at_its_cell=args.at_its_cell, progress=progress)
     headers = ["mutant", *(f"{p}: time to kill" for p in profiles), f"killed by ({profiles[0]})"]
     rows = [[name, *(_cell(table[name][p]) for p in profiles), _test_name(table[name][profiles[0]].killed_by)]
             for name in names]
-    print_table(headers, rows, title="mutants: time for the suite to kill each (numpy-stepped kernel, -x)")
+    where = "the cell its killed_by names" if args.at_its_cell else "the suite"
+    print_table(headers, rows, title=f"mutants: time for {where} to kill each (numpy-stepped kernel, -x)")
     for profile in profiles:
         killed = [r for r in (table[n][profile] for n in names) if r.killed]
         times = sorted(r.seconds for r in killed)

@@ -111,6 +111,7 @@ class AddressedKernelBackend(SteppedKernelBackend):
 class Int32CacheOffsets(AddressedKernelBackend):
     bug = "attention computes a block's element offset block * block_stride in int32: wraps past 2**31 elements"
     models = "int32 offset overflow in paged-attention kernels on KV caches past 2**31 elements"
+    killed_by = "test_far_pool_attention_matches_spec"
 
     def block_offsets(self, blocks, slots, problem):
         return _wrap_int32(super().block_offsets(blocks, slots, problem))
@@ -125,6 +126,7 @@ class Fp8Int32CacheOffsets(AddressedKernelBackend):
     bug = ("the fp8-cache attention path computes a block's element offset in int32 (the 16-bit path in 64-bit): "
            "wraps past 2**31 elements")
     models = "int32 offsets in a separate fp8 KV-cache kernel on caches past 2**31 elements"
+    killed_by = "test_far_pool_attention_with_fp8_caches_matches_spec"
 
     def block_offsets(self, blocks, slots, problem):
         return _on_fp8_caches(super().block_offsets(blocks, slots, problem), problem, _wrap_int32)
@@ -137,6 +139,7 @@ class Fp8ByteOffsetsIn32Bits(AddressedKernelBackend):
     models = ("ROCm/aiter PR 2893 (batch prefill overflowed 32-bit byte offsets once the KV cache passed 4 GB) "
               "and PR 4575 (buffer descriptors' 32-bit offsets on a KV cache past 4 GB, fp8 prefill kernels "
               "among those fixed)")
+    killed_by = "test_far_pool_attention_with_fp8_caches_matches_spec"
 
     def block_offsets(self, blocks, slots, problem):
         return _on_fp8_caches(super().block_offsets(blocks, slots, problem), problem,
@@ -148,6 +151,7 @@ class Int32OffsetsOfSmallViews(AddressedKernelBackend):
            "layer view of a larger pool, block * block_stride passes 2**31 and wraps")
     models = ("vllm-project/vllm issue 50427 (paged K/V offsets overflow int32 once num_gpu_blocks >= 2**31 / "
               "(block_size * 2 * num_kv_heads * head_size): the block stride holds K and V)")
+    killed_by = "test_far_layer_views_match_spec"
 
     def read_block(self, slots, row, j, problem):
         self.block_stride = slots.strides[0] // slots.itemsize  # elements between blocks of the view
@@ -171,6 +175,7 @@ class Uint32OffsetsWithoutFp8(Int32OffsetsOfSmallViews):
               "view's block * stride in a 32-bit unsigned buffer offset, past it at 6.5 GB), "
               "vllm-project/vllm-xpu-kernels PR 445 (vLLM's one allocation for all layers, block * stride in 32 "
               "bits); unsigned, such an offset reaches element 2**32 of a 16-bit pool, 8 GiB")
+    killed_by = "test_far_layer_views_match_spec"
 
     def capabilities(self) -> Capabilities:
         caps = super().capabilities()
@@ -188,6 +193,7 @@ class PageTileOf128Slots(AddressedKernelBackend):
            "from slot s % 128")
     models = ("flashinfer-ai/flashinfer issue 4347 (a paged-attention kernel wrong with page sizes over 128; "
               "its kernels assumed at most 128 tokens per page: flashinfer-ai/flashinfer issue 1796)")
+    killed_by = "test_large_blocks_match_spec"
 
     def locate(self, p, block_size):
         columns, slots = super().locate(p, block_size)
@@ -205,6 +211,7 @@ class SlotRunsOf8WithinOneBlock(AddressedKernelBackend):
     models = ("Dao-AILab/flash-attention PR 824 (a tile's copy from the paged cache assumed to lie in one "
               "page, which held for pages of 256 and not for the 16 engines use); "
               "sgl-project/sglang issue 38196 (a backend silently wrong at page size 16 and right at 128)")
+    killed_by = "test_small_blocks_match_spec"
 
     def locate(self, p, block_size):
         start = p // SLOT_RUN * SLOT_RUN
@@ -216,6 +223,7 @@ class LargePagesSeeFirst4096Keys(SteppedKernelBackend):
            "the last block: the blocks between are skipped")
     models = ("flashinfer-ai/flashinfer issue 4347 (trtllm-gen context attention with pages of 256: right to "
               "4,096 keys, wrong from 6,144, as if it saw only the first 4,096 keys and the last page)")
+    killed_by = "test_large_blocks_match_spec"
 
     def logical_blocks(self, length, block_size, p_q, problem):
         blocks = super().logical_blocks(length, block_size, p_q, problem)
@@ -229,6 +237,7 @@ class WriteKVSlotsOfA128Tile(SteppedKernelBackend):
            "slot s lands at s % 128")
     models = ("a cache write whose in-block offset holds pages of at most 128 tokens (the page limit of "
               "flashinfer-ai/flashinfer issue 1796)")
+    killed_by = "test_large_block_operations_match_spec"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         bs = problem.block_size
@@ -240,6 +249,7 @@ class HeadTileOf256(SteppedKernelBackend):
            "the output's dims past 256 never written")
     models = ("Dao-AILab/flash-attention issue 805 (head_dim 1024 ran without an error and gave wrong results); "
               "ROCm/aiter PR 2273 (a paged kernel for one head size called for others: wrong results)")
+    killed_by = "test_large_head_dims_match_spec"
 
     def scores(self, q, k, problem):
         return super().scores(q[..., :256], k[..., :256], problem)
@@ -253,6 +263,7 @@ class HeadTileOf256(SteppedKernelBackend):
 class WriteKVInt32Offsets(AddressedKernelBackend):
     bug = "write_kv computes slot * (num_kv_heads * head_dim) in int32: slots past element 2**31 land elsewhere"
     models = "int32 slot offsets in reshape_and_cache-style cache writes on large caches"
+    killed_by = "test_far_pool_operation"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         slot_elements = problem.num_kv_heads * problem.head_dim
@@ -266,6 +277,7 @@ class WriteKVInt32TokenOffsets(AddressedKernelBackend):
            "element 2**31 of the inputs are read from another row")
     models = ("32-bit offsets into the key/value inputs of a cache write (vllm-project/vllm-ascend PR 8505 review: "
               "headId * seqLen * headDim in uint32; SHI-Labs/NATTEN PR 337: token strides widened to 64 bits)")
+    killed_by = "test_far_rows_of_write_kv"
 
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         row_elements = problem.num_kv_heads * problem.head_dim
@@ -279,6 +291,7 @@ class WriteKVInt32TokenOffsets(AddressedKernelBackend):
 class CopyBlocksInt32Offsets(AddressedKernelBackend):
     bug = "copy_blocks computes block * block_stride in int32: blocks past element 2**31 are copied from/to others"
     models = "int32 block offsets in copy_blocks / swap_blocks on large caches"
+    killed_by = "test_far_pool_operation"
 
     def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
         num_blocks = key_cache.shape[0]
@@ -301,6 +314,7 @@ def _unwritten(state: State, rows: Any) -> State:
 class SplitMergeIgnoresMax(AddressedKernelBackend):
     bug = "split-KV merge adds the parts' l and O without rescaling each by exp(m_i - m_max)"
     models = "split-KV / flash-decoding reduction combining partials without the max correction"
+    killed_by = "test_long_sequences_match_spec"
 
     def merge(self, states):
         if len(states) == 1:
@@ -314,6 +328,7 @@ class SplitMergeIgnoresMax(AddressedKernelBackend):
 class SplitVScaleTwice(AddressedKernelBackend):
     bug = "fp8 v_scale is applied to each split part's O and again after the merge: split rows are off by v_scale"
     models = "fp8 cache scales applied in both the split-KV partials and the merge"
+    killed_by = "test_long_sequences_with_fp8_caches_match_spec"
 
     def _run(self, plan, query, key_cache, value_cache):
         self.v_scale = F32(plan.problem.v_scale)
@@ -330,6 +345,7 @@ class SplitEmptyPartNaN(AddressedKernelBackend):
     bug = ("split-KV: a part that sees no key (all outside the window) leaves its partial O / l = 0 / 0, "
            "and the merge weighs it by 0: 0 * NaN = NaN")
     models = "split-KV partials of empty splits (sliding window, causal) poisoning the merge"
+    killed_by = "test_long_sequences_with_a_window_match_spec"
 
     def merge(self, states):
         if len(states) == 1:
@@ -351,6 +367,7 @@ class SplitMergeOfRowsWithoutKeysNaN(AddressedKernelBackend):
            "part is empty (every score -inf) gets exp(-inf + inf) = NaN instead of out 0, lse -inf")
     models = ("flashinfer-ai/flashinfer PR 4401 (an empty split-KV chunk merged in state_t::merge/normalize); "
               "cupy's merge_partials without its lse_k == -inf test")
+    killed_by = "test_long_rows_of_minus_inf_scores_are_empty"
 
     def merge(self, states):
         return states[0] if len(states) == 1 else super().merge(states)
@@ -363,6 +380,7 @@ class AlibiDistanceInQueryDtype(AddressedKernelBackend):
     bug = ("ALiBi's distance p - p_q is computed in the query's dtype: bfloat16 holds integers exactly "
            "only to 256, float16 to 2,048, so far keys get the wrong bias")
     models = "ALiBi bias from positions held in half precision at long context"
+    killed_by = "test_long_sequences_with_a_window_match_spec"
 
     def transform(self, s_ij, p, p_q, visible, problem):
         if problem.alibi_slopes is None or problem.dtype == "float32":
@@ -379,6 +397,7 @@ class SplitLseOfLargestPart(AddressedKernelBackend):
     bug = ("split-KV merge returns out right but lse as the largest part's own (m_max + log l_max), "
            "not the log-sum-exp over the parts")
     models = "split-KV / cascade merges that combine out but pass one part's lse through"
+    killed_by = "test_long_sequences_match_spec"
 
     lse_l: np.ndarray | None = None  # the largest part's l, for the lse of a split row
 
@@ -402,6 +421,7 @@ class SplitLseOfLargestPart(AddressedKernelBackend):
 class SplitDropsLastPart(AddressedKernelBackend):
     bug = "split-KV cuts L // part_len parts: the keys after the last whole part are not read"
     models = "split-KV partition rounding down (partial last split dropped)"
+    killed_by = "test_long_sequences_match_spec"
 
     def parts(self, blocks, length, problem):
         cut = super().parts(blocks, length, problem)
@@ -416,6 +436,7 @@ class SplitMergeLseOverflows(AddressedKernelBackend):
            "whose lse lies more than 88.7 above the running one overflows exp (lse inf, out 0)")
     models = ("zhuzilin/ring-flash-attention PR 30 (that lse update overflowed exp; fixed with a log-sigmoid); "
               "flashinfer-ai/flashinfer PR 5119 review (large finite sinks gave NaN in a split merge)")
+    killed_by = "test_long_needles_match_spec"
 
     def merge(self, states):
         if len(states) == 1:
@@ -439,6 +460,7 @@ class SplitMergeDropsNonFiniteParts(AddressedKernelBackend):
            "that also takes NaN and inf): NaN or inf that a row sees in one part never reaches it")
     models = ("vllm-project/vllm csrc/attention/merge_attn_states.cu (a part's lse of +inf replaced by -inf, an "
               "empty part's, before the merge); flashinfer-ai/flashinfer PR 4054 (empty parts' NaN in merges)")
+    killed_by = "test_long_sequences_with_non_finite_scores_propagate"
 
     def merge(self, states):
         if len(states) == 1:
@@ -464,6 +486,7 @@ class SplitPartialsOfTheFirstRowSlot(AddressedKernelBackend):
            "the buffer held (NaN) and the merge reads them; a plan that does not split stores every row")
     models = ("local-inference-lab/b12x PR 24 (split-KV decode epilogues stored MMA row_slot 0 only, the packed "
               "query rows 0-7 of the m16 tile: garbage output whenever the GQA group size passed 8)")
+    killed_by = "test_long_sequences_of_wide_groups_match_spec"
 
     def parts(self, blocks, length, problem):
         self._group = problem.group_size
@@ -487,6 +510,7 @@ class Fp8SplitPartialsOfTheFirstRowSlot(SplitPartialsOfTheFirstRowSlot):
            "head, the merge reads what the buffer held (NaN) for the others")
     models = ("local-inference-lab/b12x PR 24 (split-KV decode epilogues stored MMA row_slot 0 only, garbage past "
               "a GQA group of 8), in an fp8 decode kernel of its own")
+    killed_by = "test_long_sequences_of_wide_groups_with_fp8_caches_match_spec"
 
     def drops_rows(self) -> bool:
         return self.cache_dtype in FP8_DTYPES
@@ -498,6 +522,7 @@ class PowerOfTwoBlockMath(AddressedKernelBackend):
     bug = ("column and slot of position p as p >> log2(block_size) and p & (block_size - 1):"
            " right for powers of two only")
     models = "bit-shift block/slot arithmetic that assumes a power-of-two block size"
+    killed_by = "test_odd_sizes_match_spec"
 
     def locate(self, p, block_size):
         shift = int(block_size).bit_length() - 1
@@ -518,6 +543,7 @@ class DecodeGroupWrapsTile(SteppedKernelBackend):
     bug = ("decode holds a KV head's query heads in one 16-row MMA tile: past 16 heads, head g reads the query "
            "row of head g % 16")
     models = "GQA decode kernels that assume a group fits one MMA tile (group sizes past 16 computed wrong)"
+    killed_by = "test_wide_groups_match_spec"
 
     def _run(self, plan, query, key_cache, value_cache):
         problem = plan.problem
@@ -536,6 +562,7 @@ class CausalBoundOfFirstQueryTile(SteppedKernelBackend):
     bug = ("causal prefill in 64-query tiles with the KV range's end hoisted out of the tile loop: every tile stops "
            "at the end of the 64-key tile holding the 64th query's position, so later queries miss the keys after it")
     models = "loop-invariant causal bounds (the last KV tile computed once per sequence) in multi-tile prefill kernels"
+    killed_by = "test_long_prefills_match_spec"
 
     def visible(self, p, p_q, length, problem):
         vis = super().visible(p, p_q, length, problem)
@@ -552,6 +579,7 @@ class WindowTilesOfTheFirstQuery(SteppedKernelBackend):
     models = ("the unmasked middle of a tile's key range (FlashAttention-2's n_block_min and n_masking_steps) "
               "computed for the wrong end of the query tile under a local window; the same project's triton "
               "kernel takes the bound from the tile's last query (full_lo)")
+    killed_by = "test_long_chunks_under_a_window_match_spec"
 
     def visible(self, p, p_q, length, problem):
         vis = super().visible(p, p_q, length, problem)
@@ -570,6 +598,7 @@ class LargePrefillMaxOfUnscaledProducts(RowMaxOfUnscaledProducts):
            "overflows once the scores spread past 88")
     models = ("a fast path that assumes scale > 0 in a kernel only large batches reach (this project's cupy "
               "Hopper prefill guards it with scale > 0); the draws of small cells never meet it")
+    killed_by = "test_long_prefills_under_negative_scales_match_spec"
 
     def scale(self, problem):
         value = super().scale(problem)
@@ -588,6 +617,7 @@ class TableBatchRefreshedLate(SteppedKernelBackend):
     models = ("an off-by-one in a software-pipelined block-table prefetch (this project's cupy decode kernel "
               "holds one entry a lane, a batch ahead: the kernel edit DecodeTableBatchOffByOne); split plans of "
               "small batches never walk that far in one CTA")
+    killed_by = "test_long_batches_match_spec"
 
     def read_block(self, slots, row, j, problem):
         bs = problem.block_size
@@ -608,6 +638,7 @@ class Fp8TableBatchRefreshedLate(TableBatchRefreshedLate):
            "on read the blocks of the keys 2,048 before")
     models = ("an off-by-one in the block-table prefetch of a separate fp8 decode path; the 16-bit path's long "
               "batches pass")
+    killed_by = "test_long_batches_with_fp8_caches_match_spec"
 
     def refreshes_late(self, problem):
         return problem.cache_dtype in FP8_DTYPES
@@ -623,6 +654,7 @@ class RescaleDecidedByTheFirstRows(SteppedKernelBackend):
     models = ("a rescale skipped where alpha == 1, decided over a warp's rows with only one of each lane's two "
               "rows tested (this project's cupy fp8 decode kernel tests both; the kernel edit "
               "DecodeRescaleOfTheFirstRowsOnly drops the second)")
+    killed_by = "test_long_sequences_of_wide_groups_match_spec"
 
     def scale(self, problem):
         self.group = problem.group_size if problem.is_decode else 0
@@ -648,6 +680,7 @@ class Fp8SplitRescaleDecidedByTheFirstRows(AddressedKernelBackend, RescaleDecide
            "scale")
     models = ("this project's cupy fp8 decode kernel with the kernel edit DecodeRescaleOfTheFirstRowsOnly: its "
               "parts of about 1,024 keys, and the fp8 tolerance of keys far from 0")
+    killed_by = "test_long_sequences_of_wide_groups_with_fp8_caches_match_spec"
 
     def output_rescale(self, alpha, m, m_new):
         if self.cache_dtype not in FP8_DTYPES:
@@ -671,6 +704,7 @@ class LargePrefillFusedScoreShift(FusedScoreShift):
               "cupy Hopper prefill bounds its fast path at |m| < 2**19 in log2 units; the kernel edit "
               "WgmmaFastPathPastItsRange drops the bound); like that fast path, under a positive scale and "
               "without softcap or ALiBi only")
+    killed_by = "test_long_prefills_match_spec"
 
     def scale(self, problem):
         self.large = (_large_prefill(problem) and problem.scale > 0 and problem.softcap is None
@@ -688,6 +722,7 @@ class LargePrefillValueOnePastL(SteppedKernelBackend):
            "weight is 0, but 0 * NaN = NaN in P V where that slot holds NaN")
     models = ("a tile's row count compared with <= for <: this project's cupy Hopper prefill kernel (16-bit "
               "caches) with the kernel edit WgmmaReadsOneRowPastL")
+    killed_by = "test_long_prefills_match_spec"
 
     def scale(self, problem):
         self.large = _large_prefill(problem) and problem.cache_dtype not in FP8_DTYPES
@@ -706,6 +741,7 @@ class NonCausalKeysEndAtItsQueryTile(SteppedKernelBackend):
            "causal or not: without the causal mask, the queries of every tile but the last miss the later keys")
     models = ("sgl-project/sglang PR 39593 (Triton extend attention's key loop stopped at the causal query tile's "
               "end while a mask exposed later keys: bidirectional blocks silently missed them)")
+    killed_by = "test_long_non_causal_prefills_match_spec"
 
     def visible(self, p, p_q, length, problem):
         vis = super().visible(p, p_q, length, problem)
@@ -741,6 +777,7 @@ class GroupTailTilesUnwritten(UnwrittenOutputKernel):
     bug = ("a KV head's query heads are cut into 64-row tiles but the grid has one program per KV head: "
            "heads past the 64th of each group are never written")
     models = "grids sized for one head tile per KV head: query heads past the first tile left unwritten (MQA)"
+    killed_by = "test_wide_groups_match_spec"
 
     def unwritten(self, problem):
         tail = np.arange(problem.num_q_heads) % problem.group_size >= PREFILL_TILE_ROWS
@@ -752,6 +789,7 @@ class GroupTilesPlacedEvery16Heads(UnwrittenOutputKernel):
            "height) instead of 64 i: the tiles overlap, and heads past 16 (tiles - 1) + 64 are never written")
     models = ("a head tile's first head from the wrong tile height (triton's g0 with 16 for GROUP_TILE): right "
               "while a group fits in 80 heads, as Falcon-7B's 71 does; MLA decode's 128 heads on one KV head")
+    killed_by = "test_wide_groups_match_spec"
 
     def unwritten(self, problem):
         tiles = -(-problem.group_size // PREFILL_TILE_ROWS)
@@ -764,6 +802,7 @@ class WorkListOneWave(UnwrittenOutputKernel):
     bug = ("a persistent kernel launches 132 x 4 CTAs over its (sequence, KV head) work list and walks it once: "
            "pairs past the 528th are never computed")
     models = "persistent-kernel work loops that stop after the first wave (large decode batches lose sequences)"
+    killed_by = "test_large_batches_match_spec"
 
     def unwritten(self, problem):
         G, Hkv = problem.group_size, problem.num_kv_heads
@@ -779,6 +818,7 @@ class Fp8WorkListOneWave(WorkListOneWave):
            "work list once (the 16-bit path covers every pair): on fp8 caches, pairs past the 528th are never computed")
     models = ("persistent-kernel work loops that stop after the first wave, in a separate fp8 KV-cache kernel; "
               "vllm-project/vllm issue 6429 (FP8 KV-cache models failed where the 16-bit cache served)")
+    killed_by = "test_large_batches_with_fp8_caches_match_spec"
 
     def unwritten(self, problem):
         if problem.cache_dtype in FP8_DTYPES:
@@ -793,6 +833,7 @@ class WorkCounterZeroedAtPlan(UnwrittenOutputKernel):
     models = ("ROCm/aiter PR 4916 (a split-K counter zeroed once where it is allocated: a replay finds it "
               "non-zero); flashinfer-ai/flashinfer issue 4002 (a planner's scheduler entries left stale for "
               "a graph's padded CTAs)")
+    killed_by = "test_large_batch_plans_serve_many_runs"
 
     #: whether the run under way found the counter at the end of its list
     exhausted = False
@@ -821,6 +862,7 @@ class QueryTokensOnGridZ(UnwrittenOutputKernel):
            "exception and no row is written")
     models = ("flashinfer-ai/flashinfer issue 3125 (tokens on gridDim.z: wrong results past 65,535, no error); "
               "SandAI-org/MagiAttention PR 40; deepspeedai/DeepSpeed PR 1239")
+    killed_by = "test_many_tokens_match_spec"
 
     def unwritten(self, problem):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_tokens > GRID_YZ_LIMIT)
@@ -831,6 +873,7 @@ class SequencesOnGridY(UnwrittenOutputKernel):
            "launch fails without an exception and no row is written")
     models = ("vLLM's paged_attention_v1 launcher (dim3 grid(num_heads, num_seqs, 1)); "
               "Dao-AILab/flash-attention issue 1786 (FA2's batch on grid.y: 80,000 sequences of 16 tokens fail)")
+    killed_by = "test_many_sequences_match_spec"
 
     def unwritten(self, problem):
         return np.full((problem.num_tokens, problem.num_q_heads), problem.num_seqs > GRID_YZ_LIMIT)
@@ -882,6 +925,7 @@ class CopyBlocksPairsOnGridY(UnlaunchedOperationKernel):
            "launch fails without an exception and nothing is copied")
     models = ("vLLM's copy_blocks launcher (dim3 grid(num_layers, num_pairs)) and the kernels derived from it "
               "(ROCm/aiter, the fp8 copy_pages variants)")
+    killed_by = "test_copy_blocks_of_many_pairs"
 
     def copy_launch_fails(self, num_pairs, heads, head_dim, itemsize):
         return num_pairs > GRID_YZ_LIMIT
@@ -892,6 +936,7 @@ class WriteKVTokensOnGridY(UnlaunchedOperationKernel):
            "an exception and nothing is written")
     models = ("kernels launched with tokens on gridDim.y or z (as QueryTokensOnGridZ); lablup/mlxcel issue 648 "
               "(long-prompt prefill: a grid's y dimension past 65,535)")
+    killed_by = "test_write_kv_of_many_tokens"
 
     def write_kv_launch_fails(self, problem, key):
         return problem.num_tokens > GRID_YZ_LIMIT
@@ -903,6 +948,7 @@ class Fp8WriteKVTokensOnGridY(WriteKVTokensOnGridY):
     models = ("a cache write with a kernel of its own for fp8 caches (quantising with the scales), launched "
               "as WriteKVTokensOnGridY; vllm-project/vllm issue 6429 (FP8 KV-cache models failed where the "
               "16-bit cache served)")
+    killed_by = "test_write_kv_of_many_tokens"
 
     def write_kv_launch_fails(self, problem, key):
         return super().write_kv_launch_fails(problem, key) and problem.cache_dtype in FP8_DTYPES
@@ -915,6 +961,7 @@ class MergeTokensOnGridY(UnlaunchedOperationKernel):
            "the launch fails without an exception and nothing is written")
     models = ("vllm-project/vllm PR 52381 (fused kernels with the token count on grid-y: 65,536 tokens fail to "
               "launch); fla-org/flash-linear-attention PR 1239 (documents x heads on a grid axis past 65,535)")
+    killed_by = "test_merge_states_of_many_tokens"
 
     def merge_launch_fails(self, out_a):
         return np.shape(out_a)[0] > GRID_YZ_LIMIT
@@ -936,6 +983,7 @@ class MergeHeadsInOneBlock(UnlaunchedOperationKernel):
            "fails without an exception and nothing is written")
     models = ("lightseekorg/tokenspeed PR 330 and PR 1185 (merge_state's head axis packed into blockDim.y: 96 "
               "MLA heads of 128 ask 1,536 threads, and the launch fails)")
+    killed_by = "test_merges_of_many_wide_heads_match_exact_merge"
 
     def merge_launch_fails(self, out_a):
         _, heads, head_dim = np.shape(out_a)
@@ -950,6 +998,7 @@ class WriteKVHeadsInOneBlock(UnlaunchedOperationKernel):
               "x)); LMCache/LMCache issue 4154 (a KV block transfer of 16 lanes x num_heads threads: "
               "MiniMax-M3's 128 KV heads fail to launch); gittensor-ai-lab/sparkinfer issue 201 (a KV append "
               "with blockDim = head_dim)")
+    killed_by = "test_wide_head_operations_match_spec"
 
     def write_kv_launch_fails(self, problem, key):
         _, heads, head_dim = np.shape(key)
@@ -962,6 +1011,7 @@ class CopyBlocksHeadsInOneBlock(UnlaunchedOperationKernel):
            "without an exception and nothing is copied")
     models = ("LMCache/LMCache issue 4154 (multi_layer_block_kv_transfer launched with blocks of "
               "min(elements_per_head, 32) x num_heads threads: 128 KV heads of 128 fail to launch)")
+    killed_by = "test_wide_head_operations_match_spec"
 
     def copy_launch_fails(self, num_pairs, heads, head_dim, itemsize):
         return threads_of_heads_in_one_block(heads, head_dim, itemsize) > BLOCK_THREADS
@@ -976,6 +1026,7 @@ class MergeRowTileOf256(SteppedKernelBackend):
            "the 256th never written")
     models = ("merge kernels dispatched for head dims up to 256 while MLA's value dim is 512 "
               "(flashinfer-ai/flashinfer PR 761: merges asked for head_dim 192 and 512)")
+    killed_by = "test_merges_of_many_wide_heads_match_exact_merge"
 
     def _merge_states(self, out_a, lse_a, out_b, lse_b):
         out, lse = super()._merge_states(out_a, lse_a, out_b, lse_b)
@@ -996,6 +1047,7 @@ class SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
     bug = "split-KV merge holds at most 64 parts (a fixed shared-memory array): parts past the 64th are dropped"
     models = ("flashinfer-ai/flashinfer PR 4573 (reduce kernels covering 32 splits, one per lane, unchecked); "
               "ROCm/aiter PR 3669 (split LSE scales in an LDS array of max_splits entries)")
+    killed_by = "test_very_long_sequences_match_spec"
 
     def merge(self, states):
         return super().merge(states[:MERGE_MAX_PARTS])
@@ -1007,6 +1059,7 @@ class Fp8SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
     models = ("flashinfer-ai/flashinfer PR 4573 and ROCm/aiter PR 3669 (merges of a fixed number of splits), in a "
               "separate fp8 path whose plan splits finer than the 16-bit one; "
               "vllm-project/vllm issue 6429 (FP8 KV-cache models failed at contexts the 16-bit cache served)")
+    killed_by = "test_very_long_sequences_with_fp8_caches_match_spec"
 
     def merge(self, states):
         return super().merge(states[:MERGE_MAX_PARTS] if self.cache_dtype in FP8_DTYPES else states)
@@ -1017,6 +1070,7 @@ class KeyPositionsIn16Bits(AddressedKernelBackend):
            "p >= 65,536 is read from position p - 65,536")
     models = ("ml-explore/mlx issue 3360 (key positions in a 16-bit short in the SDPA kernel's mask: "
               "wrong past 32K keys)")
+    killed_by = "test_very_long_sequences_match_spec"
 
     def locate(self, p, block_size):
         return super().locate(p % UINT16_POSITIONS, block_size)
@@ -1032,6 +1086,7 @@ class WindowMaskIn16BitPositions(AddressedKernelBackend):
            "32,767 they wrap, and keys far outside the window pass it")
     models = ("ml-explore/mlx issue 3360 (mask positions in a 16-bit short in the SDPA kernel: 2 to 10 times the "
               "output past 32K keys when the mask hides most positions)")
+    killed_by = "test_very_long_sequences_with_a_window_match_spec"
 
     def visible(self, p, p_q, length, problem):
         if problem.sliding_window is None:
@@ -1125,6 +1180,7 @@ class CascadePrefixLseTransposed(CascadeKernelBackend):
     models = ("vllm-project/vllm PR 22003 (cascade attention's prefix lse, a non-contiguous view, read as "
               "contiguous: garbled output when 128 requests share a system prompt); "
               "vllm-project/vllm issue 22103 (cascade attention's accuracy loss on a batch of repeated prompts)")
+    killed_by = "test_shared_prefix_batches_match_spec"
 
     def prefix_lse(self, lse):
         return np.ascontiguousarray(lse.T).reshape(lse.shape)
@@ -1137,6 +1193,7 @@ class CascadePrefixOfTheFirstSequence(CascadeKernelBackend):
     models = ("vllm-project/vllm PR 55227 (a common prefix found for requests that do not share one: the "
               "cascade path used the first request's prefix block table for the others); "
               "vllm-project/vllm issue 22103 (a batch of 32 repeats of one prompt and 18 of another)")
+    killed_by = "test_two_shared_prefix_batches_match_spec"
 
     def compared_rows(self, problem):
         return problem.block_tables[:2]
@@ -1159,6 +1216,7 @@ class SplitMergeSizedFor128KKeys(AddressedKernelBackend):
     models = ("ROCm/vllm PR 22 (custom paged attention's reduction wrong past a 16K context) and PR 238 (its "
               "reduction's cases widened to 128K keys of 256-key partitions); vllm-project/vllm PR 39001 (the "
               "ROCm custom op capped at 131,072 keys until a multi-pass reduction)")
+    killed_by = "test_million_key_sequences_match_spec"
 
     def merge(self, states):
         return super().merge(states[:MERGE_MAX_KEYS // PART_KEYS])
@@ -1176,6 +1234,7 @@ class SplitSkipsPartsPastItsQueryTile(AddressedKernelBackend):
     models = ("NVIDIA/cudnn-frontend PR 768 (a split that holds no key of a tile must still write O = 0, "
               "lse = -inf, the merge's identity); ROCm/aiter PR 3606 (chunked prefill's split reduction: "
               "final lse wrong)")
+    killed_by = "test_long_chunks_match_spec"
 
     def parts(self, blocks, length, problem):
         parts = super().parts(blocks, length, problem)
@@ -1214,6 +1273,7 @@ class TailWeightsFlushed(SteppedKernelBackend):
            "small weights loses it")
     models = ("ROCm/FlyDSL PR 1020 (fp8 attention casts P to e4m3 before P V: with thousands of keys most "
               "weights fall below 2**-9, l still counts them, rows keep 64% of their weight)")
+    killed_by = "test_long_tails_with_fp8_caches_match_spec"
 
     def weighted_values(self, p_ij, visible, v):
         if self.cache_dtype in FP8_DTYPES and _sixteen_bit(self):
@@ -1228,6 +1288,7 @@ class SkipsNegligibleBlocks(SteppedKernelBackend):
     models = ("skip-softmax block skipping (BLASST) left on for exact attention: lightseekorg/tokenspeed PR 1359 "
               "(a nonzero threshold must be calibrated per sequence length); quic/efficient-transformers PR 1009 "
               "(its threshold divided by the context length)")
+    killed_by = "test_long_tails_match_spec"
 
     def update(self, m, l, O, s_ij, visible, v):
         m_new, l_new, O_new = super().update(m, l, O, s_ij, visible, v)
@@ -1257,6 +1318,7 @@ class SplitMergeInArrivalOrder(AddressedKernelBackend):
            "run to run: the same call gives other bits")
     models = ("ROCm/aiter issue 4364 (a long-context decode's split-K reduce: run-to-run different outputs at "
               "temperature 0); merges by atomicAdd into float32 partial sums")
+    killed_by = "test_long_plans_serve_many_runs"
 
     runs = 0
 
@@ -1274,6 +1336,7 @@ class SplitPlanBindsFirstRunArrays(LaunchBindsFirstRunArrays, AddressedKernelBac
            "later runs of it read those arrays; a plan that does not split launches afresh")
     models = ("flashinfer-ai/flashinfer PR 5080 (an identity-memoised plan replayed without re-pointing it at the "
               "new call's buffers), in a split-KV path's own launch cache")
+    killed_by = "test_long_plans_serve_many_runs"
 
     def caches_launch(self, plan):
         return _plan_splits(self, plan.problem)
@@ -1284,6 +1347,7 @@ class SplitPartialsNeverFreed(AddressedKernelBackend):
            "long sequence leaves them behind; a plan that does not split allocates none")
     models = ("apache/tvm PR 14723 (a workspace cudaMalloc'ed on every attention call and never freed); "
               "split-KV partial buffers allocated per call outside the framework's allocator")
+    killed_by = "test_long_runs_hold_no_memory"
 
     def merge(self, states):
         if len(states) > 1:
@@ -1329,6 +1393,7 @@ class SplitMergeWritesTheKthSequencesRows(MisplacedMergeRows):
               "batch index its path never set: every sequence's rows written over the first one's, the rest never "
               "written); vllm-project/flash-attention PR 190 (its combine kernel made to address out and lse "
               "through cu_seqlens_q)")
+    killed_by = "test_mixed_length_batches_match_spec"
 
     def merged_row_start(self, problem, rank, s):
         return int(problem.query_start_loc[rank])
@@ -1342,6 +1407,7 @@ class SplitMergeRowsOfAPaddedBatch(MisplacedMergeRows):
               "lengths and its out was addressed by an unset batch stride: made to address rows through "
               "cu_seqlens_q); Dao-AILab/flash-attention PR 2542 (varlen split-KV's combine addresses rows of a "
               "padded layout)")
+    killed_by = "test_long_speculative_batches_match_spec"
 
     def merged_row_start(self, problem, rank, s):
         return s * int(problem.q_lens.max(initial=0))
@@ -1371,6 +1437,7 @@ class SplitPartsPastItsEndUnwritten(UniformSplitKernelBackend):
     models = ("vllm-project/flash-attention PR 190 (split partials pre-initialised to O = 0, lse = -inf so that "
               "early-exit splits cannot leak garbage into the combine); flash-attention's split-KV kernel writes "
               "O = 0 and lse = -inf for a split past a sequence's keys for the same reason")
+    killed_by = "test_mixed_length_batches_match_spec"
 
     def merge(self, states):
         if len(states) == 1:
@@ -1384,6 +1451,7 @@ class SplitMergeOfEmptyPartsNaN(UniformSplitKernelBackend):
     models = ("flashinfer-ai/flashinfer issue 4051 (merging states that are all empty gives NaN, in merge_states "
               "and the persistent kernels' reductions); vllm-project/vllm PR 28181 and PR 39148 (merge_attn_states "
               "NaN where both lse are -inf)")
+    killed_by = "test_mixed_length_batches_match_spec"
 
     def merge(self, states):
         m, l, O = super().merge(states)
