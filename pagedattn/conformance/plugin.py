@@ -139,9 +139,10 @@ CHEAP_TESTS = frozenset({"test_write_kv_writes_only_its_slots", "test_copy_block
 #: Tests whose cells cost a CPU backend seconds to tens of seconds each (arrays of 2**31 elements built
 #: for the call; batches of more than 65,535 sequences or block pairs; hundreds of sequences of
 #: thousands of keys each): they run last, so that a bug any other cell shows is not held up behind
-#: them, and among themselves in this order, the cheapest first (on a stepped NumPy kernel: well
-#: under a second each for the first three, about 11 s a cell of many sequences, 26 s of long batches).
+#: them, and among themselves in this order, the cheapest first (on a stepped NumPy kernel: a
+#: second or two each for the first four, about 11 s a cell of many sequences, 26 s of long batches).
 COSTLY_TESTS: tuple[str, ...] = ("test_far_rows_of_write_kv", "test_far_layer_views_match_spec",
+                                 "test_far_table_rows_match_spec",
                                  "test_copy_blocks_of_many_pairs", "test_many_sequences_match_spec",
                                  "test_long_batches_match_spec", "test_long_batches_with_fp8_caches_match_spec")
 

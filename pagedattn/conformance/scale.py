@@ -86,6 +86,7 @@ from pagedattn.conformance.strategies import (
     sizes_are_large,
     write_kv_cases,
 )
+from pagedattn.spec.case import table_view
 from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, UINT32_OFFSET_LIMIT, blocks_past, lazy_cache
 
@@ -100,6 +101,8 @@ __all__ = [
     "FAR_SCORE_HEADS",
     "FAR_SCORE_QUERIES",
     "FAR_SCORE_ROWS",
+    "FAR_TABLE_PADDING",
+    "FAR_TABLE_WIDTH",
     "FAR_VIEW_LAYERS",
     "FAR_WRITE_ROW_ELEMENTS",
     "HEAD_NEEDLE_KEY",
@@ -156,6 +159,7 @@ __all__ = [
     "far_row_write_kv_cases",
     "far_score_cases",
     "far_score_rows",
+    "far_table_cases",
     "far_write_kv_cases",
     "large_batch_cases",
     "long_batch_cases",
@@ -814,6 +818,63 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     return AttentionCase(query=query, key_cache=pool[:, 0, layer], value_cache=pool[:, 1, layer], block_tables=tables,
                          seq_lens=np.array(lens, np.int32), query_start_loc=qsl, options={"kv_layout": kv_layout},
                          seed=draw(_SEEDS, label="variant_seed"), labels=labels, pool=pool, layer=layer)
+
+
+#: Columns of a far table: an engine's block table as wide as a context of 1,048,576 keys in
+#: blocks of 16.
+FAR_TABLE_WIDTH = 2**16
+#: Padding entries of a far-table batch, before its sequences: their rows take the table to entry 2**31.
+FAR_TABLE_PADDING = -(-INT32_OFFSET_LIMIT // FAR_TABLE_WIDTH)
+
+
+@st.composite
+def far_table_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                    limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for attention whose block table is the view ``wide_tables[:, :width]`` of an
+    engine's table of more than 2**31 entries (8 GiB of int32, lazy), every sequence's row at or
+    past entry 2**31 of it.
+
+    The engine's table has :data:`FAR_TABLE_WIDTH` columns and a row per entry of the batch, which
+    is padded (as a CUDA-graph batch is to its captured size) with :data:`FAR_TABLE_PADDING`
+    entries of no keys, and no queries in a prefill, before its 1 or 2 short sequences. A kernel
+    that reads the caller's table in place at ``s * row_stride`` computed in 32 bits reads other
+    memory for every sequence with keys. The table's other entries are 0: block 0, which no
+    sequence uses and which holds garbage.
+    """
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
+    head_dim = min(caps.head_dims or (16,))
+    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    needed = [-(-n // block_size) for n in lens]
+    ids = 1 + rng.permutation(sum(needed) + 1)  # one block more than in use; block 0 unused
+    compact = np.zeros((len(lens), max(needed) + 1), dtype=np.int32)
+    used = 0
+    for s, n in enumerate(needed):
+        compact[s, :n] = ids[used:used + n]
+        used += n
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
+    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+    caches = fill_caches(rng, (len(ids) + 1, block_size, num_kv_heads, head_dim), compact, np.array(lens), logical,
+                         garbage, dtype, 1.0, 1.0)
+    if kv_layout == "HND":
+        caches = tuple(np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in caches)  # type: ignore[assignment]
+    wide = np.zeros((FAR_TABLE_PADDING + len(lens), FAR_TABLE_WIDTH), dtype=np.int32)  # lazy: 8 GiB untouched
+    wide[FAR_TABLE_PADDING:, :compact.shape[1]] = compact
+    all_lens = np.array([0] * FAR_TABLE_PADDING + lens, np.int32)
+    if q_lens is None:
+        num_tokens, qsl = len(all_lens), None
+    else:
+        num_tokens = sum(q_lens)
+        qsl = np.concatenate([np.zeros(FAR_TABLE_PADDING + 1, np.int64), np.cumsum(q_lens)]).astype(np.int32)
+    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "far_table", "garbage": garbage, "table": f"{wide.shape[0]} x {wide.shape[1]}",
+              "entries": str(wide.size), "layout": kv_layout}
+    return AttentionCase(query=query, key_cache=caches[0], value_cache=caches[1],
+                         block_tables=table_view(wide, compact.shape[1]), seq_lens=all_lens, query_start_loc=qsl,
+                         options={"kv_layout": kv_layout}, seed=draw(_SEEDS, label="variant_seed"), labels=labels,
+                         wide_tables=wide)
 
 
 def _cache_dtype_and_scales(draw: st.DrawFn, caps: Capabilities, dtype: str,

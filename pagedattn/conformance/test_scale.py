@@ -2,13 +2,13 @@
 with ragged query counts, at groups past 8 query heads), long 16-bit rows, pools past 2**31
 elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output (and
 merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out by
-sequence past 2**31 elements, a prefill whose scores (queries x keys of a head) pass 2**31,
-split plans run as an engine runs a plan (once per layer, captured in a CUDA graph, on the
-caller's stream, and step after step without holding memory), split parts whose lse lie past
-float32's exp range apart or are not finite, sizes that are no power of two, blocks larger than
-a tile and smaller than a run of slots, head dims past 256, and write_kv, copy_blocks and
-merges of more heads than a block of one row per head takes. How kernels divide their work at
-scale (tiles of heads and queries, waves, grid axes) is
+sequence past 2**31 elements, block-table rows past entry 2**31 of an engine's table, a prefill
+whose scores (queries x keys of a head) pass 2**31, split plans run as an engine runs a plan (once
+per layer, captured in a CUDA graph, on the caller's stream, and step after step without holding
+memory), split parts whose lse lie past float32's exp range apart or are not finite, sizes that are
+no power of two, blocks larger than a tile and smaller than a run of slots, head dims past 256, and
+write_kv, copy_blocks and merges of more heads than a block of one row per head takes. How kernels
+divide their work at scale (tiles of heads and queries, waves, grid axes) is
 :mod:`pagedattn.conformance.test_launch_scale`.
 
 Sizes and example counts follow the profile (:func:`pagedattn.conformance.scale.scale_limits`);
@@ -44,6 +44,7 @@ from pagedattn.conformance.scale import (
     far_row_cases,
     far_row_write_kv_cases,
     far_score_cases,
+    far_table_cases,
     far_write_kv_cases,
     large_block_cases,
     large_block_operation_cases,
@@ -380,6 +381,17 @@ def test_far_layer_views_match_spec(request, backend, dtype):
                    feature="far_layer_view", max_examples=limits.far_examples,
                    cell={"pool_elements": pool_elements},
                    requires={"features": ("strided_caches",), "pool_elements": pool_elements})
+
+
+@pytest.mark.parametrize("dtype", FAR_DTYPES)
+def test_far_table_rows_match_spec(request, backend, dtype):
+    """Attention whose block table is a view of an engine's table of more than 2**31 entries, every
+    sequence's row past entry 2**31 (a batch padded with 32,768 entries of no keys): within the
+    error model, the padding entries' rows empty. An interpreter, which runs the padding entries'
+    programs one at a time (minutes), is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, far_table_cases, checks.matches_spec, limits, dtype=dtype,
+                   feature="far_table", max_examples=limits.far_examples, requires={"many_programs": True})
 
 
 #: The far-pool cells of the cache operations: each operation's cases and check.

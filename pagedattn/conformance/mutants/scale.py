@@ -167,6 +167,25 @@ class Int32OffsetsOfSmallViews(AddressedKernelBackend):
         return offsets + (read - blocks) * block_elements
 
 
+class TableRowOffsetsIn32Bits(SteppedKernelBackend):
+    bug = ("reads the caller's block table in place, row s at entry s * row_stride computed in int32: in a view "
+           "of an engine's table of more than 2**31 entries, a row past entry 2**31 is read from memory 2**32 "
+           "entries before it (read here as 0s)")
+    models = ("vLLM's paged_attention kernels and the many derived from them (ROCm, Metal): `block_tables + "
+              "seq_idx * max_num_blocks_per_seq`, both int")
+    killed_by = "test_far_table_rows_match_spec"
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return np.asarray(block_tables)
+
+    def table_row(self, plan, s):
+        table = plan.state
+        offset = s * (table.strides[0] // table.itemsize)
+        if _wrap_int32(np.array([offset], np.int64))[0] != offset:
+            return np.zeros(table.shape[1], np.int64)
+        return table[s].astype(np.int64)
+
+
 class Uint32OffsetsWithoutFp8(Int32OffsetsOfSmallViews):
     bug = ("attention computes block * block_stride in unsigned 32 bits (an int32 overflow mended with an "
            "unsigned type): right up to element 2**32 of the pool, wrapped past it; a backend of 16-bit "
