@@ -678,6 +678,17 @@ def _far_block_ids(rng: np.random.Generator, num_blocks: int, block_elements: in
     return rng.permutation(np.array([*picks, *others.tolist()], dtype=np.int64))
 
 
+def _sequence_tables(ids: np.ndarray, needed: list[int], filler: int) -> np.ndarray:
+    """int32 block tables ``[len(needed), max(needed) + 1]``: sequence ``s``'s ``needed[s]`` blocks the
+    next of ``ids`` in turn, every other entry ``filler``."""
+    tables = np.full((len(needed), max(needed) + 1), filler, dtype=np.int32)
+    used = 0
+    for s, n in enumerate(needed):
+        tables[s, :n] = ids[used:used + n]
+        used += n
+    return tables
+
+
 def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits) -> tuple[int, int, int, int]:
     """``(block_size, num_kv_heads, head_dim, num_blocks)`` of a pool past ``limits.pool_elements``."""
     block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
@@ -725,11 +736,7 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
     ids = _far_block_ids(rng, num_blocks, block_size * num_kv_heads * head_dim, sum(needed), far)
-    tables = np.full((num_seqs, max(needed) + 1), -1, dtype=np.int32)
-    used = 0
-    for s, n in enumerate(needed):
-        tables[s, :n] = ids[used:used + n]
-        used += n
+    tables = _sequence_tables(ids, needed, -1)
     garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), tables, np.array(lens), logical,
@@ -793,11 +800,7 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
     ids = _far_block_ids(rng, num_blocks, stride_blocks * block_elements, sum(needed), INT32_OFFSET_LIMIT)
-    compact = np.full((num_seqs, max(needed) + 1), -1, dtype=np.int32)  # tables over the used blocks only
-    used = 0
-    for s, n in enumerate(needed):
-        compact[s, :n] = np.arange(used, used + n)
-        used += n
+    compact = _sequence_tables(np.arange(sum(needed)), needed, -1)  # tables over the used blocks only
     tables = np.where(compact >= 0, ids[np.maximum(compact, 0)], -1).astype(np.int32)
     garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
@@ -849,11 +852,7 @@ def far_table_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
     ids = 1 + rng.permutation(sum(needed) + 1)  # one block more than in use; block 0 unused
-    compact = np.zeros((len(lens), max(needed) + 1), dtype=np.int32)
-    used = 0
-    for s, n in enumerate(needed):
-        compact[s, :n] = ids[used:used + n]
-        used += n
+    compact = _sequence_tables(ids, needed, 0)
     garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (len(ids) + 1, block_size, num_kv_heads, head_dim), compact, np.array(lens), logical,
