@@ -823,26 +823,28 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
                          seed=draw(_SEEDS, label="variant_seed"), labels=labels, pool=pool, layer=layer)
 
 
-#: Columns of a far table: an engine's block table as wide as a context of 1,048,576 keys in
+#: Columns of a far table: an engine's block table as wide as a context of 2,097,152 keys in
 #: blocks of 16.
-FAR_TABLE_WIDTH = 2**16
-#: Padding entries of a far-table batch, before its sequences: their rows take the table to entry 2**31.
-FAR_TABLE_PADDING = -(-INT32_OFFSET_LIMIT // FAR_TABLE_WIDTH)
+FAR_TABLE_WIDTH = 2**17
+#: Padding entries of a far-table batch, before its sequences: their rows take the table to entry
+#: 2**32, past which a row offset wraps in 32 bits, signed or unsigned.
+FAR_TABLE_PADDING = -(-UINT32_OFFSET_LIMIT // FAR_TABLE_WIDTH)
 
 
 @st.composite
 def far_table_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                     limits: ScaleLimits | None = None) -> AttentionCase:
     """Return a strategy for attention whose block table is the view ``wide_tables[:, :width]`` of an
-    engine's table of more than 2**31 entries (8 GiB of int32, lazy), every sequence's row at or
-    past entry 2**31 of it.
+    engine's table of more than 2**32 entries (16 GiB of int32, lazy), every sequence's row at or
+    past entry 2**32 of it.
 
     The engine's table has :data:`FAR_TABLE_WIDTH` columns and a row per entry of the batch, which
     is padded (as a CUDA-graph batch is to its captured size) with :data:`FAR_TABLE_PADDING`
     entries of no keys, and no queries in a prefill, before its 1 or 2 short sequences. A kernel
-    that reads the caller's table in place at ``s * row_stride`` computed in 32 bits reads other
-    memory for every sequence with keys. The table's other entries are 0: block 0, which no
-    sequence uses and which holds garbage.
+    that reads the caller's table in place at ``s * row_stride`` computed in 32 bits, signed or
+    unsigned, reads other memory for every sequence with keys (as does one whose byte offset into
+    the table is 32 bits). The table's other entries are 0: block 0, which no sequence uses and
+    which holds garbage.
     """
     caps = capabilities
     block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
@@ -859,7 +861,7 @@ def far_table_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                          garbage, dtype, 1.0, 1.0)
     if kv_layout == "HND":
         caches = tuple(np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in caches)  # type: ignore[assignment]
-    wide = np.zeros((FAR_TABLE_PADDING + len(lens), FAR_TABLE_WIDTH), dtype=np.int32)  # lazy: 8 GiB untouched
+    wide = np.zeros((FAR_TABLE_PADDING + len(lens), FAR_TABLE_WIDTH), dtype=np.int32)  # lazy: 16 GiB untouched
     wide[FAR_TABLE_PADDING:, :compact.shape[1]] = compact
     all_lens = np.array([0] * FAR_TABLE_PADDING + lens, np.int32)
     if q_lens is None:

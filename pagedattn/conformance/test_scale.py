@@ -385,8 +385,8 @@ def test_far_layer_views_match_spec(request, backend, dtype):
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_far_table_rows_match_spec(request, backend, dtype):
-    """Attention whose block table is a view of an engine's table of more than 2**31 entries, every
-    sequence's row past entry 2**31 (a batch padded with 32,768 entries of no keys): within the
+    """Attention whose block table is a view of an engine's table of more than 2**32 entries, every
+    sequence's row past entry 2**32 (a batch padded with 32,768 entries of no keys): within the
     error model, the padding entries' rows empty. An interpreter, which runs the padding entries'
     programs one at a time (minutes), is unsupported here."""
     limits = scale_limits()

@@ -186,6 +186,27 @@ class TableRowOffsetsIn32Bits(SteppedKernelBackend):
         return table[s].astype(np.int64)
 
 
+class TableRowOffsetsInUnsigned32Bits(SteppedKernelBackend):
+    bug = ("reads the caller's block table in place, row s at entry s * row_stride computed in unsigned 32 bits "
+           "(an int32 overflow mended with an unsigned type): right up to entry 2**32 of an engine's table, a row "
+           "past it read at entry (s * row_stride) mod 2**32")
+    models = ("`block_tables + seq_idx * max_num_blocks_per_seq` of vLLM's paged_attention kernels with its int "
+              "operands made unsigned, as the 32-bit block offsets of ROCm/aiter PR 4427 and "
+              "vllm-project/vllm-xpu-kernels PR 445 were")
+    killed_by = "test_far_table_rows_match_spec"
+
+    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
+        return np.asarray(block_tables)
+
+    def table_row(self, plan, s):
+        table = plan.state
+        row_stride = table.strides[0] // table.itemsize
+        offset = s * row_stride
+        # the row holding entry offset mod 2**32 (a row's first entry where the stride divides
+        # 2**32, as in the far tables)
+        return table[offset % UINT32_OFFSET_LIMIT // row_stride].astype(np.int64)
+
+
 class Uint32OffsetsWithoutFp8(Int32OffsetsOfSmallViews):
     bug = ("attention computes block * block_stride in unsigned 32 bits (an int32 overflow mended with an "
            "unsigned type): right up to element 2**32 of the pool, wrapped past it; a backend of 16-bit "
