@@ -29,7 +29,7 @@ from hypothesis.errors import InvalidArgument, Unsatisfiable
 
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance.cases import save_case
-from pagedattn.conformance.device_memory import release_cached_device_memory
+from pagedattn.conformance.device_memory import large_case_admission, release_cached_device_memory
 from pagedattn.conformance.profiles import examples_per_cell, runs_in_interpreter, runs_on_cpu
 from pagedattn.conformance.strategies import sizes_are_large
 from pagedattn.errors import UnsupportedError
@@ -164,6 +164,7 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     last_failing: dict[str, Any] = {}
 
     examples = examples_per_cell(backend)  # the active profile's count for this backend
+    device = backend.capabilities().device
 
     @settings(max_examples=min(examples, max_examples) if max_examples else examples,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -173,7 +174,8 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     def cell_property(case: Any) -> None:
         __tracebackhide__ = True
         try:
-            fraction = check(backend, case)
+            with large_case_admission(device, case):  # room on a GPU that other workers share
+                fraction = check(backend, case)
         except UnsupportedError as error:
             stats["unsupported"] = str(error)
             reject()
