@@ -143,16 +143,17 @@ def _alive(pid: int) -> bool:
 
 
 def ledger_path(key: str) -> Path:
-    """The ledger file of GPU ``key`` in the temporary directory."""
-    return Path(tempfile.gettempdir()) / f"pagedattn-large-cases-gpu-{key}.json"
+    """The ledger file of GPU ``key`` in the temporary directory, one per user (another user's
+    file would not be writable)."""
+    return Path(tempfile.gettempdir()) / f"pagedattn-large-cases-{os.getuid()}-gpu-{key}.json"
 
 
 @contextmanager
 def large_case_admission(device: str, case: Any) -> Iterator[None]:
     """Run the body when the GPU has room for ``case`` among the large cases of the workers
     sharing it; a no-op for a backend off a CUDA device, a case under :data:`LARGE_CASE_BYTES`,
-    or a machine without ``fcntl``. On leaving, the worker hands its cached device memory back to
-    the driver before it gives up its room."""
+    a machine without ``fcntl``, or a ledger that cannot be written. On leaving, the worker hands
+    its cached device memory back to the driver before it gives up its room."""
     size = case_bytes(case)
     total = device_total_bytes() if device.startswith("cuda") and size >= LARGE_CASE_BYTES else None
     if total is None or sys.platform == "win32":
@@ -160,8 +161,15 @@ def large_case_admission(device: str, case: Any) -> Iterator[None]:
         return
     ledger = LargeCaseLedger(ledger_path(gpu_key()), int(total * LARGE_CASE_SHARE))
     token = uuid.uuid4().hex
-    while not ledger.try_admit(token, size):
-        time.sleep(ADMISSION_POLL_SECONDS)
+    try:
+        while not ledger.try_admit(token, size):
+            time.sleep(ADMISSION_POLL_SECONDS)
+        admitted = True
+    except OSError:  # no ledger to be had (a read-only temporary directory): run as before, unordered
+        admitted = False
+    if not admitted:
+        yield
+        return
     try:
         yield
     finally:

@@ -4,6 +4,7 @@ workers sharing a GPU run their large cases within a share of its memory."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import threading
@@ -176,3 +177,18 @@ def test_small_cases_and_cases_off_a_gpu_take_no_room(monkeypatch, tmp_path):
     with large_case_admission("cuda", small), large_case_admission("cpu", large):
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_ledger_that_cannot_be_written_leaves_the_case_to_run(monkeypatch, tmp_path):
+    _on_a_gpu_of(monkeypatch, tmp_path, total=2 * LARGE_CASE_BYTES)
+    monkeypatch.setattr(device_memory, "ledger_path", lambda key: tmp_path / "missing" / "gpu.json")
+    large = _Case(query=np.zeros(0), pool=np.zeros(LARGE_CASE_BYTES, np.uint8), block_size=16)
+    ran = []
+    with large_case_admission("cuda", large):
+        ran.append(True)
+    assert ran == [True]
+
+
+def test_each_user_and_gpu_has_its_own_ledger():
+    assert device_memory.ledger_path("0") != device_memory.ledger_path("1")
+    assert f"-{os.getuid()}-" in device_memory.ledger_path("0").name
