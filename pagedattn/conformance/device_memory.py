@@ -11,8 +11,8 @@ far cells together failed nine of them, each with ``OutOfMemoryError``. A failur
 not cause is a false alarm, so :func:`large_case_admission` lets the workers of one GPU run cases
 of :data:`LARGE_CASE_BYTES` or more only while the bytes of those running together stay within
 :data:`LARGE_CASE_SHARE` of the GPU's memory (one case at a time, whatever its size, when it would
-not fit beside any other). The workers agree through a small ledger file per GPU in the temporary
-directory, read and written under an exclusive ``flock``.
+not fit beside any other). The workers agree through a small ledger file per user and GPU in the
+temporary directory, read and written under an exclusive ``flock``.
 """
 
 from __future__ import annotations
