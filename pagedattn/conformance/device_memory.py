@@ -18,6 +18,7 @@ temporary directory, read and written under an exclusive ``flock``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,12 @@ def large_case_admission(device: str, case: Any) -> Iterator[None]:
             release_cached_device_memory()
         finally:
             ledger.release(token)
+
+
+def with_room_on_its_gpu(check: Callable[[Any, Any], float], device: str) -> Callable[[Any, Any], float]:
+    """``check(backend, case)`` run inside :func:`large_case_admission` for a backend on ``device``."""
+    @functools.wraps(check)
+    def admitted(backend: Any, case: Any) -> float:
+        with large_case_admission(device, case):
+            return check(backend, case)
+    return admitted

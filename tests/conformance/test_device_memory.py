@@ -192,3 +192,19 @@ def test_a_ledger_that_cannot_be_written_leaves_the_case_to_run(monkeypatch, tmp
 def test_each_user_and_gpu_has_its_own_ledger():
     assert device_memory.ledger_path("0") != device_memory.ledger_path("1")
     assert f"-{os.getuid()}-" in device_memory.ledger_path("0").name
+
+
+def test_a_check_with_room_on_its_gpu_keeps_its_name_and_result_and_runs_admitted(monkeypatch, tmp_path):
+    released = _on_a_gpu_of(monkeypatch, tmp_path, total=4 * LARGE_CASE_BYTES)
+    large = _Case(query=np.zeros(0), pool=np.zeros(LARGE_CASE_BYTES, np.uint8), block_size=16)
+    seen: list[dict[str, list[int]]] = []
+
+    def matches_spec(backend, case) -> float:
+        seen.append(LargeCaseLedger(device_memory.ledger_path(gpu_key()), 0).running())
+        return 0.25
+
+    checked = device_memory.with_room_on_its_gpu(matches_spec, "cuda")
+    assert checked.__name__ == "matches_spec"
+    assert checked(None, large) == 0.25
+    assert [sorted(entry[1] for entry in running.values()) for running in seen] == [[case_bytes(large)]]
+    assert released == ["released"]
