@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers-per-gpu", type=int, default=1, metavar="N", help="workers per GPU with --gpus")
     parser.add_argument("--seed", type=int, default=None, metavar="N",
                         help="hypothesis seed (pytest's --hypothesis-seed): each cell draws the same examples "
-                             "whenever the command is repeated, with or without --gpus (default: none; quick and "
-                             "ci are derandomized, thorough draws anew)")
+                             "whenever the command is repeated with it, with or without --gpus, and another N "
+                             "draws others, under every profile (default: none; quick and ci then draw their "
+                             "fixed examples, thorough draws anew)")
     parser.add_argument("-k", dest="keyword", default=None,
                         help="pytest -k expression to select cells (default: every cell)")
     parser.add_argument("--resume", type=Path, default=None, metavar="LEDGER",

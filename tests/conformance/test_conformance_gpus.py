@@ -180,3 +180,16 @@ def test_failure_names_its_gpu_and_replays_on_another(monkeypatch, tmp_path, cap
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # another GPU than the one it failed on
     assert replay.main([str(case), "--backend", "mutant:LseInLog2"]) == 1
     assert replay.main([str(case), "--backend", "numpy"]) == 0
+
+
+def test_a_seed_draws_other_examples_under_a_derandomized_profile_and_the_same_again(monkeypatch, tmp_path):
+    """Hypothesis ignores --hypothesis-seed under derandomize; the runner joins it to each cell's digest."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--backend", "numpy", "--profile", "quick", "-k", "test_attention_matches_spec and bs16 and float32"]
+    fixed, first, again, other = (_conform(tmp_path, name, *common, *extra) for name, extra in (
+        ("fixed", []), ("first", ["--seed", "1"]), ("again", ["--seed", "1"]), ("other", ["--seed", "2"])))
+    assert len(first["records"]) >= 4
+    assert _cells(again) == _cells(first)  # repeatable with its seed
+    assert _statuses(other) == _statuses(first) == _statuses(fixed)  # every cell passes, as many examples
+    worst = [{n: c[2] for n, c in _cells(report).items()} for report in (fixed, first, other)]
+    assert worst[0] != worst[1] and worst[1] != worst[2]  # other draws: other worst errors
