@@ -106,6 +106,17 @@ def test_kill_table_command_prints_each_mutant_with_its_time(capsys, monkeypatch
     assert "quick: 1 of 1 killed" in out
 
 
+def test_kill_table_command_draws_with_a_seed_and_runs_mutants_side_by_side(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    code = run_main(["--mutant", "WrongGQAMapping", "--mutant", "LseInLog2", "--at-its-cell", "--seed", "7",
+                     "--jobs", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "seed 7" in out and "quick: 2 of 2 killed" in out
+    assert [line.split()[0] for line in out.splitlines() if line.startswith(("WrongGQAMapping", "LseInLog2"))] == [
+        "WrongGQAMapping", "LseInLog2"]  # the table in the order asked, whichever run ended first
+
+
 def test_an_in_process_run_imports_the_suite_afresh_and_gives_the_caller_its_modules_back(tmp_path):
     """A suite module the caller imported under another profile holds other cells (the long cells'
     dtypes come from the profile at import): the run collects from fresh copies; the caller keeps its own."""

@@ -156,7 +156,8 @@ def run_mutant(
     return MutantResult(name, code == pytest.ExitCode.TESTS_FAILED, seconds, first.nodeid, int(code), cpu)
 
 
-def run_mutant_at_its_cell(name: str, *, profile: str = "quick", isolated: bool = False) -> MutantResult:
+def run_mutant_at_its_cell(name: str, *, profile: str = "quick", extra_args: Sequence[str] = (),
+                           isolated: bool = False) -> MutantResult:
     """:func:`run_mutant` on the one test function the mutant's ``killed_by`` names.
 
     A kill there is a kill by the whole suite (a cell's draws do not depend on the cells run
@@ -164,24 +165,34 @@ def run_mutant_at_its_cell(name: str, *, profile: str = "quick", isolated: bool 
     """
     from pagedattn.conformance.mutants import MUTANTS
 
-    return run_mutant(name, profile=profile, isolated=isolated, modules=[cell_location(MUTANTS[name].killed_by)])
+    return run_mutant(name, profile=profile, extra_args=extra_args, isolated=isolated,
+                      modules=[cell_location(MUTANTS[name].killed_by)])
 
 
-def kill_table(names: Sequence[str], profiles: Sequence[str], *, at_its_cell: bool = False,
-               progress: Callable[[MutantResult, str], None] | None = None) -> dict[str, dict[str, MutantResult]]:
-    """Run each mutant under each profile (isolated); return ``{name: {profile: result}}``.
+def kill_table(names: Sequence[str], profiles: Sequence[str], *, at_its_cell: bool = False, seed: int | None = None,
+               jobs: int = 1, progress: Callable[[MutantResult, str], None] | None = None,
+               ) -> dict[str, dict[str, MutantResult]]:
+    """Run each mutant under each profile (isolated, ``jobs`` at a time); return ``{name: {profile: result}}``.
 
     ``at_its_cell``: on the test function its ``killed_by`` names only, not the whole suite.
+    ``seed``: the suite's ``--hypothesis-seed``, other examples than the profile's own.
     ``progress(result, profile)`` is told of each run as it ends.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     run = run_mutant_at_its_cell if at_its_cell else run_mutant
-    table: dict[str, dict[str, MutantResult]] = {}
-    for name in names:
-        for profile in profiles:
-            result = run(name, profile=profile, isolated=True)
-            table.setdefault(name, {})[profile] = result
-            if progress is not None:
-                progress(result, profile)
+    extra_args = () if seed is None else (f"--hypothesis-seed={seed}",)
+
+    def one(name: str, profile: str) -> tuple[str, str, MutantResult]:
+        result = run(name, profile=profile, extra_args=extra_args, isolated=True)
+        if progress is not None:
+            progress(result, profile)
+        return name, profile, result
+
+    table: dict[str, dict[str, MutantResult]] = {name: {} for name in names}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each run is a process of its own
+        for name, profile, result in pool.map(lambda pair: one(*pair), [(n, p) for n in names for p in profiles]):
+            table[name][profile] = result
     return table
 
 
@@ -211,6 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="one mutant of the catalog (repeatable; default all)")
     parser.add_argument("--at-its-cell", action="store_true",
                         help="run each mutant on the test function its killed_by names, not the whole suite")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="hypothesis seed: other examples than the profile's own, the same for every N "
+                             "(default: the profile's)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="J",
+                        help="mutants run at once, each in its own process (default 1: times are then each alone)")
     args = parser.parse_args(argv)
     profiles = args.profile or ["quick"]
     names = args.mutant or sorted(MUTANTS)
@@ -218,12 +234,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     def progress(result: MutantResult, profile: str) -> None:
         print(f"{result.name} [{profile}]: {_cell(result)}", file=sys.stderr, flush=True)
 
-    table = kill_table(names, profiles, at_its_cell=args.at_its_cell, progress=progress)
+    table = kill_table(names, profiles, at_its_cell=args.at_its_cell, seed=args.seed, jobs=max(1, args.jobs),
+                       progress=progress)
     headers = ["mutant", *(f"{p}: time to kill" for p in profiles), f"killed by ({profiles[0]})"]
     rows = [[name, *(_cell(table[name][p]) for p in profiles), _test_name(table[name][profiles[0]].killed_by)]
             for name in names]
     where = "the cell its killed_by names" if args.at_its_cell else "the suite"
-    print_table(headers, rows, title=f"mutants: time for {where} to kill each (numpy-stepped kernel, -x)")
+    drawn = "" if args.seed is None else f", seed {args.seed}"
+    print_table(headers, rows, title=f"mutants: time for {where} to kill each (numpy-stepped kernel, -x{drawn})")
     for profile in profiles:
         killed = [r for r in (table[n][profile] for n in names) if r.killed]
         times = sorted(r.seconds for r in killed)
