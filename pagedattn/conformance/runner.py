@@ -196,7 +196,8 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     # One database key per test id, so thorough's example database replays the right failures. The
     # derandomized profiles seed a cell's draws from the same digest, so a --hypothesis-seed given
     # joins it there: another seed, other examples (hypothesis itself ignores the seed under them).
-    seed = request.config.getoption("hypothesis_seed", default=None) if request is not None else None
+    config = getattr(request, "config", None)  # None outside pytest
+    seed = config.getoption("hypothesis_seed", default=None) if config is not None else None
     digest = nodeid if seed is None else f"{nodeid} seed={seed}"
     cell_property.hypothesis.inner_test._hypothesis_internal_add_digest = digest.encode()  # type: ignore[attr-defined]
     try:
