@@ -186,7 +186,7 @@ class TableRowOffsetsIn32Bits(SteppedKernelBackend):
         return table[s].astype(np.int64)
 
 
-class TableRowOffsetsInUnsigned32Bits(SteppedKernelBackend):
+class TableRowOffsetsInUnsigned32Bits(TableRowOffsetsIn32Bits):
     bug = ("reads the caller's block table in place, row s at entry s * row_stride computed in unsigned 32 bits "
            "(an int32 overflow mended with an unsigned type): right up to entry 2**32 of an engine's table, a row "
            "past it read at entry (s * row_stride) mod 2**32")
@@ -195,11 +195,8 @@ class TableRowOffsetsInUnsigned32Bits(SteppedKernelBackend):
               "vllm-project/vllm-xpu-kernels PR 445 were")
     killed_by = "test_far_table_rows_match_spec"
 
-    def _plan(self, problem, block_tables, seq_lens, query_start_loc, alibi_slopes):
-        return np.asarray(block_tables)
-
     def table_row(self, plan, s):
-        table = plan.state
+        table = plan.state  # the caller's table, as its parent plans it
         row_stride = table.strides[0] // table.itemsize
         offset = s * row_stride
         # the row holding entry offset mod 2**32 (a row's first entry where the stride divides
