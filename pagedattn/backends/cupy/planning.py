@@ -17,6 +17,7 @@ import numpy as np
 
 from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.backends.cupy.specializations import (
+    DECODE_FP8_ROWS,
     DECODE_HEAD_DIMS,
     DECODE_ROWS,
     FP8_TYPES,
@@ -150,6 +151,15 @@ def choose_kernel(
     return KernelChoice(rows, spec)
 
 
+def item_rows(problem: AttentionProblem, choice: KernelChoice) -> int:
+    """Query rows a work item of ``choice`` holds at most: the kernel's rows, but
+    ``DECODE_FP8_ROWS`` where the decode kernel reads fp8 caches (its keys on the MMA's M side,
+    8 query rows on the n side)."""
+    if choice.rows == DECODE_ROWS and problem.cache_dtype in FP8_TYPES:
+        return DECODE_FP8_ROWS
+    return choice.rows
+
+
 def split_slots(problem: AttentionProblem, choice: KernelChoice, resident: int, multiprocessors: int) -> int:
     """CTAs the split-KV estimate (:func:`choose_split`) fills: one a multiprocessor for the
     tensor-core decode kernel on 16-bit caches at head_dim 64 or 128, which reaches a
@@ -220,8 +230,9 @@ def build_work(
     choice = choose_kernel(problem) if choice is None else choice
     rows = choice.rows
     TILE_N = tile_n(problem.dtype, rows)
-    num_groups = min(G, rows)
-    tokens_per_item = max(1, rows // G)
+    per_item = item_rows(problem, choice)
+    num_groups = min(G, per_item)
+    tokens_per_item = max(1, per_item // G)
     group_starts = np.arange(0, G, num_groups)
 
     # -- token chunks of each sequence: [token_start, token_start + num_tokens)

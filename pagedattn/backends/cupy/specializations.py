@@ -57,13 +57,16 @@ DECODE_ROWS = 16
 DECODE_WARPS = 4
 DECODE_STAGES = 3
 #: K/V stages per stream (a warp) of the decode kernel for fp8 caches (half the bytes per sub-tile:
-#: two load while a step attends two), and the CTAs per SM its launch bounds ask for (2 x 70 KB
-#: of shared memory at head_dim 128; three, at most 168 registers a thread, ran slower)
-DECODE_FP8_STAGES = 4
+#: four load while a step attends two), and the CTAs per SM its launch bounds ask for (2 x 101 KB
+#: of shared memory at head_dim 128)
+DECODE_FP8_STAGES = 6
 DECODE_FP8_CTAS_PER_SM = 2
 #: Sub-tiles the fp8 decode kernel attends in one step of its loop (one online-softmax update and
 #: one O rescale per step)
 DECODE_FP8_STEP_SUBS = 2
+#: Query rows the decode kernel computes for fp8 caches (the n side of its m16n8k16 products:
+#: keys on the M side, S^T = K Q^T), so fp8 decode items hold at most this many rows
+DECODE_FP8_ROWS = 8
 DECODE_SUB_N = 16
 DECODE_HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 DECODE_THREADS = 32 * DECODE_WARPS

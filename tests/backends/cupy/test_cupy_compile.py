@@ -89,8 +89,8 @@ def test_every_declared_specialization_compiles_for_sm90(module: str) -> None:
 def test_host_and_kernel_agree_on_the_decode_kernels_shared_memory() -> None:
     """The bytes the host asks for (specializations.decode_smem_bytes) are those the kernel
     checks for (decode_smem_bytes in the .cu, which traps on fewer), at every head_dim and
-    cache width, and the fp8 stages and CTAs per SM: static_asserts compiled with the kernel's
-    source."""
+    cache width, and the fp8 stages, CTAs per SM, step and rows: static_asserts compiled with
+    the kernel's source."""
     from pagedattn.backends.cupy import compile_check
     from pagedattn.backends.cupy import specializations as sp
 
@@ -103,6 +103,7 @@ def test_host_and_kernel_agree_on_the_decode_kernels_shared_memory() -> None:
     asserts += f"static_assert(decode_stages<2>() == {sp.DECODE_STAGES});\n"
     asserts += f"static_assert(DEC_FP8_CTAS_PER_SM == {sp.DECODE_FP8_CTAS_PER_SM});\n"
     asserts += f"static_assert(DEC_FP8_STEP_SUBS == {sp.DECODE_FP8_STEP_SUBS});\n"
+    asserts += f"static_assert(DEC_FP8_ROWS == {sp.DECODE_FP8_ROWS});\n"
     text = sp.source("paged_attention_decode") + asserts + "__global__ void smem_probe() {}\n"
     compile_check.compile_module("paged_attention_decode", ["smem_probe"], text=text)
     wrong = text.replace(f"== {sp.decode_smem_bytes(256)})", f"== {sp.decode_smem_bytes(256) + 16})")

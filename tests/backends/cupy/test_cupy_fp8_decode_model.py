@@ -1,11 +1,12 @@
 """A NumPy model of one warp's 16-key sub-tile in the decode kernel with fp8 caches
 (kernels/paged_attention_decode.cu): which elements each lane reads, as the kernel indexes
-them, put through the m16n8k16 fragment layouts of the PTX ISA, gives Q K^T and P V; its
+them, put through the m16n8k16 fragment layouts of the PTX ISA with the keys on the M side
+(S^T = K Q^T, P^T through movmatrix, O^T = V^T P^T), gives Q K^T and P V; its
 shared-memory loads are free of bank conflicts at head_dim 128; and the float16 route of
 bfloat16 queries (row rescaling by 2^shift, P * 2^15) stays within the spec's error model.
 
 The model mirrors the kernel's index expressions (``fp8_swizzle``, the lanes' K and V words,
-the permuted Q fragments, the epilogue's column map) and ``q_row_shift``; the gpu tests run
+the permuted Q fragments, the epilogue's head-dim map) and ``q_row_shift``; the gpu tests run
 the kernel itself."""
 
 from __future__ import annotations
@@ -56,20 +57,18 @@ def v_words(stage: np.ndarray, g: int, tig: int, q: int, head_dim: int) -> np.nd
 
 
 def q_fragments(q: np.ndarray, g: int, tig: int) -> np.ndarray:
-    """The lane's permuted Q fragments [K_STEPS, 4 registers, 2 halves] from rows g, g + 8."""
+    """The lane's permuted Q^T B fragments [K_STEPS, 2 registers, 2 halves] of row g."""
     head_dim = q.shape[1]
-    frag = np.zeros((head_dim // 16, 4, 2))
+    frag = np.zeros((head_dim // 16, 2, 2))
     lane_chunks = head_dim // 32
-    for half in range(2):
-        r = g + 8 * half
-        for i in range(lane_chunks):
-            chunk = q[r, 8 * (tig * lane_chunks + i):][:8]
-            for m in range(4):
-                frag[2 * i + m // 2, half + 2 * (m % 2)] = chunk[2 * m:2 * m + 2]
+    for i in range(lane_chunks):
+        chunk = q[g, 8 * (tig * lane_chunks + i):][:8]
+        for m in range(4):
+            frag[2 * i + m // 2, m % 2] = chunk[2 * m:2 * m + 2]
     return frag
 
 
-# -- m16n8k16 fragment layouts (PTX ISA) -----------------------------------------------------------
+# -- m16n8k16 fragment layouts and movmatrix (PTX ISA) ---------------------------------------------
 def mma(a: dict, b: dict) -> np.ndarray:  # type: ignore[type-arg]
     """D = A B for A given per lane as 4 registers of 2 halves, B as 2 registers of 2 halves."""
     A, B = np.full((16, 16), np.nan), np.full((16, 8), np.nan)
@@ -87,42 +86,52 @@ def c_fragment(d: np.ndarray, g: int, tig: int) -> np.ndarray:
     return np.array([d[g, 2 * tig], d[g, 2 * tig + 1], d[g + 8, 2 * tig], d[g + 8, 2 * tig + 1]])
 
 
+def transpose_8x8(pairs: dict) -> dict:  # type: ignore[type-arg]
+    """movmatrix.trans: lane (g, tig) gives row g, columns 2 tig, 2 tig + 1 of an 8 x 8 matrix
+    and gets those of its transpose."""
+    m = np.full((8, 8), np.nan)
+    for lane, (g, tig) in enumerate(LANES):
+        m[g, 2 * tig:2 * tig + 2] = pairs[lane]
+    return {lane: m.T[g, 2 * tig:2 * tig + 2] for lane, (g, tig) in enumerate(LANES)}
+
+
 def sub_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """S = Q K^T and O = S V of one sub-tile as the kernel's lanes compute them (P = S here,
-    the layout is what is modelled), O un-permuted as the epilogue stores it."""
+    """S = Q K^T and O = S V of one sub-tile of 16 keys and 8 query rows as the kernel's lanes
+    compute them, keys on the M side: S^T = K Q^T, P^T through movmatrix, O^T = V^T P^T (P = S
+    here, the layout is what is modelled); both returned un-permuted, as the epilogue stores O."""
     head_dim = q.shape[1]
     k_stage, v_stage = stage_bytes(k), stage_bytes(v)
-    s = np.zeros((32, 2, 4))  # per lane: n-tile t, c0..c3
+    s = np.zeros((32, 4))  # per lane: c0..c3 of S^T (keys g, g + 8; rows 2 tig, 2 tig + 1)
     for kk in range(head_dim // 16):
-        a = {lane: q_fragments(q, g, tig)[kk] for lane, (g, tig) in enumerate(LANES)}
-        for t in range(2):
-            b = {}
-            for lane, (g, tig) in enumerate(LANES):
-                w = k_words(k_stage, g, tig, t, head_dim)[kk]
-                b[lane] = (w[0:2], w[2:4])  # low pair b0, high pair b1
-            d = mma(a, b)
-            for lane, (g, tig) in enumerate(LANES):
-                s[lane, t] += c_fragment(d, g, tig)
-    S = np.zeros((16, 16))
+        a, b = {}, {}
+        for lane, (g, tig) in enumerate(LANES):
+            lo, hi = (k_words(k_stage, g, tig, t, head_dim)[kk] for t in range(2))  # keys g, g + 8
+            a[lane] = (lo[0:2], hi[0:2], lo[2:4], hi[2:4])  # low pairs a0, a1; high pairs a2, a3
+            b[lane] = q_fragments(q, g, tig)[kk]
+        d = mma(a, b)
+        for lane, (g, tig) in enumerate(LANES):
+            s[lane] += c_fragment(d, g, tig)
+    S = np.zeros((8, 16))
     for lane, (g, tig) in enumerate(LANES):
-        for t in range(2):
-            S[g, 8 * t + 2 * tig:][:2] = s[lane, t, 0:2]
-            S[g + 8, 8 * t + 2 * tig:][:2] = s[lane, t, 2:4]
-    # P V: A = P from the S accumulators (a[0] = s[0][0..1], a[1] = s[0][2..3], a[2] = s[1][0..1], ...)
-    a = {lane: (s[lane, 0, 0:2], s[lane, 0, 2:4], s[lane, 1, 0:2], s[lane, 1, 2:4]) for lane in range(32)}
-    o_merge = np.full((16, head_dim), np.nan)
-    for j in range(head_dim // 8):  # n-tile j: byte j of each lane's V words
-        b = {}
+        S[2 * tig:2 * tig + 2, g] = s[lane, 0:2]
+        S[2 * tig:2 * tig + 2, g + 8] = s[lane, 2:4]
+    # P V: B = P^T, the S^T pairs of keys g and g + 8 transposed to row g's keys 2 tig, + 1 of each 8
+    p_lo = transpose_8x8({lane: s[lane, 0:2] for lane in range(32)})
+    p_hi = transpose_8x8({lane: s[lane, 2:4] for lane in range(32)})
+    b = {lane: (p_lo[lane], p_hi[lane]) for lane in range(32)}
+    o_merge = np.full((8, head_dim), np.nan)
+    for mt in range(head_dim // 16):  # m-tile mt of V^T: bytes 2 mt (rows g), 2 mt + 1 (rows g + 8)
+        a = {}
         for lane, (g, tig) in enumerate(LANES):
             vw = [v_words(v_stage, g, tig, q_, head_dim) for q_ in range(4)]
-            b[lane] = ((vw[0][j], vw[1][j]), (vw[2][j], vw[3][j]))
+            a[lane] = ((vw[0][2 * mt], vw[1][2 * mt]), (vw[0][2 * mt + 1], vw[1][2 * mt + 1]),
+                       (vw[2][2 * mt], vw[3][2 * mt]), (vw[2][2 * mt + 1], vw[3][2 * mt + 1]))
         d = mma(a, b)
         for g, tig in LANES:
             c = c_fragment(d, g, tig)
-            o_tiles = head_dim // 8
-            for half in range(2):  # dst[O_TILES * (2 tig) + j], dst[O_TILES * (2 tig + 1) + j]
-                o_merge[g + 8 * half, o_tiles * (2 * tig) + j] = c[2 * half]
-                o_merge[g + 8 * half, o_tiles * (2 * tig + 1) + j] = c[2 * half + 1]
+            for half in range(2):  # dst[D/8 g + 2 mt] = o[mt][half], dst[D/8 g + 2 mt + 1] = o[mt][2 + half]
+                o_merge[2 * tig + half, head_dim // 8 * g + 2 * mt] = c[half]
+                o_merge[2 * tig + half, head_dim // 8 * g + 2 * mt + 1] = c[2 + half]
     assert not np.isnan(o_merge).any(), "every output column written"
     return S, o_merge
 
@@ -130,7 +139,8 @@ def sub_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, n
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_lane_fragments_give_q_kt_and_p_v(head_dim: int) -> None:
     rng = np.random.default_rng(head_dim)
-    q, k, v = (rng.integers(-8, 9, (16, head_dim)).astype(np.float64) for _ in range(3))
+    q = rng.integers(-8, 9, (8, head_dim)).astype(np.float64)
+    k, v = (rng.integers(-8, 9, (16, head_dim)).astype(np.float64) for _ in range(2))
     S, O = sub_tile(q, k, v)
     np.testing.assert_array_equal(S, q @ k.T)
     np.testing.assert_array_equal(O, S @ v)
@@ -139,7 +149,8 @@ def test_lane_fragments_give_q_kt_and_p_v(head_dim: int) -> None:
 def test_the_model_sees_a_wrong_permutation() -> None:
     """A lane reading its Q in the unpermuted order gives another S (the model can fail)."""
     rng = np.random.default_rng(0)
-    q, k, v = (rng.integers(-8, 9, (16, 128)).astype(np.float64) for _ in range(3))
+    q = rng.integers(-8, 9, (8, 128)).astype(np.float64)
+    k, v = (rng.integers(-8, 9, (16, 128)).astype(np.float64) for _ in range(2))
     S, _ = sub_tile(q[:, ::-1].copy(), k, v)
     assert not np.array_equal(S, q @ k.T)
 

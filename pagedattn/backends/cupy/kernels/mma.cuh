@@ -48,18 +48,27 @@ __device__ __forceinline__ void ldmatrix_x4_trans_at(unsigned (&r)[4], unsigned 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// The online-softmax step of a thread's two fragment rows (half 0, 1: rows g and g + 8 of the
-// m16n8 tiles s): this thread's tile row max m_ij reduced over its quad, m_i raised to it, l_i
-// scaled by alpha = exp2(m_old - m_new), then P = exp2(s - m) in place with its sum added to l_i.
-// An all-masked row subtracts 0 from its -inf scores and keeps p = 0.
-template <int TILES>
+// The online-softmax step of a thread's two fragment rows (half 0, 1) of the m16n8 tiles s.
+// Rows on the M side (KEYS_ON_M false, S = Q K^T): rows g and g + 8, elements e / 2, the row max
+// reduced over the quad. Keys on the M side (KEYS_ON_M true, S^T = K Q^T): rows 2 tig and
+// 2 tig + 1 (the n side), elements e % 2, the row max reduced over the 8 lanes of the same tig.
+// m_i is raised to the tile row max m_ij, l_i scaled by alpha = exp2(m_old - m_new), then
+// P = exp2(s - m) in place with this thread's share of its sum added to l_i. An all-masked row
+// subtracts 0 from its -inf scores and keeps p = 0.
+template <int TILES, bool KEYS_ON_M = false>
 __device__ __forceinline__ void online_softmax_step(float (&s)[TILES][4], float (&m_ij)[2], float (&m_i)[2],
                                                     float (&l_i)[2], float (&alpha)[2]) {
   float m_safe[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
-    m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
+    if constexpr (KEYS_ON_M) {
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 4));
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 8));
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 16));
+    } else {
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
+      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
+    }
     const float m_new = fmaxf(m_i[half], m_ij[half]);
     m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;
     alpha[half] = exp2_ftz(m_i[half] - m_safe[half]);
@@ -70,8 +79,17 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[TILES][4], float 
   for (int j = 0; j < TILES; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[j][e] = exp2_ftz(s[j][e] - m_safe[e / 2]);
-      l_i[e / 2] += s[j][e];
+      const int half = KEYS_ON_M ? e % 2 : e / 2;
+      s[j][e] = exp2_ftz(s[j][e] - m_safe[half]);
+      l_i[half] += s[j][e];
     }
   }
+}
+
+// An 8 x 8 matrix of 16-bit pairs transposed across the warp: lane (g, tig) gives row g,
+// columns 2 tig and 2 tig + 1, and gets those of the transpose (movmatrix, sm_75 on).
+__device__ __forceinline__ unsigned transpose_8x8(unsigned x) {
+  unsigned d;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(x));
+  return d;
 }

@@ -28,17 +28,23 @@
 // sub-tiles attended a step (32 keys: one online-softmax update and one O rescale, and two
 // independent chains of products), DEC_FP8_CTAS_PER_SM CTAs an SM, and every product in
 // float16 whatever T is, so that each fp8 pair takes one exact cvt.rn.f16x2.e4m3x2 / e5m2x2
-// (NaN, and e5m2's inf, kept) and nothing goes through shared memory twice:
+// (NaN, and e5m2's inf, kept) and nothing goes through shared memory twice. The keys sit on
+// the MMA's M side and at most DEC_FP8_ROWS = 8 query rows (the host's fp8 items) on its n side:
+// S^T = K Q^T and O^T += V^T P^T, one m16n8k16 a k-step for S^T and one per 16 head dims for
+// O^T, half the products of a 16-row tile with Q on the M side, and O^T in HEAD_DIM / 8
+// registers a thread. Lane (g, tig) holds keys g, g + 8 and rows 2 tig, 2 tig + 1 of S^T, so
+// row maxima and sums run over the 8 lanes of a tig; P^T reaches its B fragments through
+// movmatrix (transpose_8x8):
 //   K: the q.k reduction order may be permuted if Q is permuted alike. Lane (g, tig) reads its
 //      HEAD_DIM / 4 contiguous bytes HEAD_DIM / 4 * tig + 4 kk + i of keys g and g + 8 (one or
-//      two 16-byte loads each) and takes them as k-positions 2 tig, 2 tig + 1 (b0: bytes 0, 1)
-//      and 2 tig + 8, 2 tig + 9 (b1: bytes 2, 3) of k-step kk; Q's A fragments are read from
-//      shared memory in that order in the setup.
-//   V: keys are P V's reduction dimension, head dims its n side, and output columns may be
-//      permuted if the store undoes it. Lane (g, tig) reads bytes O_TILES * g .. + O_TILES - 1
-//      of keys 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (one 16- or 8-byte load each); byte j
-//      serves n-tile j, pairs assembled with prmt: head dim O_TILES * n + j is column n of n-tile
-//      j, and the epilogue stores it there.
+//      two 16-byte loads each) and takes them as k-positions 2 tig, 2 tig + 1 (a0, a1: bytes
+//      0, 1) and 2 tig + 8, 2 tig + 9 (a2, a3: bytes 2, 3) of k-step kk; Q's B fragments are
+//      read from shared memory in that order in the setup.
+//   V: keys are P V's reduction dimension, head dims the M side of V^T, and they may be
+//      permuted if the store undoes it. Lane (g, tig) reads bytes HEAD_DIM / 8 * g + i
+//      (i < HEAD_DIM / 8) of keys 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (one 16- or 8-byte load
+//      each), pairs assembled with prmt: bytes 2 mt and 2 mt + 1 are rows g and g + 8 of
+//      m-tile mt, and the epilogue stores them at their head dims.
 //   The stages are XOR-swizzled by chunk (fp8_swizzle), which leaves both loads free of bank
 //   conflicts at head_dim 128 (2-way for V at 64).
 //   bfloat16 queries (RESCALE_Q): each Q row goes to float16 once, in the setup, as q * 2^shift
@@ -65,11 +71,12 @@
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_THREADS = DEC_WARPS * 32;
 constexpr int DEC_CTAS_PER_SM = 2;  // 2 x 103 KB of shared memory at d = 128, 2 x 104 KB at 256
-constexpr int DEC_FP8_CTAS_PER_SM = 2;  // fp8: 2 x 70 KB at d = 128 (three, at most 168 registers, ran slower)
+constexpr int DEC_FP8_CTAS_PER_SM = 2;  // fp8: 2 x 101 KB at d = 128
 constexpr int DEC_ROWS = 16;
+constexpr int DEC_FP8_ROWS = 8;  // fp8: rows on the n side of the products (the host's DECODE_FP8_ROWS)
 constexpr int DEC_SUB_N = 16;   // keys per sub-tile (two n-tiles of 8); never crosses a block
 constexpr int DEC_STAGES = 3;   // sub-tiles per stream in shared memory: two load while one computes
-constexpr int DEC_FP8_STAGES = 4;  // fp8: half the bytes a sub-tile; two load while a step attends two
+constexpr int DEC_FP8_STAGES = 6;  // fp8: half the bytes a sub-tile; four load while a step attends two
 // fp8: sub-tiles attended in one step (32 keys: one softmax update and O rescale, and twice the
 // independent products, per step)
 constexpr int DEC_FP8_STEP_SUBS = 2;
@@ -118,6 +125,10 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   constexpr int K_STEPS = HEAD_DIM / 16;
   constexpr int O_DIM = HEAD_DIM / SPLIT;  // O's columns one warp accumulates
   constexpr int O_TILES = O_DIM / 8;
+  // fp8: keys on the MMA's M side (S^T = K Q^T, O^T += V^T P^T), 8 query rows on its n side: one
+  // m16n8 tile of S^T a sub-tile, and O^T in HEAD_DIM / 16 m-tiles of 16 head dims
+  constexpr int O_FRAGS = FP8 ? HEAD_DIM / 16 : O_TILES;  // accumulator tiles of O (fp8: of O^T)
+  constexpr int S_TILES = FP8 ? 1 : 2;                    // accumulator tiles of S (fp8: S^T) a sub-tile
   static_assert(CHUNKS_PER_ROW >= 8 && CHUNKS_PER_ROW % 8 == 0, "the swizzle needs 8 chunks per row");
   static_assert(STAGE_CHUNKS % STREAM_THREADS == 0, "sub-tile loads must divide among a stream");
   static_assert(BLOCK_SIZE % DEC_SUB_N == 0, "a sub-tile must lie in one block");
@@ -153,6 +164,7 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   PAGED_ATTENTION_ITEM();
   if (kv_begin % DEC_SUB_N) __trap();  // the host cuts ranges on tile boundaries
   PAGED_ATTENTION_SEQUENCE();
+  if (FP8 && num_rows > DEC_FP8_ROWS) __trap();  // the host gives fp8 items at most 8 rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;
   // this warp's stream, its place in it (its O columns: O_DIM from o_part * O_DIM), its thread there
@@ -176,50 +188,52 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  unsigned q_frag[K_STEPS][4];  // Q as mma A fragments, kept in registers
-  float row_pow2[2] = {1.f, 1.f};  // RESCALE_Q: 2^-shift of rows g, g + 8 (Q was scaled by 2^shift)
+  // Q in registers: A fragments of rows g, g + 8 (16-bit caches); fp8: B fragments of row g
+  unsigned q_frag[K_STEPS][FP8 ? 2 : 4];
+  // this thread's two rows (half 0, 1) of the S and O fragments: g and g + 8; fp8: 2 tig, 2 tig + 1
+  const int row_of[2] = {FP8 ? 2 * tig : g, FP8 ? 2 * tig + 1 : g + 8};
+  float row_pow2[2] = {1.f, 1.f};  // RESCALE_Q: 2^-shift of rows row_of (Q was scaled by 2^shift)
   if constexpr (FP8) {
-    // Q in the permuted order of the reduction dimension: the lane's HEAD_DIM / 4 elements
-    // HEAD_DIM / 4 * tig + 4 kk + i (i = 0..3) are mma k-positions 2 tig, 2 tig + 1, 2 tig + 8,
-    // 2 tig + 9 of k-step kk (attend_step reads K in the same order)
+    // Q^T as B fragments (n = row g), in the permuted order of the reduction dimension: the
+    // lane's HEAD_DIM / 4 elements HEAD_DIM / 4 * tig + 4 kk + i (i = 0..3) are mma k-positions
+    // 2 tig, 2 tig + 1 (b0), 2 tig + 8, 2 tig + 9 (b1) of k-step kk (attend_step reads K alike)
     constexpr int Q_LANE_CHUNKS = HEAD_DIM / 32;  // a lane's chunks of 8 elements per row
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = g + 8 * half;
-      float up = 1.f;
-      if constexpr (RESCALE_Q) {
-        float amax = 0.f;  // largest finite |q| of the row (NaN and inf pass through unscaled)
-#pragma unroll
-        for (int i = 0; i < Q_LANE_CHUNKS; ++i) {
-          const uint4 raw = q_tile[swizzle(r, tig * Q_LANE_CHUNKS + i)];
-          float x[8];
-          unpack_chunk(raw, x, bfloat16_t());
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float a = fabsf(x[e]);
-            amax = a < PA_INF ? fmaxf(amax, a) : amax;
-          }
-        }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        const int shift = q_row_shift(amax);
-        up = pow2_float(shift);
-        row_pow2[half] = pow2_float(-shift);
-      }
+    const int r = g;
+    float up = 1.f;
+    if constexpr (RESCALE_Q) {
+      float amax = 0.f;  // largest finite |q| of the row (NaN and inf pass through unscaled)
 #pragma unroll
       for (int i = 0; i < Q_LANE_CHUNKS; ++i) {
         const uint4 raw = q_tile[swizzle(r, tig * Q_LANE_CHUNKS + i)];
-        const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+        float x[8];
+        unpack_chunk(raw, x, bfloat16_t());
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {  // elements 8 i + 2 m, + 1: k-step 2 i + m / 2
-          unsigned pair = w[m];
-          if constexpr (RESCALE_Q) {
-            float lo, hi;
-            unpack_word(w[m], lo, hi, bfloat16_t());
-            pair = Mma::pack(lo * up, hi * up);  // exact unless below float16's subnormals
-          }
-          q_frag[2 * i + m / 2][half + 2 * (m % 2)] = pair;
+        for (int e = 0; e < 8; ++e) {
+          const float a = fabsf(x[e]);
+          amax = a < PA_INF ? fmaxf(amax, a) : amax;
         }
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const int shift = q_row_shift(amax);
+      up = pow2_float(shift);
+      const float down = pow2_float(-shift);  // row g's; rows 2 tig + half from lanes 4 (2 tig + half)
+      row_pow2[0] = __shfl_sync(0xffffffffu, down, 4 * row_of[0]);
+      row_pow2[1] = __shfl_sync(0xffffffffu, down, 4 * row_of[1]);
+    }
+#pragma unroll
+    for (int i = 0; i < Q_LANE_CHUNKS; ++i) {
+      const uint4 raw = q_tile[swizzle(r, tig * Q_LANE_CHUNKS + i)];
+      const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {  // elements 8 i + 2 m, + 1: k-step 2 i + m / 2
+        unsigned pair = w[m];
+        if constexpr (RESCALE_Q) {
+          float lo, hi;
+          unpack_word(w[m], lo, hi, bfloat16_t());
+          pair = Mma::pack(lo * up, hi * up);  // exact unless below float16's subnormals
+        }
+        q_frag[2 * i + m / 2][m % 2] = pair;
       }
     }
   } else {
@@ -227,10 +241,9 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
     for (int kk = 0; kk < K_STEPS; ++kk)
       ldmatrix_x4(q_frag[kk], q_tile + swizzle((lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16));
   }
-  const int row_lo = g, row_hi = g + 8;
-  const int pq_row[2] = {p_q[row_lo], p_q[row_hi]};
-  const float slope_row[2] = {slope[row_lo], slope[row_hi]};
-  const bool valid_row[2] = {row_valid[row_lo] != 0, row_valid[row_hi] != 0};
+  const int pq_row[2] = {p_q[row_of[0]], p_q[row_of[1]]};
+  const float slope_row[2] = {slope[row_of[0]], slope[row_of[1]]};
+  const bool valid_row[2] = {row_valid[row_of[0]] != 0, row_valid[row_of[1]] != 0};
 
   // ---- this stream's sub-tiles: stream, stream + STREAMS, ... of [kv_begin, min(kv_end, L))
   const int kv_stop = kv_end < L ? kv_end : L;
@@ -288,24 +301,24 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
 
   float m_i[2] = {PA_NEG_INF, PA_NEG_INF};
   float l_i[2] = {0.f, 0.f};  // this thread's share; summed over the quad in the epilogue
-  float o[O_TILES][4];
+  float o[O_FRAGS][4];
 #pragma unroll
-  for (int j = 0; j < O_TILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  for (int j = 0; j < O_FRAGS; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
   // -- one step: sub-tiles t < STEP_SUBS in k_tiles[t], v_tiles[t], their first positions p0[t];
   // an absent one (past this stream's last) is zero-filled and comes with p0 = L, so every score
   // of it is masked and its zero V adds nothing
   auto attend_step = [&](const uint4* const* k_tiles, const uint4* const* v_tiles, const int* p0) {
-    // -- compute qk: two n-tiles of 8 keys a sub-tile
-    float s[2 * STEP_SUBS][4];
+    // -- compute qk: per sub-tile two n-tiles of 8 keys of S (fp8: one m-tile of 16 keys of S^T)
+    float s[S_TILES * STEP_SUBS][4];
 #pragma unroll
-    for (int j = 0; j < 2 * STEP_SUBS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int j = 0; j < S_TILES * STEP_SUBS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
     for (int t = 0; t < STEP_SUBS; ++t) {
       const uint4* k_tile = k_tiles[t];
       if constexpr (FP8) {
-        // keys g and g + 8, the lane's HEAD_DIM / 4 bytes (k-step kk: bytes 4 kk .. 4 kk + 3,
-        // b0 from the low pair, b1 from the high pair), converted in registers
+        // A = keys g and g + 8, the lane's HEAD_DIM / 4 bytes (k-step kk: bytes 4 kk .. 4 kk + 3,
+        // a0 / a1 from the low pair, a2 / a3 from the high pair), converted in registers
         constexpr int K_LANE_CHUNKS = HEAD_DIM / 64;
         uint4 raw[2][K_LANE_CHUNKS];
 #pragma unroll
@@ -315,11 +328,10 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
         }
 #pragma unroll
         for (int kk = 0; kk < K_STEPS; ++kk) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const unsigned w = chunk_word(raw[h][kk / 4], kk % 4);
-            Mma::mma(s[2 * t + h], q_frag[kk], fp8_half_to_f16x2<C, 0>(w), fp8_half_to_f16x2<C, 1>(w));
-          }
+          const unsigned w_lo = chunk_word(raw[0][kk / 4], kk % 4), w_hi = chunk_word(raw[1][kk / 4], kk % 4);
+          const unsigned a[4] = {fp8_half_to_f16x2<C, 0>(w_lo), fp8_half_to_f16x2<C, 0>(w_hi),
+                                 fp8_half_to_f16x2<C, 1>(w_lo), fp8_half_to_f16x2<C, 1>(w_hi)};
+          Mma::mma(s[t], a, q_frag[kk][0], q_frag[kk][1]);
         }
       } else {
 #pragma unroll
@@ -331,14 +343,19 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
         }
       }
     }
+    // element e of S tile j (of sub-tile t = j / S_TILES): its row half, and its key's offset in
+    // the sub-tile (S: rows g, g + 8 and keys 8 (j % 2) + 2 tig, + 1; fp8's S^T: keys g, g + 8
+    // and rows 2 tig, 2 tig + 1)
+    auto half_of = [](int e) { return FP8 ? e % 2 : e / 2; };
+    auto key_of = [&](int j, int e) { return FP8 ? g + 8 * (e / 2) : 8 * (j % 2) + 2 * tig + (e & 1); };
     if constexpr (RESCALE_Q) {  // back to the query's scale: exact (a power of two)
 #pragma unroll
-      for (int j = 0; j < 2 * STEP_SUBS; ++j) {
+      for (int j = 0; j < S_TILES * STEP_SUBS; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] *= row_pow2[e / 2];
+        for (int e = 0; e < 4; ++e) s[j][e] *= row_pow2[half_of(e)];
       }
     }
-    // -- scale, softcap, ALiBi, mask (replace, never add); row max over the quad
+    // -- scale, softcap, ALiBi, mask (replace, never add); row max over the fragment's lanes
     float m_ij[2] = {PA_NEG_INF, PA_NEG_INF};
 #pragma unroll
     for (int t = 0; t < STEP_SUBS; ++t) {
@@ -346,31 +363,31 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
                          (sliding_window <= 0 || p0[t] > pq_max - sliding_window);
       if (plain && whole) {  // every row sees every key: the same arithmetic, no mask
 #pragma unroll
-        for (int j = 2 * t; j < 2 * t + 2; ++j) {
+        for (int j = S_TILES * t; j < S_TILES * (t + 1); ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             s[j][e] = (s[j][e] * scale) * LOG2E;
-            m_ij[e / 2] = fmaxf(m_ij[e / 2], s[j][e]);
+            m_ij[half_of(e)] = fmaxf(m_ij[half_of(e)], s[j][e]);
           }
         }
       } else if (whole) {  // softcap or ALiBi, every row sees every key: score_log2 without the mask
 #pragma unroll
-        for (int j = 2 * t; j < 2 * t + 2; ++j) {
+        for (int j = S_TILES * t; j < S_TILES * (t + 1); ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int half = e / 2;
-            const int p = p0[t] + 8 * (j - 2 * t) + 2 * tig + (e & 1);
+            const int half = half_of(e);
+            const int p = p0[t] + key_of(j, e);
             s[j][e] = score_log2(s[j][e], p - pq_row[half], slope_row[half], scale, softcap, has_alibi);
             m_ij[half] = fmaxf(m_ij[half], s[j][e]);
           }
         }
       } else {
 #pragma unroll
-        for (int j = 2 * t; j < 2 * t + 2; ++j) {
+        for (int j = S_TILES * t; j < S_TILES * (t + 1); ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int half = e / 2;
-            const int p = p0[t] + 8 * (j - 2 * t) + 2 * tig + (e & 1);
+            const int half = half_of(e);
+            const int p = p0[t] + key_of(j, e);
             s[j][e] = masked_score_log2(s[j][e], p, pq_row[half], slope_row[half], valid_row[half], L,
                                         scale, softcap, has_alibi, causal, sliding_window);
             m_ij[half] = fmaxf(m_ij[half], s[j][e]);
@@ -379,33 +396,34 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
       }
     }
     float alpha[2];
-    online_softmax_step(s, m_ij, m_i, l_i, alpha);  // P = exp2(s - m), l += row sums of P
-    // -- update output accumulator: O = O * alpha + P V
+    online_softmax_step<S_TILES * STEP_SUBS, FP8>(s, m_ij, m_i, l_i, alpha);  // P = exp2(s - m), l += row sums of P
+    // -- update output accumulator: O = O * alpha + P V (fp8: O^T = O^T * alpha + V^T P^T)
     if constexpr (FP8) {
-      unsigned a[STEP_SUBS][4];  // P * 2^15 in float16 (exact scaling; undone in the epilogue)
+      // P^T * 2^15 in float16 (exact scaling; undone in the epilogue) as B fragments: S^T's pairs
+      // (key g or g + 8; rows 2 tig, 2 tig + 1) transposed to (row g; keys 2 tig, 2 tig + 1 of
+      // each 8)
+      unsigned p_frag[STEP_SUBS][2];
 #pragma unroll
       for (int t = 0; t < STEP_SUBS; ++t) {
-        a[t][0] = Mma::pack(s[2 * t][0] * DEC_P_SCALE, s[2 * t][1] * DEC_P_SCALE);
-        a[t][1] = Mma::pack(s[2 * t][2] * DEC_P_SCALE, s[2 * t][3] * DEC_P_SCALE);
-        a[t][2] = Mma::pack(s[2 * t + 1][0] * DEC_P_SCALE, s[2 * t + 1][1] * DEC_P_SCALE);
-        a[t][3] = Mma::pack(s[2 * t + 1][2] * DEC_P_SCALE, s[2 * t + 1][3] * DEC_P_SCALE);
+        p_frag[t][0] = transpose_8x8(Mma::pack(s[t][0] * DEC_P_SCALE, s[t][1] * DEC_P_SCALE));
+        p_frag[t][1] = transpose_8x8(Mma::pack(s[t][2] * DEC_P_SCALE, s[t][3] * DEC_P_SCALE));
       }
       // O *= alpha, skipped where no row of the warp raised its max (alpha == 1 exactly: the
       // same bits), as after the first sub-tiles of a long range
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < O_TILES; ++j) {
+        for (int j = 0; j < O_FRAGS; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e / 2];
+          for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e % 2];
         }
       }
 #pragma unroll
       for (int t = 0; t < STEP_SUBS; ++t) {
-        // V: keys 2 tig, 2 tig + 1 (b0) and 2 tig + 8, 2 tig + 9 (b1), the lane's O_TILES bytes
-        // O_TILES * g + j of each, byte j serving n-tile j: head dim O_TILES * n + j is column n
-        // of n-tile j (undone at the epilogue's store)
+        // A = V^T: keys 2 tig, 2 tig + 1 (a0, a1) and 2 tig + 8, 2 tig + 9 (a2, a3), the lane's
+        // HEAD_DIM / 8 bytes HEAD_DIM / 8 * g + i of each; bytes 2 mt and 2 mt + 1 serve m-tile mt
+        // as its rows g and g + 8 (undone at the epilogue's store), pairs assembled with prmt
         const uint4* v_tile = v_tiles[t];
-        constexpr int V_LANE_WORDS = O_TILES / 4;
+        constexpr int V_LANE_WORDS = HEAD_DIM / 32;
         unsigned vw[4][V_LANE_WORDS];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -420,13 +438,14 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
           }
         }
 #pragma unroll
-        for (int dj = 0; dj < O_TILES / 2; ++dj) {  // n-tiles 2 dj, 2 dj + 1: bytes 2 (dj % 2), + 1 of word dj / 2
-          const unsigned b0 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[0][dj / 2], vw[1][dj / 2])
-                                          : interleave_bytes<0x7362>(vw[0][dj / 2], vw[1][dj / 2]);
-          const unsigned b1 = dj % 2 == 0 ? interleave_bytes<0x5140>(vw[2][dj / 2], vw[3][dj / 2])
-                                          : interleave_bytes<0x7362>(vw[2][dj / 2], vw[3][dj / 2]);
-          Mma::mma(o[2 * dj], a[t], fp8_half_to_f16x2<C, 0>(b0), fp8_half_to_f16x2<C, 0>(b1));
-          Mma::mma(o[2 * dj + 1], a[t], fp8_half_to_f16x2<C, 1>(b0), fp8_half_to_f16x2<C, 1>(b1));
+        for (int mt = 0; mt < O_FRAGS; ++mt) {  // bytes 2 (mt % 2), + 1 of word mt / 2
+          const unsigned k01 = mt % 2 == 0 ? interleave_bytes<0x5140>(vw[0][mt / 2], vw[1][mt / 2])
+                                           : interleave_bytes<0x7362>(vw[0][mt / 2], vw[1][mt / 2]);
+          const unsigned k89 = mt % 2 == 0 ? interleave_bytes<0x5140>(vw[2][mt / 2], vw[3][mt / 2])
+                                           : interleave_bytes<0x7362>(vw[2][mt / 2], vw[3][mt / 2]);
+          const unsigned a[4] = {fp8_half_to_f16x2<C, 0>(k01), fp8_half_to_f16x2<C, 1>(k01),
+                                 fp8_half_to_f16x2<C, 0>(k89), fp8_half_to_f16x2<C, 1>(k89)};
+          Mma::mma(o[mt], a, p_frag[t][0], p_frag[t][1]);
         }
       }
     } else {
@@ -500,23 +519,28 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   // stream order
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 1);
-    l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 2);
-    const int r = half == 0 ? row_lo : row_hi;
-    if (tig == 0 && o_part == 0) {
+    const int r = row_of[half];
+    if constexpr (FP8) {  // the row's shares of l: the 8 lanes of this tig
+      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 4);
+      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 8);
+      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 16);
+    } else {  // the quad
+      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 1);
+      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 2);
+    }
+    if ((FP8 ? g : tig) == 0 && o_part == 0) {
       m_merge[stream * DEC_ROWS + r] = m_i[half];
       l_merge[stream * DEC_ROWS + r] = l_i[half];
     }
 #pragma unroll
-    for (int j = 0; j < O_TILES; ++j) {
+    for (int j = 0; j < O_FRAGS; ++j) {
       float* dst = o_merge + (stream * DEC_ROWS + r) * HEAD_DIM + o_part * O_DIM;
-      if constexpr (FP8) {  // columns 2 tig, 2 tig + 1 of n-tile j are head dims O_TILES * n + j
-        dst[O_TILES * (2 * tig) + j] = o[j][2 * half];
-        dst[O_TILES * (2 * tig + 1) + j] = o[j][2 * half + 1];
+      if constexpr (FP8) {  // rows g, g + 8 of O^T's m-tile j are head dims HEAD_DIM / 8 * g + 2 j, + 1
+        dst[HEAD_DIM / 8 * g + 2 * j] = o[j][half];
+        dst[HEAD_DIM / 8 * g + 2 * j + 1] = o[j][2 + half];
       } else {
-        dst += 8 * j + 2 * tig;
-        dst[0] = o[j][2 * half];
-        dst[1] = o[j][2 * half + 1];
+        dst[8 * j + 2 * tig] = o[j][2 * half];
+        dst[8 * j + 2 * tig + 1] = o[j][2 * half + 1];
       }
     }
   }
