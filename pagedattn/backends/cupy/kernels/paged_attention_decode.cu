@@ -24,7 +24,7 @@
 //               with V through ldmatrix.trans)
 //   epilogue:   merge the streams' states, O / l, lse, to out or a split-KV partial.
 // fp8 caches (C = fp8_e4m3_t / fp8_e5m2_t, kernels/fp8.cuh): DEC_FP8_STAGES stages of the raw
-// bytes (half the bytes of a 16-bit sub-tile; two load while a step attends two), DEC_FP8_STEP_SUBS
+// bytes (half the bytes of a 16-bit sub-tile; four load while a step attends two), DEC_FP8_STEP_SUBS
 // sub-tiles attended a step (32 keys: one online-softmax update and one O rescale, and two
 // independent chains of products), DEC_FP8_CTAS_PER_SM CTAs an SM, and every product in
 // float16 whatever T is, so that each fp8 pair takes one exact cvt.rn.f16x2.e4m3x2 / e5m2x2
