@@ -56,6 +56,9 @@ SMALL = [
     gpu_case("small speculative split-KV fp16", [2100, 0, 1500, 17], [3, 0, 1, 2], dtype="float16"),
     gpu_case("small decode G=17 split-KV", [0, 1800, 9], num_q_heads=34),
     gpu_case("small fp8 e4m3 decode G=24 split-KV", [1300, 40], num_q_heads=48, cache_dtype=FP8[0], **FP8_SCALES),
+    # fp8 decode items hold at most 8 query heads: at G=12 two CTAs share each KV head's range
+    gpu_case("small fp8 e5m2 decode G=12 d64 split-KV", [1300, 0, 40], num_q_heads=24, head_dim=64,
+             cache_dtype=FP8[1], **FP8_SCALES),
 ]
 
 #: Long prefill: at least 512 rows per sequence on average (the Hopper kernel's on sm_90, the
