@@ -31,7 +31,7 @@
 // (NaN, and e5m2's inf, kept) and nothing goes through shared memory twice. The keys sit on
 // the MMA's M side and at most DEC_FP8_ROWS = 8 query rows (the host's fp8 items) on its n side:
 // S^T = K Q^T and O^T += V^T P^T, one m16n8k16 a k-step for S^T and one per 16 head dims for
-// O^T, half the products of a 16-row tile with Q on the M side, and O^T in HEAD_DIM / 8
+// O^T, half the products of a 16-row tile with Q on the M side, and O^T in HEAD_DIM / 4
 // registers a thread. Lane (g, tig) holds keys g, g + 8 and rows 2 tig, 2 tig + 1 of S^T, so
 // row maxima and sums run over the 8 lanes of a tig; P^T reaches its B fragments through
 // movmatrix (transpose_8x8):
