@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
@@ -340,6 +341,50 @@ def test_the_replay_check_calls_a_plan_that_is_not_capturable_unsupported():
 
     with pytest.raises(UnsupportedError, match="not capturable"):
         checks.replay_matches_eager(NumpyBackend(), _case())
+
+
+class _CapturableNumpy(NumpyBackend):
+    """NumPy attention whose plans say they are capturable, for the replay check on a CPU with a
+    stand-in for the CUDA graph."""
+
+    def _plan(self, *args, **kwargs):
+        return SimpleNamespace(capturable=True)
+
+
+def _graph_of_runs(run, calls):
+    """A stand-in for capture_runs: each replay runs the captured runs again, as a faithful graph."""
+    for i in range(calls):
+        run(i)
+    return lambda: [run(i) for i in range(calls)]
+
+
+def _graph_stale_after_one_replay(run, calls):
+    """A stand-in for a graph whose kernels go stale from the second replay on (state a launch
+    leaves on the device, a counter or a flag, that only the capture reset): later replays leave
+    the output as the first replay wrote it."""
+    replays = []
+
+    def replay():
+        if not replays:
+            for i in range(calls):
+                run(i)
+        replays.append(True)
+
+    for i in range(calls):
+        run(i)
+    return replay
+
+
+def test_the_replay_check_replays_the_graph_on_new_contents_and_catches_a_stale_replay(monkeypatch):
+    """Every replay, not only the first, gives the bits of an eager run on what was written before
+    it: a graph right on its first replay and stale from its second fails."""
+    case = poisoned_case("replays", [9, 21, 40], dtype="float32")
+    monkeypatch.setattr(checks, "capture_runs", _graph_of_runs)
+    assert checks.replay_matches_eager(_CapturableNumpy(), case) <= 1.0
+    assert checks.GRAPH_REPLAYS >= 2
+    monkeypatch.setattr(checks, "capture_runs", _graph_stale_after_one_replay)
+    with pytest.raises(ConformanceFailure, match="replay 2 of a CUDA graph"):
+        checks.replay_matches_eager(_CapturableNumpy(), case)
 
 
 def test_the_stream_check_calls_a_backend_without_torch_cuda_tensors_unsupported():
