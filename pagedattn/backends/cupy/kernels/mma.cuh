@@ -48,6 +48,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans_at(unsigned (&r)[4], unsigned 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// x combined by op over the lanes that hold the same two fragment rows: the quad (rows on the M
+// side, S = Q K^T) or the 8 lanes of a tig (keys on the M side, S^T = K Q^T).
+template <bool KEYS_ON_M, typename Op>
+__device__ __forceinline__ float reduce_over_row_lanes(float x, Op op) {
+  if constexpr (KEYS_ON_M) {
+    x = op(x, __shfl_xor_sync(0xffffffffu, x, 4));
+    x = op(x, __shfl_xor_sync(0xffffffffu, x, 8));
+    return op(x, __shfl_xor_sync(0xffffffffu, x, 16));
+  } else {
+    x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  }
+}
+
 // The online-softmax step of a thread's two fragment rows (half 0, 1) of the m16n8 tiles s.
 // Rows on the M side (KEYS_ON_M false, S = Q K^T): rows g and g + 8, elements e / 2, the row max
 // reduced over the quad. Keys on the M side (KEYS_ON_M true, S^T = K Q^T): rows 2 tig and
@@ -61,14 +75,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[TILES][4], float 
   float m_safe[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    if constexpr (KEYS_ON_M) {
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 4));
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 8));
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 16));
-    } else {
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 1));
-      m_ij[half] = fmaxf(m_ij[half], __shfl_xor_sync(0xffffffffu, m_ij[half], 2));
-    }
+    m_ij[half] = reduce_over_row_lanes<KEYS_ON_M>(m_ij[half], [](float a, float b) { return fmaxf(a, b); });
     const float m_new = fmaxf(m_i[half], m_ij[half]);
     m_safe[half] = m_new == PA_NEG_INF ? 0.f : m_new;
     alpha[half] = exp2_ftz(m_i[half] - m_safe[half]);

@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   };
 
   float m_i[2] = {PA_NEG_INF, PA_NEG_INF};
-  float l_i[2] = {0.f, 0.f};  // this thread's share; summed over the quad in the epilogue
+  float l_i[2] = {0.f, 0.f};  // this thread's share; summed over its row's lanes in the epilogue
   float o[O_FRAGS][4];
 #pragma unroll
   for (int j = 0; j < O_FRAGS; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
 #pragma unroll
         for (int j = 0; j < O_FRAGS; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e % 2];
+          for (int e = 0; e < 4; ++e) o[j][e] *= alpha[half_of(e)];
         }
       }
 #pragma unroll
@@ -520,14 +520,7 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = row_of[half];
-    if constexpr (FP8) {  // the row's shares of l: the 8 lanes of this tig
-      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 4);
-      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 8);
-      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 16);
-    } else {  // the quad
-      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 1);
-      l_i[half] += __shfl_xor_sync(0xffffffffu, l_i[half], 2);
-    }
+    l_i[half] = reduce_over_row_lanes<FP8>(l_i[half], [](float a, float b) { return a + b; });  // the row's shares
     if ((FP8 ? g : tig) == 0 && o_part == 0) {
       m_merge[stream * DEC_ROWS + r] = m_i[half];
       l_merge[stream * DEC_ROWS + r] = l_i[half];
@@ -539,8 +532,9 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
         dst[HEAD_DIM / 8 * g + 2 * j] = o[j][half];
         dst[HEAD_DIM / 8 * g + 2 * j + 1] = o[j][2 + half];
       } else {
-        dst[8 * j + 2 * tig] = o[j][2 * half];
-        dst[8 * j + 2 * tig + 1] = o[j][2 * half + 1];
+        dst += 8 * j + 2 * tig;
+        dst[0] = o[j][2 * half];
+        dst[1] = o[j][2 * half + 1];
       }
     }
   }
