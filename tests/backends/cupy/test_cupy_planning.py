@@ -44,18 +44,17 @@ def test_fp8_decode_items_hold_at_most_eight_rows_and_cover_every_head_once(num_
     query head) once. 16-bit caches keep items of up to DECODE_ROWS rows."""
     from pagedattn.backends.cupy import specializations as sp
 
+    group = num_q_heads // 2  # query heads a KV head
     for cache, most in (("float8_e4m3fn", sp.DECODE_FP8_ROWS), ("bfloat16", sp.DECODE_ROWS)):
         problem = shape_problem([300, 45, 1], num_q_heads=num_q_heads, num_kv_heads=2, cache_dtype=cache)
         work = work_of(problem)
         assert work.rows == sp.DECODE_ROWS
-        seq, kv_head, num_groups, group_start, partial = (work.items[:, i] for i in (0, 1, 5, 4, 8))
-        assert num_groups.max() == min(most, num_q_heads // 2), cache
-        whole = partial < 0
+        assert work.items[:, 5].max() == min(most, group), cache
+        whole = work.items[work.items[:, 8] < 0][:, [0, 1, 4, 5]]  # sequence, KV head, first head, heads
+        split = work.merges[:, [0, 2, 3, 4]]  # the same of a split range (token = sequence in decode)
         seen = np.zeros((3, num_q_heads), dtype=int)
-        for s, h, start, count in zip(seq[whole], kv_head[whole], group_start[whole], num_groups[whole], strict=True):
-            seen[s, h * (num_q_heads // 2) + start : h * (num_q_heads // 2) + start + count] += 1
-        for s, h, start, count in work.merges[:, [0, 2, 3, 4]]:  # token = sequence in decode
-            seen[s, h * (num_q_heads // 2) + start : h * (num_q_heads // 2) + start + count] += 1
+        for s, h, start, count in np.concatenate([whole, split]):
+            seen[s, h * group + start : h * group + start + count] += 1
         assert (seen == 1).all(), cache
 
 
