@@ -158,12 +158,12 @@ class AttentionCase:
 
     def __repr__(self) -> str:
         opts = {k: (summary(v) if isinstance(v, np.ndarray) else v) for k, v in self.options.items()}
-        qsl = None if self.query_start_loc is None else self.query_start_loc.tolist()
+        qsl = None if self.query_start_loc is None else listed(self.query_start_loc)
         pool = "" if self.pool is None else f", pool={summary(self.pool)}[:, k/v, {self.layer}]"
         qkv = "" if self.qkv is None else f" of qkv={summary(self.qkv)}"
         wide = "" if self.wide_tables is None else f" of {summary(self.wide_tables)}"
         return (
             f"AttentionCase(query={summary(self.query)}{qkv}, key_cache={summary(self.key_cache)}{pool},"
-            f" seq_lens={self.seq_lens.tolist()}, query_start_loc={qsl},"
-            f" block_tables={self.block_tables.tolist()}{wide}, options={opts}, labels={self.labels})"
+            f" seq_lens={listed(self.seq_lens)}, query_start_loc={qsl},"
+            f" block_tables={listed(self.block_tables)}{wide}, options={opts}, labels={self.labels})"
         )
