@@ -1,7 +1,8 @@
 """The contract's rules as checks: each takes a backend and a case, raises ConformanceFailure or returns
 the worst error as a fraction of the tolerance (0.0 for rules that demand identical bits).
 
-Meaning: :func:`matches_spec`. Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
+Meaning: :func:`matches_spec` (:func:`matches_spec_by_distinct_blocks` where tables repeat a few
+blocks over millions of keys). Never: :func:`garbage_ignored`, :func:`nonfinite_propagates`,
 :func:`relocation_invariant`, :func:`deterministic`, :func:`alone_equals_batch` (and every
 attention check asserts that no input was written). Plans: :func:`plan_serves_many_runs`,
 :func:`replay_matches_eager`, :func:`run_follows_callers_stream`, :func:`step_writes_then_attends`,
@@ -47,6 +48,7 @@ from pagedattn.conformance.cases import (
     host_result,
     run_case,
 )
+from pagedattn.conformance.repeated_blocks import exact_by_distinct_blocks
 from pagedattn.conformance.scale import (
     FAR_MERGE_SEED,
     far_partial_parts,
@@ -61,7 +63,7 @@ from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
 from pagedattn.spec.case import listed, pool_views
 from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
 from pagedattn.spec.error_model import merge_tolerance, tolerance
-from pagedattn.spec.exact import exact_attention_problem
+from pagedattn.spec.exact import ExactResult, exact_attention_problem
 from pagedattn.spec.online_softmax import merge_states as spec_merge_states
 from pagedattn.spec.pools import lazy_copy
 
@@ -103,12 +105,21 @@ def matches_spec(backend: Backend, case: AttentionCase) -> float:
     return _result_matches_spec(backend, case, run_checked(backend, case))
 
 
-def _result_matches_spec(backend: Backend, case: AttentionCase, result: AttentionResult, context: str = "") -> float:
-    """``result`` of ``case`` within the error model of the exact float64 answer (``context`` ends
-    the description of the call)."""
+def matches_spec_by_distinct_blocks(backend: Backend, case: AttentionCase) -> float:
+    """:func:`matches_spec` for a case whose block table names a few blocks many times (millions of
+    keys): the exact answer computed once per distinct block a row sees
+    (:func:`~pagedattn.conformance.repeated_blocks.exact_by_distinct_blocks`)."""
+    __tracebackhide__ = True
+    return _result_matches_spec(backend, case, run_checked(backend, case), exact_of=exact_by_distinct_blocks)
+
+
+def _result_matches_spec(backend: Backend, case: AttentionCase, result: AttentionResult, context: str = "",
+                         exact_of: Callable[..., ExactResult] = exact_attention_problem) -> float:
+    """``result`` of ``case`` within the error model of the exact float64 answer, as ``exact_of``
+    computes it from the problem and the host arrays (``context`` ends the description of the call)."""
     __tracebackhide__ = True
     problem = problem_of(case)
-    exact = exact_attention_problem(problem, case.query, case.key_cache, case.value_cache)
+    exact = exact_of(problem, case.query, case.key_cache, case.value_cache)
     tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype,
                     tf32=backend.capabilities().tf32)
     call = _call(backend, case) + context
@@ -1225,8 +1236,8 @@ Check = Callable[[Backend, Any], float]
 
 #: Every check a cell runs, by name (saved cases record the name; ``replay`` looks it up here).
 CHECKS: dict[str, Check] = {check.__name__: check for check in (
-    matches_spec, garbage_ignored, nonfinite_propagates, nonfinite_scores_propagate, minus_inf_rows_are_empty,
-    relocation_invariant,
+    matches_spec, matches_spec_by_distinct_blocks, garbage_ignored, nonfinite_propagates, nonfinite_scores_propagate,
+    minus_inf_rows_are_empty, relocation_invariant,
     deterministic, alone_equals_batch,
     plan_serves_many_runs, replay_matches_eager, run_follows_callers_stream, step_writes_then_attends,
     runs_hold_no_memory, many_plans_stay_independent,
