@@ -55,10 +55,10 @@ def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | No
     (``pool_elements``: caches of that many elements, against ``max_pool_elements``; ``device``:
     the device the backend must run on; ``launch_limits``: the cell is about a device's launch
     limits, which a backend run in an interpreter does not have; ``large_arrays``: the cell
-    computes arrays of more than 2**31 elements, minutes of work on a CPU, which runs it only
-    under ``PAGEDATTN_SIZE=large``; ``many_programs``: the cell launches hundreds of thousands
-    of programs, or walks a million keys a tile at a time, which an interpreter runs one at a
-    time, also only under ``large``)."""
+    computes arrays of more than 2**31 elements, or millions of keys of a sequence, minutes of work
+    on a CPU, which runs it only under ``PAGEDATTN_SIZE=large``; ``many_programs``: the cell
+    launches hundreds of thousands of programs, or walks a million keys a tile at a time, which an
+    interpreter runs one at a time, also only under ``large``)."""
     caps = backend.capabilities()
     if device is not None and caps.device != device:
         raise Unsupported(f"{backend.name}: runs on {caps.device}, not {device}")
@@ -67,7 +67,8 @@ def require(backend: Backend, *, dtype: str | None = None, cache_dtype: str | No
                           "to check and runs one program at a time")
     if large_arrays and runs_on_cpu(caps.device) and not sizes_are_large():
         raise Unsupported(f"{backend.name}: runs on {caps.device}, where arrays of 2**31 elements (an output, "
-                          "partials, a head's scores) cost minutes; PAGEDATTN_SIZE=large runs it there")
+                          "partials, a head's scores) or millions of keys of a sequence cost minutes; "
+                          "PAGEDATTN_SIZE=large runs it there")
     if many_programs and runs_in_interpreter(caps.device) and not sizes_are_large():
         raise Unsupported(f"{backend.name}: runs in an interpreter ({caps.device}), where hundreds of thousands of "
                           "programs or tiles cost minutes; PAGEDATTN_SIZE=large runs it there")

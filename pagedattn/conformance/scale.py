@@ -14,6 +14,9 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   (:func:`very_long_window_sequence_cases`: under a sliding window);
 - :func:`million_key_sequence_cases`: one sequence of more than 2**20 keys, past what a plan or
   merge sized for a 131,072-key context holds;
+- :func:`kv_bytes_past_int32_cases`: one sequence whose keys and values of a KV head pass 2**31
+  bytes (4,194,304 keys at head_dim 128 in 16 bits), where a size held in signed 32 bits wraps;
+  its table names a few thousand blocks many times each, so the caches stay small;
 - :func:`long_prefill_cases`: 1 or 2 sequences of hundreds of queries (512 rows and up each),
   after up to 1,000 keys of context: several query tiles per sequence, causal diagonals (or,
   without the mask, every tile's range to the sequence's end);
@@ -80,6 +83,7 @@ from pagedattn.conformance.strategies import (
     block_tables,
     copy_blocks_cases,
     fill_caches,
+    garbage_values,
     head_dims,
     merge_cases,
     seq_lens,
@@ -107,6 +111,9 @@ __all__ = [
     "FAR_WRITE_ROW_ELEMENTS",
     "HEAD_NEEDLE_KEY",
     "HEAD_NEEDLE_QUERY",
+    "KV_BYTES_DISTINCT_BLOCKS",
+    "KV_BYTES_GAP",
+    "KV_BYTES_LIMIT",
     "LARGE_BATCH_SEQS",
     "LONG_BATCH_KEYS",
     "LONG_BATCH_PAIRS",
@@ -161,6 +168,9 @@ __all__ = [
     "far_score_rows",
     "far_table_cases",
     "far_write_kv_cases",
+    "kv_bytes_head_dims",
+    "kv_bytes_past_int32_cases",
+    "kv_bytes_wrap_keys",
     "large_batch_cases",
     "long_batch_cases",
     "long_prefill_cases",
@@ -650,6 +660,95 @@ def million_key_sequence_cases(capabilities: Capabilities, *, dtype: str,
     limits = (limits or scale_limits())._replace(min_long=MILLION_KEYS, max_long=MILLION_MAX, max_long_seqs=1,
                                                  max_batch_keys=MILLION_MAX)
     return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1, groups=(1, 2))
+
+
+# -- a sequence past 2**31 bytes of keys and values ------------------------------------------
+
+#: Bytes of one KV head's keys and values of a sequence, ``L * 2 * head_dim * itemsize``, at and
+#: past which the cell of :func:`kv_bytes_past_int32_cases` draws: a size held in signed 32 bits
+#: wraps there (a tile scheduler that sizes its L2 swizzle from it: 4,194,304 keys at head_dim 128
+#: in 16 bits).
+KV_BYTES_LIMIT = 2**31
+#: Distinct blocks a wrapping sequence's block table names at random before the block holding the
+#: key at the wrap, and as many others from there on, at least and at most: each named a few
+#: thousand times at most. Enough distinct keys, in random order, that float32 sums over millions of
+#: them round as sums of distinct data do (the error model's ``sqrt(n)``): a few blocks in a fixed
+#: period repeat the same roundings, and a correct kernel's error then grows with ``n``.
+KV_BYTES_DISTINCT_BLOCKS = (257, 1031)
+#: The score of the keys at and past the wrap above the others' (natural-log units): a few hundred
+#: thousand keys past it weigh about as much as the millions before.
+KV_BYTES_GAP = 4.0
+
+
+def kv_bytes_head_dims(capabilities: Capabilities, dtype: str) -> tuple[int, ...]:
+    """Head dims of the cell past :data:`KV_BYTES_LIMIT` bytes, the shrink target first: 128 in 16
+    bits (the wrap at 4,194,304 keys), 256 in float32 (1,048,576 keys: the fewest a CPU walks);
+    those the backend takes, else its widest."""
+    caps = capabilities
+    order = (256, 128) if numpy_dtype(dtype).itemsize == 4 else (128, 256)
+    if caps.head_dims is not None:
+        return tuple(d for d in order if d in caps.head_dims) or (max(caps.head_dims),)
+    widest = caps.max_head_dim
+    return tuple(d for d in order if widest is None or d <= widest) or ((widest,) if widest else order)
+
+
+def kv_bytes_wrap_keys(head_dim: int, dtype: str) -> int:
+    """The first key of a sequence at which ``L * 2 * head_dim * itemsize`` reaches :data:`KV_BYTES_LIMIT`."""
+    return KV_BYTES_LIMIT // (2 * head_dim * numpy_dtype(dtype).itemsize)
+
+
+@st.composite
+def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                              limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for one sequence whose keys and values of one KV head pass
+    :data:`KV_BYTES_LIMIT` bytes (:func:`kv_bytes_wrap_keys`: 4,194,304 keys at head_dim 128 in 16 bits)
+    by 1/64 to 1/8 of that, on a pool of a few thousand blocks.
+
+    The block table names 257 to 1,031 distinct blocks at random up to the block holding the key at
+    the wrap, and as many others from there on (the contract lets a table name a block any number
+    of times), so the caches stay a few hundred MB at most and the exact answer costs the spec one
+    block per distinct block (:mod:`pagedattn.conformance.repeated_blocks`). The keys from the
+    wrap on score :data:`KV_BYTES_GAP` above the others and hold values near -1 against +1, so
+    they weigh as much as the millions before them: a kernel that drops either side, or reads a
+    wrong block past the wrap, moves out by whole units. Decode, or with varlen the last 1 to 3
+    queries; 1 or 2 query heads on one KV head; lse wherever declared (it counts the keys, which the
+    repeats hide from out); garbage in the unused blocks and table entries; no ALiBi or window
+    (scores that depend on a key's position differ between a block's places)."""
+    del limits  # one size for every profile: the limit is a 32-bit integer's
+    caps = capabilities
+    head_dim = draw(st.sampled_from(kv_bytes_head_dims(caps, dtype)), label="head_dim")
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 2)), label="gqa_ratio")
+    wrap = kv_bytes_wrap_keys(head_dim, dtype)
+    length = wrap + draw(st.integers(wrap // 64, wrap // 8), label="keys_past_the_wrap")
+    distinct = draw(st.integers(*KV_BYTES_DISTINCT_BLOCKS), label="distinct_blocks")
+    spare = draw(st.integers(1, 4), label="spare_blocks")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    ids = rng.permutation(2 * distinct + spare)
+    before, after, unused = ids[:distinct], ids[distinct:2 * distinct], ids[2 * distinct:]
+    first_after = wrap // block_size  # the column holding key `wrap`
+    table = np.concatenate([rng.choice(before, first_after), rng.choice(after, -(-length // block_size) - first_after)])
+    tables = np.append(table, unused[0])[None].astype(np.int32)  # one column past the sequence: garbage
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
+    shape = (len(ids), block_size, 1, head_dim)
+    half_gap = KV_BYTES_GAP / 2 / np.sqrt(head_dim)  # with a query of about 1: scores -GAP / 2, +GAP / 2
+    caches = []
+    for which in range(2):
+        with np.errstate(over="ignore", invalid="ignore"):
+            cache = garbage_values(rng, garbage, shape).astype(numpy_dtype(dtype))
+        noise = 0.25 * rng.standard_normal((len(ids) - spare, *shape[1:]))
+        sign = np.where(np.isin(ids[:-spare], after), 1.0, -1.0)[:, None, None, None]
+        cache[ids[:-spare]] = (noise + sign * half_gap if which == 0 else noise - sign).astype(cache.dtype)
+        caches.append(cache)
+    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    q_len = 1 if decode else draw(st.integers(1, 3), label="q_len")
+    query = (1.0 + 0.1 * rng.standard_normal((q_len, group, head_dim))).astype(numpy_dtype(dtype))
+    options: dict[str, Any] = {"return_lse": True} if caps.supports("lse") else {}
+    return _case(query, (caches[0], caches[1]), tables, [length], None if decode else [q_len], kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"),
+                 {"feature": "kv_bytes_past_int32", "garbage": garbage, "head_dim": str(head_dim),
+                  "distinct_blocks": f"{distinct} before the wrap, {distinct} from it"})
 
 
 # -- pools above 2**31 elements ------------------------------------------------------------

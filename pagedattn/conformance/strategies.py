@@ -61,6 +61,7 @@ __all__ = [
     "block_tables",
     "copy_blocks_cases",
     "fused_qkv_rows",
+    "garbage_values",
     "head_configs",
     "head_dims",
     "merge_cases",
@@ -371,7 +372,7 @@ def _logical_values(rng: np.random.Generator, kind: str, query: np.ndarray, lens
     return result
 
 
-def _garbage(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+def garbage_values(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:
     """float64 values of a garbage kind, mixed with random values."""
     values = rng.standard_normal(shape) * 1e3
     if kind == "nan":
@@ -404,9 +405,9 @@ def fill_caches(rng: np.random.Generator, shape_nhd: tuple[int, int, int, int], 
         with np.errstate(over="ignore", invalid="ignore"):
             if huge:  # garbage in the used blocks only (in their slots no sequence writes)
                 cache = np.zeros(shape_nhd, dtype=dtype)
-                cache[used] = _garbage(rng, garbage, (len(used), *shape_nhd[1:])).astype(dtype)
+                cache[used] = garbage_values(rng, garbage, (len(used), *shape_nhd[1:])).astype(dtype)
             else:
-                cache = _garbage(rng, garbage, shape_nhd).astype(dtype)
+                cache = garbage_values(rng, garbage, shape_nhd).astype(dtype)
         for s, length in enumerate(int(n) for n in lens):
             positions = np.arange(length)
             blocks = tables[s, positions // block_size].astype(np.int64)
@@ -530,7 +531,7 @@ def attention_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, 
         per_block = (heads.num_kv_heads, block_size) if kv_layout == "HND" else (block_size, heads.num_kv_heads)
         pool_shape = (pool.num_blocks, 2, num_layers, *per_block, head_dim + row_pad)
         with np.errstate(over="ignore", invalid="ignore"):
-            pool_array = _garbage(rng, garbage, pool_shape).astype(numpy_dtype(cache_dtype))
+            pool_array = garbage_values(rng, garbage, pool_shape).astype(numpy_dtype(cache_dtype))
         key_cache, value_cache = pool_views(pool_array, layer, head_dim)
         for view, cache in ((key_cache, k_nhd), (value_cache, v_nhd)):
             view[...] = cache if kv_layout == "NHD" else cache.transpose(0, 2, 1, 3)
@@ -586,7 +587,7 @@ def fused_qkv_rows(rng: np.random.Generator, garbage: str, num_q_heads: int, num
     given = next(x for x in (query, key, value) if x is not None)
     T, _, D = given.shape
     with np.errstate(over="ignore", invalid="ignore"):
-        qkv = _garbage(rng, garbage, (T, num_q_heads + 2 * num_kv_heads, D)).astype(given.dtype)
+        qkv = garbage_values(rng, garbage, (T, num_q_heads + 2 * num_kv_heads, D)).astype(given.dtype)
     for first, part in zip((0, num_q_heads, num_q_heads + num_kv_heads), (query, key, value), strict=True):
         if part is not None:
             qkv[:, first:first + part.shape[1]] = part
@@ -645,7 +646,7 @@ def write_kv_cases(draw: st.DrawFn, *, dtype: str, cache_dtype: str, block_size:
     garbage = draw(st.sampled_from(GARBAGE_KINDS), label="garbage")
     shape_nhd = (num_blocks, block_size, num_heads, head_dim)
     with np.errstate(over="ignore", invalid="ignore"):
-        caches = [_garbage(rng, garbage, shape_nhd).astype(numpy_dtype(cache_dtype)) for _ in range(2)]
+        caches = [garbage_values(rng, garbage, shape_nhd).astype(numpy_dtype(cache_dtype)) for _ in range(2)]
     if kv_layout == "HND":
         caches = [np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in caches]
     values = draw(st.sampled_from(("normal", "wide", "non_finite")), label="values")

@@ -6,7 +6,8 @@ merge_states: a CUDA grid's y and z axes take no more), prefills of several quer
 without the causal mask), chunks of thousands of queries after thousands of keys (split plans of
 many query tiles), a sequence of more than 65,536 keys (more split parts than a fixed-size merge
 holds; positions past 16 bits; with fp8 caches, under a sliding window), and one of more than a
-million keys (past what a plan or merge sized for a 131,072-key context holds). The cells about
+million keys (past what a plan or merge sized for a 131,072-key context holds), and one whose keys
+and values pass 2**31 bytes (where a size in signed 32 bits wraps). The cells about
 a GPU's launch limits (waves, grid axes) are unsupported for a backend run in an interpreter,
 which has none.
 
@@ -27,6 +28,7 @@ from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     LONG_TAIL_KINDS,
+    kv_bytes_past_int32_cases,
     large_batch_cases,
     long_batch_cases,
     long_chunk_cases,
@@ -278,6 +280,8 @@ def test_merge_states_of_many_tokens(request, backend):
 #: The dtype of the very-long cell: float16, whose 10-bit mantissa shows a smaller error than
 #: bfloat16's (a sequence this long costs the Triton interpreter about a minute per dtype).
 VERY_LONG_DTYPES = ("float16",)
+#: dtypes of the cell past 2**31 bytes of keys and values: float32 first, the fewest keys (a CPU runs it).
+KV_BYTES_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
@@ -322,6 +326,18 @@ def test_million_key_sequences_match_spec(request, backend, dtype):
     run_scale_cell(request, backend, million_key_sequence_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="million_key_sequences", max_examples=limits.batch_examples,
                    requires={"many_programs": True}, shrink=False)  # a shrink step costs the spec seconds
+
+
+@pytest.mark.parametrize("dtype", KV_BYTES_DTYPES)
+def test_sequences_past_2_31_bytes_of_keys_and_values_match_spec(request, backend, dtype):
+    """One sequence whose keys and values of one KV head pass 2**31 bytes, where a size held in
+    signed 32 bits wraps (4,194,304 keys at head_dim 128 in 16 bits; 1,048,576 at head_dim 256 in
+    float32), its block table repeating a few dozen blocks; decode or a few queries, out and lse
+    within the error model; inputs untouched. On a CPU the 16-bit dtypes (2 to 4 million keys) run
+    only under PAGEDATTN_SIZE=large, and in an interpreter every dtype does."""
+    run_scale_cell(request, backend, kv_bytes_past_int32_cases, checks.matches_spec_by_distinct_blocks,
+                   scale_limits(), dtype=dtype, feature="kv_bytes_past_int32", max_examples=1,
+                   requires={"many_programs": True, "large_arrays": dtype != "float32"}, shrink=False)
 
 
 def test_copy_blocks_of_many_pairs(request, backend):

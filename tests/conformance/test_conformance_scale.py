@@ -7,6 +7,7 @@ in a scale cell is in test_mutants.py.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -20,6 +21,7 @@ from pagedattn.backends.triton.launch_config import Tiles, choose_num_splits, ch
 from pagedattn.conformance import checks, scale, test_scale
 from pagedattn.conformance.assertions import ConformanceFailure
 from pagedattn.conformance.cases import load_case, save_case
+from pagedattn.conformance.repeated_blocks import exact_by_distinct_blocks
 from pagedattn.conformance.runner import Unsupported, require
 from pagedattn.errors import UnsupportedError
 from pagedattn.reference.paged import paged_attention_reference
@@ -915,6 +917,28 @@ def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_trito
     assert triton_grid(problem).splits() == MAX_SPLITS
     work = h200_cupy_work(problem)
     assert int(work.merges[:, 6].max()) > MERGE_MAX_KEYS // PART_KEYS, work.merges  # more parts than 131,072 keys'
+
+
+@pytest.mark.parametrize(("dtype", "head_dim", "wrap"), [("bfloat16", 128, 2**22), ("float32", 256, 2**20)])
+def test_kv_bytes_cases_pass_2_31_bytes_of_one_heads_keys_and_values_on_a_small_pool(dtype, head_dim, wrap):
+    """The shrink target: FlashAttention's wrap at 4,194,304 keys of head_dim 128 in 16 bits, the fewest
+    keys (float32, head_dim 256) for a CPU; the keys past the wrap in blocks of their own, weighing a
+    share of the row that moves out by whole units when dropped."""
+    (case,) = drawn(scale.kv_bytes_past_int32_cases(DECLARED, dtype=dtype), 1)
+    problem = checks.problem_of(case)
+    length, bs = int(problem.seq_lens[0]), problem.block_size
+    assert problem.head_dim == head_dim and scale.kv_bytes_wrap_keys(head_dim, dtype) == wrap
+    assert wrap + wrap // 64 <= length <= wrap + wrap // 8  # L * 2 * head_dim * itemsize past 2**31
+    row = problem.block_tables[0, :-(-length // bs)]
+    before, after = set(row[:wrap // bs].tolist()), set(row[wrap // bs:].tolist())
+    assert not before & after and min(len(before), len(after)) >= scale.KV_BYTES_DISTINCT_BLOCKS[0] // 2
+    assert problem.num_blocks <= 2 * scale.KV_BYTES_DISTINCT_BLOCKS[1] + 4 and problem.return_lse
+    assert problem.block_tables[0, -1] not in before | after  # a garbage block past the sequence
+    exact = exact_by_distinct_blocks(problem, case.query, case.key_cache, case.value_cache)
+    dropped = replace(case, seq_lens=np.array([wrap], np.int32))  # the keys past the wrap dropped
+    without = exact_by_distinct_blocks(checks.problem_of(dropped), dropped.query, dropped.key_cache,
+                                       dropped.value_cache)
+    assert np.abs(exact.out - without.out).mean() > 0.5
 
 
 def test_long_cases_never_draw_a_sequence_below_the_cells_shortest():

@@ -29,7 +29,7 @@ from pagedattn.conformance.mutants.plans import LaunchBindsFirstRunArrays
 from pagedattn.conformance.scale import LONG_BATCH_PAIRS, LONG_PREFILL_ROWS
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem
-from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES
+from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.online_softmax import merge_states
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, UINT32_OFFSET_LIMIT
 
@@ -1257,6 +1257,24 @@ class SplitMergeSizedFor128KKeys(AddressedKernelBackend):
 
     def merge(self, states):
         return super().merge(states[:MERGE_MAX_KEYS // PART_KEYS])
+
+
+# -- a sequence past 2**31 bytes of keys and values --------------------------------------------
+
+class SplitPlanOfInt32KVBytes(AddressedKernelBackend):
+    bug = ("the split plan sizes a sequence's work from its K and V bytes, L * 2 * head_dim * itemsize, in int32: "
+           "from 2**31 bytes on the size is negative and the plan covers no key")
+    models = ("Dao-AILab/flash-attention PR 2662 (a tile scheduler sized its L2 swizzle from seqlen_k * (headdim + "
+              "headdim_v) * element_size in int32: negative past about 4M keys at head_dim 128 in bfloat16, and the "
+              "kernel decoded work out of range)")
+    killed_by = "test_sequences_past_2_31_bytes_of_keys_and_values_match_spec"
+
+    def parts(self, blocks, length, problem):
+        per_key = 2 * problem.head_dim * numpy_dtype(problem.cache_dtype).itemsize
+        covered = max(0, int(_wrap_int32(np.array([length * per_key]))[0])) // per_key
+        if covered >= length:
+            return super().parts(blocks, length, problem)
+        return super().parts(blocks[:-(-covered // problem.block_size)], covered, problem)
 
 
 # -- chunks of many queries after long contexts --------------------------------------------------
