@@ -335,8 +335,9 @@ def test_sequences_past_2_31_bytes_of_keys_and_values_match_spec(request, backen
     float32), its block table repeating a few dozen blocks; decode or a few queries, out and lse
     within the error model; inputs untouched. On a CPU the 16-bit dtypes (2 to 4 million keys) run
     only under PAGEDATTN_SIZE=large, and in an interpreter every dtype does."""
+    limits = scale_limits()
     run_scale_cell(request, backend, kv_bytes_past_int32_cases, checks.matches_spec_by_distinct_blocks,
-                   scale_limits(), dtype=dtype, feature="kv_bytes_past_int32", max_examples=1,
+                   limits, dtype=dtype, feature="kv_bytes_past_int32", max_examples=limits.batch_examples,
                    requires={"many_programs": True, "large_arrays": dtype != "float32"}, shrink=False)
 
 
