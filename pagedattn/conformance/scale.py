@@ -681,9 +681,9 @@ KV_BYTES_GAP = 4.0
 
 
 def kv_bytes_head_dims(capabilities: Capabilities, dtype: str) -> tuple[int, ...]:
-    """Head dims of the cell past :data:`KV_BYTES_LIMIT` bytes, the shrink target first: 128 in 16
-    bits (the wrap at 4,194,304 keys), 256 in float32 (1,048,576 keys: the fewest a CPU walks);
-    those the backend takes, else its widest."""
+    """Head dims of the cell past :data:`KV_BYTES_LIMIT` bytes of ``dtype`` caches, the shrink target
+    first: 128 in 16 bits (the wrap at 4,194,304 keys) and in fp8 (8,388,608), 256 in float32
+    (1,048,576 keys: the fewest a CPU walks); those the backend takes, else its widest."""
     caps = capabilities
     order = (256, 128) if numpy_dtype(dtype).itemsize == 4 else (128, 256)
     if caps.head_dims is not None:
@@ -693,13 +693,14 @@ def kv_bytes_head_dims(capabilities: Capabilities, dtype: str) -> tuple[int, ...
 
 
 def kv_bytes_wrap_keys(head_dim: int, dtype: str) -> int:
-    """The first key of a sequence at which ``L * 2 * head_dim * itemsize`` reaches :data:`KV_BYTES_LIMIT`."""
+    """The first key of a sequence at which ``L * 2 * head_dim * itemsize`` of ``dtype`` caches reaches
+    :data:`KV_BYTES_LIMIT`."""
     return KV_BYTES_LIMIT // (2 * head_dim * numpy_dtype(dtype).itemsize)
 
 
 @st.composite
 def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                              limits: ScaleLimits | None = None) -> AttentionCase:
+                              limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
     """Return a strategy for one sequence whose keys and values of one KV head pass
     :data:`KV_BYTES_LIMIT` bytes (:func:`kv_bytes_wrap_keys`: 4,194,304 keys at head_dim 128 in 16 bits)
     by 1/64 to 1/8 of that, on a pool of a few thousand blocks.
@@ -713,14 +714,17 @@ def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     wrong block past the wrap, moves out by whole units. Decode, or with varlen the last 1 to 3
     queries; 1 or 2 query heads on one KV head; lse wherever declared (it counts the keys, which the
     repeats hide from out); garbage in the unused blocks and table entries; no ALiBi or window
-    (scores that depend on a key's position differ between a block's places)."""
+    (scores that depend on a key's position differ between a block's places). With ``fp8``, one of
+    the backend's fp8 cache dtypes and scales (``v_scale`` never 1), one byte an element: 8,388,608
+    keys at head_dim 128."""
     del limits  # one size for every profile: the limit is a 32-bit integer's
     caps = capabilities
-    head_dim = draw(st.sampled_from(kv_bytes_head_dims(caps, dtype)), label="head_dim")
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    head_dim = draw(st.sampled_from(kv_bytes_head_dims(caps, cache_dtype)), label="head_dim")
     block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     group = draw(st.sampled_from((1, 2)), label="gqa_ratio")
-    wrap = kv_bytes_wrap_keys(head_dim, dtype)
+    wrap = kv_bytes_wrap_keys(head_dim, cache_dtype)
     length = wrap + draw(st.integers(wrap // 64, wrap // 8), label="keys_past_the_wrap")
     distinct = draw(st.integers(*KV_BYTES_DISTINCT_BLOCKS), label="distinct_blocks")
     spare = draw(st.integers(1, 4), label="spare_blocks")
@@ -734,20 +738,22 @@ def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     shape = (len(ids), block_size, 1, head_dim)
     half_gap = KV_BYTES_GAP / 2 / np.sqrt(head_dim)  # with a query of about 1: scores -GAP / 2, +GAP / 2
     caches = []
-    for which in range(2):
+    for which, scale in ((0, scales.get("k_scale", 1.0)), (1, scales.get("v_scale", 1.0))):
         with np.errstate(over="ignore", invalid="ignore"):
-            cache = garbage_values(rng, garbage, shape).astype(numpy_dtype(dtype))
+            cache = garbage_values(rng, garbage, shape).astype(numpy_dtype(cache_dtype))
         noise = 0.25 * rng.standard_normal((len(ids) - spare, *shape[1:]))
         sign = np.where(np.isin(ids[:-spare], after), 1.0, -1.0)[:, None, None, None]
-        cache[ids[:-spare]] = (noise + sign * half_gap if which == 0 else noise - sign).astype(cache.dtype)
+        cache[ids[:-spare]] = ((noise + sign * half_gap if which == 0 else noise - sign) / scale).astype(cache.dtype)
         caches.append(cache)
     decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
     q_len = 1 if decode else draw(st.integers(1, 3), label="q_len")
     query = (1.0 + 0.1 * rng.standard_normal((q_len, group, head_dim))).astype(numpy_dtype(dtype))
     options: dict[str, Any] = {"return_lse": True} if caps.supports("lse") else {}
+    options.update(scales)
     return _case(query, (caches[0], caches[1]), tables, [length], None if decode else [q_len], kv_layout, options,
                  draw(_SEEDS, label="variant_seed"),
                  {"feature": "kv_bytes_past_int32", "garbage": garbage, "head_dim": str(head_dim),
+                  "cache_dtype": cache_dtype,
                   "distinct_blocks": f"{distinct} before the wrap, {distinct} from it"})
 
 

@@ -341,6 +341,18 @@ def test_sequences_past_2_31_bytes_of_keys_and_values_match_spec(request, backen
                    requires={"many_programs": True, "large_arrays": dtype != "float32"}, shrink=False)
 
 
+def test_sequences_past_2_31_bytes_of_fp8_keys_and_values_match_spec(request, backend):
+    """The sequence past 2**31 bytes with fp8 caches and scales (v_scale never 1) under bfloat16
+    queries: one byte an element, 8,388,608 keys and more at head_dim 128 (the fp8 path's own sizes
+    and plans); out and lse within the error model; inputs untouched. On a CPU and in an
+    interpreter only under PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(kv_bytes_past_int32_cases, fp8=True),
+                   checks.matches_spec_by_distinct_blocks, limits, dtype="bfloat16",
+                   feature="kv_bytes_past_int32_fp8", max_examples=limits.batch_examples,
+                   requires={"features": ("fp8",), "many_programs": True, "large_arrays": True}, shrink=False)
+
+
 def test_copy_blocks_of_many_pairs(request, backend):
     """copy_blocks of more than 65,535 pairs in one call (past a CUDA grid's y and z limit), chains
     among them: the spec's bits in every block. A backend run in an interpreter is unsupported

@@ -26,6 +26,7 @@ from pagedattn.conformance.runner import Unsupported, require
 from pagedattn.errors import UnsupportedError
 from pagedattn.reference.paged import paged_attention_reference
 from pagedattn.spec.arrays import check_paged_attention
+from pagedattn.spec.dtypes import FP8_DTYPES
 from pagedattn.spec.online_softmax import merge_states as spec_merge_states
 from pagedattn.spec.pools import (
     INT32_OFFSET_LIMIT,
@@ -919,15 +920,19 @@ def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_trito
     assert int(work.merges[:, 6].max()) > MERGE_MAX_KEYS // PART_KEYS, work.merges  # more parts than 131,072 keys'
 
 
-@pytest.mark.parametrize(("dtype", "head_dim", "wrap"), [("bfloat16", 128, 2**22), ("float32", 256, 2**20)])
-def test_kv_bytes_cases_pass_2_31_bytes_of_one_heads_keys_and_values_on_a_small_pool(dtype, head_dim, wrap):
-    """The shrink target: FlashAttention's wrap at 4,194,304 keys of head_dim 128 in 16 bits, the fewest
-    keys (float32, head_dim 256) for a CPU; the keys past the wrap in blocks of their own, weighing a
-    share of the row that moves out by whole units when dropped."""
-    (case,) = drawn(scale.kv_bytes_past_int32_cases(DECLARED, dtype=dtype), 1)
+@pytest.mark.parametrize(("dtype", "fp8", "head_dim", "wrap"),
+                         [("bfloat16", False, 128, 2**22), ("float32", False, 256, 2**20),
+                          ("bfloat16", True, 128, 2**23)])
+def test_kv_bytes_cases_pass_2_31_bytes_of_one_heads_keys_and_values_on_a_small_pool(dtype, fp8, head_dim, wrap):
+    """The shrink target: FlashAttention's wrap at 4,194,304 keys of head_dim 128 in 16 bits (8,388,608
+    in fp8), the fewest keys (float32, head_dim 256) for a CPU; the keys past the wrap in blocks of
+    their own, weighing a share of the row that moves out by whole units when dropped."""
+    (case,) = drawn(scale.kv_bytes_past_int32_cases(DECLARED, dtype=dtype, fp8=fp8), 1)
     problem = checks.problem_of(case)
+    assert (problem.cache_dtype in FP8_DTYPES and problem.v_scale != 1) if fp8 else problem.cache_dtype == dtype
+    assert scale.kv_bytes_wrap_keys(head_dim, problem.cache_dtype) == wrap
     length, bs = int(problem.seq_lens[0]), problem.block_size
-    assert problem.head_dim == head_dim and scale.kv_bytes_wrap_keys(head_dim, dtype) == wrap
+    assert problem.head_dim == head_dim
     assert wrap + wrap // 64 <= length <= wrap + wrap // 8  # L * 2 * head_dim * itemsize past 2**31
     row = problem.block_tables[0, :-(-length // bs)]
     before, after = set(row[:wrap // bs].tolist()), set(row[wrap // bs:].tolist())
