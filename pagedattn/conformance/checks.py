@@ -65,7 +65,7 @@ from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
 from pagedattn.spec.error_model import merge_tolerance, tolerance
 from pagedattn.spec.exact import ExactResult, exact_attention_problem
 from pagedattn.spec.online_softmax import merge_states as spec_merge_states
-from pagedattn.spec.pools import lazy_copy
+from pagedattn.spec.pools import UINT32_OFFSET_LIMIT, lazy_copy
 
 
 def problem_of(case: AttentionCase) -> AttentionProblem:
@@ -1121,6 +1121,20 @@ def far_scores_match_spec(backend: Backend, case: AttentionCase) -> float:
         for t in tokens))
 
 
+def far_scores_past_uint32_match_spec(backend: Backend, case: AttentionCase) -> float:
+    """:func:`far_scores_match_spec` for a chunk whose scores pass 2**32 elements, its table naming a
+    few blocks many times: the rows compared include those whose scores start past element 2**32,
+    each against the spec's answer for it alone computed once per distinct block
+    (:func:`~pagedattn.conformance.repeated_blocks.exact_by_distinct_blocks`)."""
+    __tracebackhide__ = True
+    problem = problem_of(case)
+    length = int(problem.seq_lens[0])
+    tokens = far_score_rows(int(problem.q_lens[0]), length, case.seed, limit=UINT32_OFFSET_LIMIT)
+    return _parts_match_spec(backend, case, (
+        (slice(int(t), int(t) + 1), row_alone(case, int(t)), f"row {t}: its scores from element {int(t) * length:,}")
+        for t in tokens), exact_of=exact_by_distinct_blocks)
+
+
 def long_chunks_match_spec(backend: Backend, case: AttentionCase) -> float:
     """On chunks of many queries after long contexts: each chunk's first and last rows and a sample
     of the others (:func:`~pagedattn.conformance.scale.long_chunk_rows`) within the error model,
@@ -1149,10 +1163,11 @@ def _sequences_match_spec(backend: Backend, case: AttentionCase, seqs: np.ndarra
     return _parts_match_spec(backend, case, parts())
 
 
-def _parts_match_spec(backend: Backend, case: AttentionCase,
-                      parts: Iterable[tuple[slice, AttentionCase, str]]) -> float:
+def _parts_match_spec(backend: Backend, case: AttentionCase, parts: Iterable[tuple[slice, AttentionCase, str]],
+                      exact_of: Callable[..., ExactResult] = exact_attention_problem) -> float:
     """Run ``case`` once; for each ``(rows, single, where)`` of ``parts`` the result's ``rows``
-    within the error model of the spec's answer for ``single`` (``where`` names them in a failure)."""
+    within the error model of the spec's answer for ``single``, as ``exact_of`` computes it
+    (``where`` names them in a failure)."""
     __tracebackhide__ = True
     problem = problem_of(case)
     result = run_checked(backend, case)
@@ -1161,7 +1176,7 @@ def _parts_match_spec(backend: Backend, case: AttentionCase,
     worst = 0.0
     for rows, single, where in parts:
         single_problem = problem_of(single)
-        exact = exact_attention_problem(single_problem, single.query, single.key_cache, single.value_cache)
+        exact = exact_of(single_problem, single.query, single.key_cache, single.value_cache)
         call = _call(backend, case) + f" ({where})"
         lse = None if result.lse is None else result.lse[rows]
         worst = max(worst, assert_attention_matches(result.out[rows], lse, exact, tol, single_problem, call))
@@ -1244,5 +1259,6 @@ CHECKS: dict[str, Check] = {check.__name__: check for check in (
     write_kv_matches_spec, copy_blocks_matches_spec, merge_states_matches_spec,
     write_kv_follows_callers_stream, copy_blocks_follows_callers_stream, merge_states_follows_callers_stream,
     far_pool_matches_spec, far_write_kv_matches_spec, far_copy_blocks_matches_spec, far_rows_match_spec,
-    far_merge_rows_match_spec, far_partials_match_spec, far_scores_match_spec, long_chunks_match_spec,
+    far_merge_rows_match_spec, far_partials_match_spec, far_scores_match_spec, far_scores_past_uint32_match_spec,
+    long_chunks_match_spec,
 )}

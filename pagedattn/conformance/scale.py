@@ -43,6 +43,9 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
 - :func:`far_score_cases`: one causal prefill of 47,000 queries and more, so that one head's
   scores, queries x keys, pass 2**31 elements, where a per-(query, key) offset in 32 bits wraps
   and a kernel holding a head's scores whole runs out of memory;
+- :func:`far_score_uint32_cases`: one causal chunk of 8,193 queries and more after 524,288 keys,
+  so that one head's scores pass 2**32 elements, where an unsigned 32-bit offset wraps (its table
+  names a few hundred blocks many times);
 - :func:`many_token_cases`, :func:`many_token_write_kv_cases`: more than 65,535 query tokens
   (or tokens written) in one call, past a CUDA grid's y and z limit;
 - :func:`many_sequence_cases`: more than 65,536 sequences in one call (decode, or prompts of
@@ -107,6 +110,8 @@ __all__ = [
     "FAR_SCORE_ROWS",
     "FAR_TABLE_PADDING",
     "FAR_TABLE_WIDTH",
+    "FAR_UINT32_SCORE_CONTEXT",
+    "FAR_UINT32_SCORE_QUERIES",
     "FAR_VIEW_LAYERS",
     "FAR_WRITE_ROW_ELEMENTS",
     "HEAD_NEEDLE_KEY",
@@ -166,6 +171,7 @@ __all__ = [
     "far_row_write_kv_cases",
     "far_score_cases",
     "far_score_rows",
+    "far_score_uint32_cases",
     "far_table_cases",
     "far_write_kv_cases",
     "kv_bytes_head_dims",
@@ -2210,11 +2216,66 @@ def far_score_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                  draw(_SEEDS, label="variant_seed"), labels)
 
 
-def far_score_rows(q_len: int, length: int, seed: int) -> np.ndarray:
+#: Queries of a prefill whose scores pass 2**32 elements, at least and at most (a chunk of 8,192
+#: queries and more), after :data:`FAR_UINT32_SCORE_CONTEXT` keys of context and up to 8,192 more:
+#: queries x keys then pass 2**32 by 1.5 % and more.
+FAR_UINT32_SCORE_QUERIES = (8_193, 8_993)
+#: Keys of context before the queries of a prefill whose scores pass 2**32 elements, at least.
+FAR_UINT32_SCORE_CONTEXT = 2**19
+
+
+@st.composite
+def far_score_uint32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                           limits: ScaleLimits | None = None) -> AttentionCase:
+    """Return a strategy for one causal chunk whose scores, queries x keys of one head, pass 2**32.
+
+    A kernel that addresses an entry per (query, key) with an unsigned 32-bit offset, or with a
+    signed one counted in pairs of 16-bit elements (a mask's stride in ``half2``), passes the
+    far-scores cell (2**31 and up to about 2.4e9) and wraps here. 8,193 to 8,993 queries after
+    524,288 to 532,480 keys of context, :data:`FAR_SCORE_HEADS` query heads on 1 or 2 KV heads, the
+    smallest declared head_dim of at most 128; lse and softcap each sometimes (no ALiBi: the exact
+    answer comes from the distinct blocks, :mod:`pagedattn.conformance.repeated_blocks`). The block
+    table names 257 to 1,031 distinct blocks at random, so the caches stay small; the unused blocks
+    and the column past the sequence hold garbage. The check compares a few rows past element 2**32
+    (:func:`far_score_rows`)."""
+    del limits  # one size for every profile: the limit is the offset type's
+    caps = capabilities
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
+    declared = tuple(d for d in (caps.head_dims or (64, 128)) if d <= 128) or (min(caps.head_dims or (64,)),)
+    head_dim = min(declared)
+    q_len = draw(st.integers(*FAR_UINT32_SCORE_QUERIES), label="q_len")
+    length = q_len + draw(st.integers(FAR_UINT32_SCORE_CONTEXT, FAR_UINT32_SCORE_CONTEXT + 8192), label="context")
+    distinct = draw(st.integers(*KV_BYTES_DISTINCT_BLOCKS), label="distinct_blocks")
+    spare = draw(st.integers(1, 4), label="spare_blocks")
+    options: dict[str, Any] = {}
+    if caps.supports("lse") and draw(st.booleans(), label="lse"):
+        options["return_lse"] = True
+    if caps.supports("softcap") and draw(st.booleans(), label="softcap"):
+        options["softcap"] = 30.0
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    ids = rng.permutation(distinct + spare)
+    table = np.append(rng.choice(ids[:distinct], -(-length // block_size)), ids[distinct])[None].astype(np.int32)
+    shape = (distinct + spare, block_size, num_kv_heads, head_dim)
+    caches = []
+    for _ in range(2):
+        with np.errstate(over="ignore", invalid="ignore"):
+            cache = garbage_values(rng, "nan", shape).astype(numpy_dtype(dtype))
+        cache[ids[:distinct]] = rng.standard_normal((distinct, *shape[1:])).astype(cache.dtype)
+        caches.append(cache)
+    query = rng.standard_normal((q_len, FAR_SCORE_HEADS, head_dim)).astype(numpy_dtype(dtype))
+    labels = {"feature": "far_scores_uint32", "heads": f"{FAR_SCORE_HEADS}/{num_kv_heads}", "queries": str(q_len),
+              "keys": str(length), "score_elements": str(q_len * length), "distinct_blocks": str(distinct)}
+    return _case(query, (caches[0], caches[1]), table, [length], [q_len], kv_layout, options,
+                 draw(_SEEDS, label="variant_seed"), labels)
+
+
+def far_score_rows(q_len: int, length: int, seed: int, limit: int = INT32_OFFSET_LIMIT) -> np.ndarray:
     """Query rows (of one sequence) a far-scores check compares: the first and the last, one picked
     by ``seed``, and the first of the rows whose scores, laid out ``[queries, keys]``, start at or
-    past element 2**31, with :data:`FAR_SCORE_ROWS` more of them picked by ``seed``."""
-    first_far = min(-(-INT32_OFFSET_LIMIT // max(length, 1)), q_len - 1)
+    past element ``limit`` (2**31, or 2**32), with :data:`FAR_SCORE_ROWS` more of them picked by ``seed``."""
+    first_far = min(-(-limit // max(length, 1)), q_len - 1)
     rng = np.random.default_rng(seed)
     picks = [0, q_len - 1, int(rng.integers(0, q_len)), first_far,
              *rng.integers(first_far, q_len, FAR_SCORE_ROWS).tolist()]

@@ -3,13 +3,13 @@ with ragged query counts, at groups past 8 query heads), long 16-bit rows, pools
 elements (attention, write_kv, copy_blocks; fp8 caches past byte 2**32), a query and output (and
 merge_states' states, write_kv's inputs) past 2**31 elements, split-KV partials laid out by
 sequence past 2**31 elements, block-table rows past entry 2**31 of an engine's table, a prefill
-whose scores (queries x keys of a head) pass 2**31, split plans run as an engine runs a plan (once
-per layer, captured in a CUDA graph, on the caller's stream, and step after step without holding
-memory), split parts whose lse lie past float32's exp range apart or are not finite, sizes that are
-no power of two, blocks larger than a tile and smaller than a run of slots, head dims past 256, and
-write_kv, copy_blocks and merges of more heads than a block of one row per head takes. How kernels
-divide their work at scale (tiles of heads and queries, waves, grid axes) is
-:mod:`pagedattn.conformance.test_launch_scale`.
+whose scores (queries x keys of a head) pass 2**31 and a chunk whose scores pass 2**32, split
+plans run as an engine runs a plan (once per layer, captured in a CUDA graph, on the caller's
+stream, and step after step without holding memory), split parts whose lse lie past float32's exp
+range apart or are not finite, sizes that are no power of two, blocks larger than a tile and
+smaller than a run of slots, head dims past 256, and write_kv, copy_blocks and merges of more heads
+than a block of one row per head takes. How kernels divide their work at scale (tiles of heads and
+queries, waves, grid axes) is :mod:`pagedattn.conformance.test_launch_scale`.
 
 Sizes and example counts follow the profile (:func:`pagedattn.conformance.scale.scale_limits`);
 every cell draws few, large examples. A backend that cannot take a pool of that many
@@ -44,6 +44,7 @@ from pagedattn.conformance.scale import (
     far_row_cases,
     far_row_write_kv_cases,
     far_score_cases,
+    far_score_uint32_cases,
     far_table_cases,
     far_write_kv_cases,
     large_block_cases,
@@ -487,4 +488,15 @@ def test_far_scores_match_spec(request, backend):
     limits = scale_limits()
     run_scale_cell(request, backend, far_score_cases, checks.far_scores_match_spec, limits, dtype="bfloat16",
                    feature="far_scores", max_examples=limits.batch_examples,
+                   requires={"features": ("varlen",), "large_arrays": True}, shrink=False)
+
+
+def test_far_scores_past_2_32_match_spec(request, backend):
+    """One causal chunk of 8,193 queries or more after 524,288 keys of context, 8 query heads: a
+    head's scores, queries x keys, pass 2**32 elements, where an unsigned 32-bit offset wraps. The
+    rows whose scores start past element 2**32, the first and the last within the error model,
+    inputs untouched. On a CPU (a prefill of tens of TFLOP) only under PAGEDATTN_SIZE=large."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, far_score_uint32_cases, checks.far_scores_past_uint32_match_spec, limits,
+                   dtype="bfloat16", feature="far_scores_uint32", max_examples=limits.batch_examples,
                    requires={"features": ("varlen",), "large_arrays": True}, shrink=False)

@@ -513,6 +513,22 @@ def test_far_score_cases_pass_element_2_31_of_a_heads_scores():
     assert (rows >= first_far).sum() >= 2 and rows.max() < q_len
 
 
+def test_far_score_uint32_cases_pass_element_2_32_of_a_heads_scores_on_a_small_pool():
+    (case,) = drawn(scale.far_score_uint32_cases(DECLARED, dtype="bfloat16"), 1)
+    problem = checks.problem_of(case)
+    q_len, length = int(problem.q_lens[0]), int(problem.seq_lens[0])
+    assert problem.num_seqs == 1 and problem.causal and problem.num_q_heads == scale.FAR_SCORE_HEADS
+    assert problem.alibi_slopes is None and problem.sliding_window is None  # the distinct-block answer holds
+    assert q_len > 8192 and q_len * length > UINT32_OFFSET_LIMIT
+    rows = scale.far_score_rows(q_len, length, case.seed, limit=UINT32_OFFSET_LIMIT)
+    first_far = -(-UINT32_OFFSET_LIMIT // length)
+    assert first_far < q_len - scale.FAR_SCORE_ROWS and {0, first_far, q_len - 1} <= set(rows.tolist())
+    assert (rows >= first_far).sum() >= 2 and rows.max() < q_len
+    row = problem.block_tables[0, :-(-length // problem.block_size)]
+    assert len(set(row.tolist())) >= scale.KV_BYTES_DISTINCT_BLOCKS[0] // 2 and problem.num_blocks <= 1035
+    assert problem.block_tables[0, -1] not in set(row.tolist())  # a garbage block past the sequence
+
+
 class LastRowWrong(NumpyBackend):
     """The numpy reference, but the last query row's output negated (the row a far-scores check
     compares whose scores lie furthest)."""
@@ -545,6 +561,19 @@ def test_far_scores_check_compares_rows_alone(options):
         checks.far_scores_match_spec(LastRowWrong(), case)
     with pytest.raises(ValueError, match="causal"):
         checks.row_alone(case.replace(options={**case.options, "causal": False}), 0)
+
+
+def test_far_scores_past_2_32_check_compares_rows_alone_by_distinct_blocks():
+    # a prefill far smaller than the limit, its table naming 3 blocks again and again: its last row
+    # stands for the first one past element 2**32
+    case = random_paged_inputs([300], [200], num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="bfloat16",
+                               garbage="nan", seed=5, return_lse=True)
+    tables = np.array(case.block_tables, copy=True)
+    tables[0, :19] = np.resize(tables[0, :3], 19)  # 300 keys in blocks of 16: 19 columns
+    case = case.replace(block_tables=tables)
+    assert checks.far_scores_past_uint32_match_spec(NumpyBackend(), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match="row 199: its scores from element 59,700"):
+        checks.far_scores_past_uint32_match_spec(LastRowWrong(), case)
 
 
 def test_far_row_write_kv_cases_pass_element_2_31_of_the_inputs_and_write_the_far_tokens():
