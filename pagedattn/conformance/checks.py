@@ -1067,13 +1067,14 @@ def far_pool_matches_spec(backend: Backend, case: AttentionCase) -> float:
 
 
 def far_rows_match_spec(backend: Backend, case: AttentionCase) -> float:
-    """On a query and output past 2**31 elements: the rows of the first sequence, one more, and every
-    sequence past element 2**31 (:func:`~pagedattn.conformance.scale.far_row_sequences`) within the
-    error model; nothing else written. Each is compared with the spec's answer for it alone, so the
-    spec never holds the whole output in float64."""
+    """On a query and output past 2**31 elements (or a fused QKV view whose rows pass it): the rows
+    of the first sequence, one more, and every sequence past element 2**31
+    (:func:`~pagedattn.conformance.scale.far_row_sequences`) within the error model; nothing else
+    written. Each is compared with the spec's answer for it alone, so the spec never holds the
+    whole output in float64."""
     __tracebackhide__ = True
     problem = problem_of(case)
-    row_elements = problem.num_q_heads * problem.head_dim
+    row_elements = (problem.num_q_heads if case.qkv is None else case.qkv.shape[1]) * problem.head_dim  # row stride
     seqs = far_row_sequences(case.query_start_loc, problem.num_tokens, row_elements, case.seed)
     return _sequences_match_spec(backend, case, seqs, lambda seq, rows: f"elements from {rows.start * row_elements:,}")
 

@@ -1734,7 +1734,7 @@ def _far_row_head_dim(caps: Capabilities) -> int:
 
 @st.composite
 def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,
-                  queries: str = "decode", fp8: bool = False) -> AttentionCase:
+                  queries: str = "decode", fp8: bool = False, fused: bool = False) -> AttentionCase:
     """Return a strategy for a batch whose query and output hold more than 2**31 elements.
 
     Tokens of :data:`FAR_ROW_ELEMENTS` elements (128 query heads on 8 or 1 KV heads at head_dim
@@ -1745,7 +1745,10 @@ def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, li
     of :func:`far_row_sequences`, the ones the check compares, which are standard normal. With
     ``fp8``, the caches are one of the backend's fp8 dtypes, with scales. A kernel that computes a
     row's offset ``token * Hq * D`` in 32 bits reads and writes the rows past element 2**31
-    elsewhere.
+    elsewhere. With ``fused``, the query is the view ``qkv[:, :Hq]`` of a fused QKV projection's
+    rows, and only as many tokens as take those rows past element 2**31: the view and the output
+    hold fewer than 2**31 elements, and a kernel that picks 32-bit offsets for a query of fewer
+    reads the far rows elsewhere (the key and value heads of the compared rows are NaN, never read).
     """
     del limits  # one size for every profile: the limit is the offset type's
     caps = capabilities
@@ -1755,7 +1758,7 @@ def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, li
     head_dim = _far_row_head_dim(caps)
     per_kv_head = -(-FAR_ROW_ELEMENTS // (head_dim * num_kv_heads))
     num_q_heads = num_kv_heads * per_kv_head
-    row_elements = num_q_heads * head_dim
+    row_elements = (num_q_heads + 2 * num_kv_heads if fused else num_q_heads) * head_dim  # the query's row stride
     min_tokens = INT32_OFFSET_LIMIT // row_elements + draw(st.integers(1, 64), label="extra_tokens")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     if queries == "decode":
@@ -1778,17 +1781,21 @@ def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, li
                          "random", cache_dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
     seed = draw(_SEEDS, label="variant_seed")
     qsl = None if q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    query = lazy_cache((num_tokens, num_q_heads, head_dim), dtype)
+    rows_array = lazy_cache((num_tokens, row_elements // head_dim, head_dim), dtype)  # the query, or qkv
     for s in far_row_sequences(qsl, num_tokens, row_elements, seed):
         rows = slice(s, s + 1) if qsl is None else slice(int(qsl[s]), int(qsl[s + 1]))
-        query[rows] = rng.standard_normal((rows.stop - rows.start, num_q_heads, head_dim)).astype(query.dtype)
+        rows_array[rows] = np.nan  # a fused view's key and value heads
+        rows_array[rows, :num_q_heads] = rng.standard_normal((rows.stop - rows.start, num_q_heads, head_dim))
     options: dict[str, Any] = dict(scales)
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
     labels = {"feature": "far_rows", "tokens": str(num_tokens), "sequences": str(lens.size),
-              "elements": str(num_tokens * row_elements), "queries": queries, "cache_dtype": cache_dtype}
-    return _case(query, caches, tables, lens.tolist(), None if q_lens is None else q_lens.tolist(), kv_layout,
+              "elements": str(num_tokens * row_elements), "queries": queries, "cache_dtype": cache_dtype,
+              "query": "a view of fused QKV rows" if fused else "contiguous"}
+    query = rows_array[:, :num_q_heads] if fused else rows_array
+    case = _case(query, caches, tables, lens.tolist(), None if q_lens is None else q_lens.tolist(), kv_layout,
                  options, seed, labels)
+    return case.replace(qkv=rows_array) if fused else case
 
 
 @st.composite

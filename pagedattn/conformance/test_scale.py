@@ -425,14 +425,16 @@ FAR_ROW_CELLS: dict[str, dict[str, Any]] = {
     "prompts": {"queries": "prompts"},
     "decode-fp8": {"queries": "decode", "fp8": True},
     "prompts-fp8": {"queries": "prompts", "fp8": True},
+    "decode-fused": {"queries": "decode", "fused": True},
 }
 
 
 @pytest.mark.parametrize("cell", FAR_ROW_CELLS)
 def test_far_rows_match_spec(request, backend, cell):
-    """A query and output past 2**31 elements (about 131,072 tokens of 128 heads of 128): the rows
-    past element 2**31, and the first ones, within the error model; inputs untouched. On a CPU
-    (minutes of work) only under PAGEDATTN_SIZE=large."""
+    """A query and output past 2**31 elements (about 131,072 tokens of 128 heads of 128), or a
+    query viewed in fused QKV rows that pass element 2**31 while the view and the output hold
+    fewer: the rows past element 2**31, and the first ones, within the error model; inputs
+    untouched. On a CPU (minutes of work) only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
     options = FAR_ROW_CELLS[cell]
     features = tuple(name for name, needed in (("varlen", options["queries"] == "prompts"),

@@ -387,7 +387,7 @@ class FilledRowsOnly(NumpyBackend):
         pr = plan.problem
         out = np.zeros(query.shape, dtype=query.dtype)  # lazy, as the case's query
         lse = np.full((pr.num_tokens, pr.num_q_heads), -np.inf, dtype=np.float32)
-        row_elements = pr.num_q_heads * pr.head_dim
+        row_elements = query.strides[0] // query.itemsize  # the row stride: Hq * D, or a fused view's
         filled = occupied_blocks(query)
         for seq in np.unique(np.searchsorted(pr.query_start_loc, filled, side="right") - 1):
             rows = slice(int(pr.query_start_loc[seq]), int(pr.query_start_loc[seq + 1]))
@@ -422,6 +422,25 @@ def test_far_row_cases_take_the_query_past_element_2_31_at_little_memory(queries
 
 def test_far_rows_check_fails_rows_past_element_2_31_left_unwritten():
     (case,) = drawn(scale.far_row_cases(ANY, dtype="bfloat16", queries="prompts"), 1)
+    assert checks.far_rows_match_spec(FilledRowsOnly(wrap=False), case) <= 1.0
+    with pytest.raises(ConformanceFailure, match="elements from 2,14"):
+        checks.far_rows_match_spec(FilledRowsOnly(wrap=True), case)
+
+
+def test_fused_far_row_cases_take_the_views_rows_past_element_2_31_and_leave_the_view_below_it():
+    before = rss_mib()
+    (case,) = drawn(scale.far_row_cases(DECLARED, dtype="bfloat16", fused=True), 1)
+    problem = checks.problem_of(case)
+    assert case.qkv is not None and np.shares_memory(case.query, case.qkv)
+    stride = case.qkv.shape[1] * problem.head_dim
+    assert case.query.strides[0] == stride * case.query.itemsize
+    assert problem.num_tokens * problem.num_q_heads * problem.head_dim < INT32_OFFSET_LIMIT  # the view, the output
+    assert INT32_OFFSET_LIMIT < problem.num_tokens * stride <= INT32_OFFSET_LIMIT + 64 * stride
+    checked = scale.far_row_sequences(case.query_start_loc, problem.num_tokens, stride, case.seed)
+    assert np.isin(np.arange(INT32_OFFSET_LIMIT // stride, problem.num_tokens), checked).all()
+    assert np.isnan(case.qkv[checked[-1], problem.num_q_heads:]).all()  # key and value heads never read
+    assert np.isfinite(case.query[checked]).all()
+    assert rss_mib() - before < 512
     assert checks.far_rows_match_spec(FilledRowsOnly(wrap=False), case) <= 1.0
     with pytest.raises(ConformanceFailure, match="elements from 2,14"):
         checks.far_rows_match_spec(FilledRowsOnly(wrap=True), case)
