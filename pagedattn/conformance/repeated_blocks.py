@@ -30,7 +30,10 @@ def _pieces(problem: AttentionProblem) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """``(token, block, keys, count)`` of every piece: each distinct block a token sees whole, with
     how many times its table names it, and the block it sees the first ``keys`` slots of (once)."""
     bs = problem.block_size
-    tokens, blocks, keys, counts = [], [], [], []
+    tokens: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    keys: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
     seq_of_token, _ = problem.token_positions()
     for t, (s, seen) in enumerate(zip(seq_of_token, visible_counts(problem), strict=True)):
         whole, rest = divmod(int(seen), bs)
@@ -41,8 +44,10 @@ def _pieces(problem: AttentionProblem) -> tuple[np.ndarray, np.ndarray, np.ndarr
         blocks.append(ids)
         keys.append(np.where(np.arange(ids.size) < ids.size - (rest > 0), bs, rest))
         counts.append(n)
-    return tuple(np.concatenate(x).astype(np.int64) if x else np.zeros(0, np.int64)  # type: ignore[return-value]
-                 for x in (tokens, blocks, keys, counts))
+    def joined(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    return joined(tokens), joined(blocks), joined(keys), joined(counts)
 
 
 def exact_by_distinct_blocks(problem: AttentionProblem, query: np.ndarray, key_cache: np.ndarray,
