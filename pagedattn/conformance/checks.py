@@ -65,7 +65,7 @@ from pagedattn.spec.dtypes import FP8_DTYPES, dtype_name
 from pagedattn.spec.error_model import merge_tolerance, tolerance
 from pagedattn.spec.exact import ExactResult, exact_attention_problem
 from pagedattn.spec.online_softmax import merge_states as spec_merge_states
-from pagedattn.spec.pools import UINT32_OFFSET_LIMIT, lazy_copy
+from pagedattn.spec.pools import INT32_OFFSET_LIMIT, UINT32_OFFSET_LIMIT, lazy_copy
 
 
 def problem_of(case: AttentionCase) -> AttentionProblem:
@@ -1114,12 +1114,7 @@ def far_scores_match_spec(backend: Backend, case: AttentionCase) -> float:
     (:func:`~pagedattn.conformance.scale.far_score_rows`) within the error model, each against
     the spec's answer for it alone (:func:`row_alone`); nothing else written."""
     __tracebackhide__ = True
-    problem = problem_of(case)
-    length = int(problem.seq_lens[0])
-    tokens = far_score_rows(int(problem.q_lens[0]), length, case.seed)
-    return _parts_match_spec(backend, case, (
-        (slice(int(t), int(t) + 1), row_alone(case, int(t)), f"row {t}: its scores from element {int(t) * length:,}")
-        for t in tokens))
+    return _far_score_rows_match_spec(backend, case, INT32_OFFSET_LIMIT, exact_attention_problem)
 
 
 def far_scores_past_uint32_match_spec(backend: Backend, case: AttentionCase) -> float:
@@ -1128,12 +1123,20 @@ def far_scores_past_uint32_match_spec(backend: Backend, case: AttentionCase) -> 
     each against the spec's answer for it alone computed once per distinct block
     (:func:`~pagedattn.conformance.repeated_blocks.exact_by_distinct_blocks`)."""
     __tracebackhide__ = True
+    return _far_score_rows_match_spec(backend, case, UINT32_OFFSET_LIMIT, exact_by_distinct_blocks)
+
+
+def _far_score_rows_match_spec(backend: Backend, case: AttentionCase, limit: int,
+                               exact_of: Callable[..., ExactResult]) -> float:
+    """The rows :func:`~pagedattn.conformance.scale.far_score_rows` picks past element ``limit`` of
+    a head's scores, each against ``exact_of``'s answer for it alone (:func:`row_alone`)."""
+    __tracebackhide__ = True
     problem = problem_of(case)
     length = int(problem.seq_lens[0])
-    tokens = far_score_rows(int(problem.q_lens[0]), length, case.seed, limit=UINT32_OFFSET_LIMIT)
+    tokens = far_score_rows(int(problem.q_lens[0]), length, case.seed, limit=limit)
     return _parts_match_spec(backend, case, (
         (slice(int(t), int(t) + 1), row_alone(case, int(t)), f"row {t}: its scores from element {int(t) * length:,}")
-        for t in tokens), exact_of=exact_by_distinct_blocks)
+        for t in tokens), exact_of=exact_of)
 
 
 def long_chunks_match_spec(backend: Backend, case: AttentionCase) -> float:

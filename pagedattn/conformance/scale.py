@@ -1784,8 +1784,8 @@ def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, li
     rows_array = lazy_cache((num_tokens, row_elements // head_dim, head_dim), dtype)  # the query, or qkv
     for s in far_row_sequences(qsl, num_tokens, row_elements, seed):
         rows = slice(s, s + 1) if qsl is None else slice(int(qsl[s]), int(qsl[s + 1]))
-        rows_array[rows] = np.nan  # a fused view's key and value heads
         rows_array[rows, :num_q_heads] = rng.standard_normal((rows.stop - rows.start, num_q_heads, head_dim))
+        rows_array[rows, num_q_heads:] = np.nan  # a fused view's key and value heads (none when contiguous)
     options: dict[str, Any] = dict(scales)
     if caps.supports("lse") and draw(st.booleans(), label="lse"):
         options["return_lse"] = True
@@ -2190,6 +2190,16 @@ FAR_SCORE_HEADS = 8
 FAR_SCORE_ROWS = 4
 
 
+def _far_score_geometry(draw: st.DrawFn, caps: Capabilities) -> tuple[int, str, int, int]:
+    """``(block_size, kv_layout, num_kv_heads, head_dim)`` of a far-scores prefill: 1 or 2 KV heads,
+    the smallest declared head_dim of at most 128 (the fewest elements a score)."""
+    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
+    declared = tuple(d for d in (caps.head_dims or (64, 128)) if d <= 128) or (min(caps.head_dims or (64,)),)
+    return block_size, kv_layout, num_kv_heads, min(declared)
+
+
 @st.composite
 def far_score_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                     limits: ScaleLimits | None = None) -> AttentionCase:
@@ -2204,11 +2214,7 @@ def far_score_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     """
     del limits  # one size for every profile: the limit is the offset type's
     caps = capabilities
-    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
-    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
-    declared = tuple(d for d in (caps.head_dims or (64, 128)) if d <= 128) or (min(caps.head_dims or (64,)),)
-    head_dim = min(declared)
+    block_size, kv_layout, num_kv_heads, head_dim = _far_score_geometry(draw, caps)
     q_len = draw(st.integers(FAR_SCORE_QUERIES, FAR_SCORE_QUERIES + 1000), label="q_len")
     length = q_len + draw(st.one_of(st.just(0), st.integers(1, 2048)), label="context")
     pool = draw(block_tables(np.array([length]), block_size, ("shuffled", "interleaved")), label="pool")
@@ -2247,11 +2253,7 @@ def far_score_uint32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype
     (:func:`far_score_rows`)."""
     del limits  # one size for every profile: the limit is the offset type's
     caps = capabilities
-    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
-    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    num_kv_heads = draw(st.sampled_from((1, 2)), label="num_kv_heads")
-    declared = tuple(d for d in (caps.head_dims or (64, 128)) if d <= 128) or (min(caps.head_dims or (64,)),)
-    head_dim = min(declared)
+    block_size, kv_layout, num_kv_heads, head_dim = _far_score_geometry(draw, caps)
     q_len = draw(st.integers(*FAR_UINT32_SCORE_QUERIES), label="q_len")
     length = q_len + draw(st.integers(FAR_UINT32_SCORE_CONTEXT, FAR_UINT32_SCORE_CONTEXT + 8192), label="context")
     distinct = draw(st.integers(*KV_BYTES_DISTINCT_BLOCKS), label="distinct_blocks")
