@@ -24,9 +24,10 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   context: split plans of many query tiles, parts past a tile's causal bound;
 - :func:`far_pool_cases`, :func:`far_write_kv_cases`, :func:`far_copy_blocks_cases`: caches
   of more than 2**31 elements whose blocks in use lie past the 2**31st element and byte 2**32
-  (element 2**32 of an fp8 cache), where 32-bit offset arithmetic overflows. The caches are
-  lazy (:func:`~pagedattn.spec.pools.lazy_cache`): only the blocks a case fills cost memory,
-  and every other block is zero;
+  (element 2**32 of an fp8 cache), where 32-bit offset arithmetic overflows; the operations'
+  caches pass element 2**32, where an unsigned 32-bit offset wraps, and their last block is
+  written. The caches are lazy (:func:`~pagedattn.spec.pools.lazy_cache`): only the blocks a
+  case fills cost memory, and every other block is zero;
 - :func:`far_row_cases`, :func:`far_merge_row_cases`, :func:`far_row_write_kv_cases`: a query,
   and so an output, of more than 2**31 elements (about 131,072 tokens of 128 query heads of
   128), ``merge_states`` of two such states, and ``write_kv`` of a key and value that large,
@@ -188,6 +189,7 @@ __all__ = [
     "many_token_merge_cases",
     "many_token_write_kv_cases",
     "odd_size_cases",
+    "past_uint32_elements",
     "scale_block_sizes",
     "scale_limits",
     "shared_prefix_batch_cases",
@@ -873,10 +875,11 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 FAR_VIEW_LAYERS = 2
 
 
-def far_layer_view_elements(limits: ScaleLimits) -> int:
-    """Elements a far layer-view pool holds more than: ``limits.pool_elements``, and at least
-    2**32, where an unsigned 32-bit element offset wraps (8 GiB of a 16-bit pool, K and V of both
-    layers; each view a quarter of it)."""
+def past_uint32_elements(limits: ScaleLimits) -> int:
+    """Elements a pool past 2**32 holds more than: ``limits.pool_elements``, and at least 2**32,
+    where an unsigned 32-bit element offset wraps (8 GiB of a 16-bit cache, 4 GiB of an fp8 one:
+    its byte 2**32). The far layer-view pool (K and V of both layers; each view a quarter of it)
+    and the far operations' caches."""
     return max(limits.pool_elements, UINT32_OFFSET_LIMIT)
 
 
@@ -903,7 +906,7 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     head_dim = min(caps.head_dims or (16,))
     block_elements = block_size * num_kv_heads * head_dim
     stride_blocks = 2 * FAR_VIEW_LAYERS  # a view's block stride, in blocks of the view
-    pool_elements = far_layer_view_elements(limits)
+    pool_elements = past_uint32_elements(limits)
     num_blocks = blocks_past((pool_elements + FAR_BLOCKS * stride_blocks * block_elements) // stride_blocks,
                              block_elements)
     kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
@@ -1040,21 +1043,26 @@ def _far_kv_caches(rng: np.random.Generator, shape_nhd: tuple[int, int, int, int
 @st.composite
 def far_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                        limits: ScaleLimits | None = None, fp8: bool = False) -> WriteKVCase:
-    """Return a strategy for ``write_kv`` into caches past ``limits.pool_elements`` elements, at slots
-    whose first element lies past element 2**31 (slot ids above 2**31 / (num_kv_heads x head_dim));
-    some tokens skipped (-1). The other slots of those blocks hold random values that must survive.
-    With ``fp8``, the caches are one of the backend's fp8 dtypes and the call has scales."""
+    """Return a strategy for ``write_kv`` into caches past element 2**32 (:func:`past_uint32_elements`),
+    at slots whose first element lies past element 2**31 (slot ids above 2**31 / (num_kv_heads x
+    head_dim)), one of them in the pool's last block, past element 2**32; some other tokens
+    skipped (-1). The other slots of those blocks hold random values that must survive. With
+    ``fp8``, the caches are one of the backend's fp8 dtypes (past byte 2**32) and the call has
+    scales."""
     limits = limits or scale_limits()
-    block_size, heads, head_dim, num_blocks = _far_geometry(draw, capabilities, limits)
+    block_size, heads, head_dim, num_blocks = _far_geometry(
+        draw, capabilities, limits._replace(pool_elements=past_uint32_elements(limits)))
     kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
     rng = np.random.default_rng(draw(_SEEDS, label="seed"))
     count = draw(st.integers(1, 3), label="num_blocks_written")
     blocks = _far_block_ids(rng, num_blocks, block_size * heads * head_dim, count, INT32_OFFSET_LIMIT)
     T = draw(st.integers(1, 8), label="num_tokens")
-    candidates = (blocks[:, None] * block_size + np.arange(block_size)[None, :]).ravel()
-    slots = rng.choice(candidates, size=min(T, candidates.size), replace=False)
+    last = (num_blocks - 1) * block_size + rng.integers(block_size)  # a slot past element 2**32
+    candidates = np.setdiff1d((blocks[:, None] * block_size + np.arange(block_size)[None, :]).ravel(), [last])
+    slots = np.concatenate([[last], rng.choice(candidates, size=min(T, candidates.size + 1) - 1, replace=False)])
     skips = draw(st.integers(0, len(slots) - 1), label="skipped_tokens")
-    slots[rng.choice(len(slots), size=skips, replace=False)] = -1
+    slots[1 + rng.choice(len(slots) - 1, size=skips, replace=False)] = -1
+    slots = rng.permutation(slots)
     cache_dtype, scales = _cache_dtype_and_scales(draw, capabilities, dtype, fp8)
     caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), blocks, cache_dtype, kv_layout)
     key = rng.standard_normal((len(slots), heads, head_dim)).astype(numpy_dtype(dtype))
@@ -1066,15 +1074,20 @@ def far_write_kv_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
 
 @st.composite
 def far_copy_blocks_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                          limits: ScaleLimits | None = None) -> CopyBlocksCase:
-    """Return a strategy for ``copy_blocks`` on caches past ``limits.pool_elements`` elements, between
-    blocks past element 2**31 (a chain or a swap among them), and from a block near the start."""
+                          limits: ScaleLimits | None = None, fp8: bool = False) -> CopyBlocksCase:
+    """Return a strategy for ``copy_blocks`` on caches past element 2**32 (:func:`past_uint32_elements`),
+    between blocks past element 2**31 (a chain or a swap among them), or from a block near the
+    start; the pool's last block, past element 2**32, is always a destination. With ``fp8``, the
+    caches are one of the backend's fp8 dtypes (past byte 2**32)."""
     limits = limits or scale_limits()
-    block_size, heads, head_dim, num_blocks = _far_geometry(draw, capabilities, limits)
+    block_size, heads, head_dim, num_blocks = _far_geometry(
+        draw, capabilities, limits._replace(pool_elements=past_uint32_elements(limits)))
     kv_layout = draw(_kv_layouts(capabilities), label="kv_layout")
     rng = np.random.default_rng(draw(_SEEDS, label="seed"))
     n = draw(st.integers(1, 3), label="num_pairs")
     far = _far_block_ids(rng, num_blocks, block_size * heads * head_dim, n + 1, INT32_OFFSET_LIMIT)
+    far = np.concatenate([[num_blocks - 1], rng.permutation(far[far != num_blocks - 1])])
+    far[:n] = rng.permutation(far[:n])  # the last block among the destinations, at any place
     pattern = draw(st.sampled_from(("chain", "swap", "from_near")), label="pattern")
     dst = far[:n]
     if pattern == "chain":  # dst[i] is copied from dst[i - 1]: order matters
@@ -1083,8 +1096,10 @@ def far_copy_blocks_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype:
         src = np.roll(dst, 1) if n > 1 else far[n:]
     else:
         src = rng.integers(0, 8, size=n)
+    cache_dtype = draw(st.sampled_from([d for d in FP8_DTYPES if d in capabilities.cache_dtypes]),
+                       label="cache_dtype") if fp8 else dtype
     blocks = np.unique(np.concatenate([src, dst]))
-    caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), blocks, dtype, kv_layout)
+    caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), blocks, cache_dtype, kv_layout)
     return CopyBlocksCase(key_cache=caches[0], value_cache=caches[1],
                           pairs=np.stack([src, dst], axis=1).astype(np.int64), kv_layout=kv_layout)
 

@@ -37,7 +37,6 @@ from pagedattn.conformance.scale import (
     LONG_WIDE_GROUPS,
     far_copy_blocks_cases,
     far_layer_view_cases,
-    far_layer_view_elements,
     far_merge_row_cases,
     far_partial_cases,
     far_pool_cases,
@@ -54,6 +53,7 @@ from pagedattn.conformance.scale import (
     large_head_dims,
     long_sequence_cases,
     odd_size_cases,
+    past_uint32_elements,
     scale_limits,
     small_block_cases,
     small_block_sizes,
@@ -377,7 +377,7 @@ def test_far_layer_views_match_spec(request, backend, dtype):
     every block in use past element 2**31 of the pool and the last past 2**32, within the error
     model; nothing written."""
     limits = scale_limits()
-    pool_elements = far_layer_view_elements(limits)
+    pool_elements = past_uint32_elements(limits)
     run_scale_cell(request, backend, far_layer_view_cases, checks.matches_spec, limits, dtype=dtype,
                    feature="far_layer_view", max_examples=limits.far_examples,
                    cell={"pool_elements": pool_elements},
@@ -400,22 +400,26 @@ FAR_OPERATIONS: dict[str, tuple[Callable[..., Any], Callable[[Backend, Any], flo
     "write_kv": (far_write_kv_cases, checks.far_write_kv_matches_spec),
     "write_kv_fp8": (partial(far_write_kv_cases, fp8=True), checks.far_write_kv_matches_spec),
     "copy_blocks": (far_copy_blocks_cases, checks.far_copy_blocks_matches_spec),
+    "copy_blocks_fp8": (partial(far_copy_blocks_cases, fp8=True), checks.far_copy_blocks_matches_spec),
 }
 #: What each far-pool operation cell needs beyond the pool: its operation, and fp8 caches.
 FAR_OPERATION_FEATURES: dict[str, tuple[str, ...]] = {
     "write_kv": ("write_kv",), "write_kv_fp8": ("write_kv", "fp8"), "copy_blocks": ("copy_blocks",),
+    "copy_blocks_fp8": ("copy_blocks", "fp8"),
 }
 
 
 @pytest.mark.parametrize("operation", FAR_OPERATIONS)
 def test_far_pool_operation(request, backend, operation):
-    """The operation on blocks past element 2**31 of its caches: write_kv leaves the spec's bits at
-    its slots and the other slots of those blocks unchanged; copy_blocks equals the spec's, bit for bit."""
+    """The operation on blocks past element 2**31 of caches past element 2**32 (byte 2**32 of fp8
+    ones), the last block among them: write_kv leaves the spec's bits at its slots and the other
+    slots of those blocks unchanged; copy_blocks equals the spec's, bit for bit."""
     limits = scale_limits()
     cases, check = FAR_OPERATIONS[operation]
     run_scale_cell(request, backend, cases, check, limits, dtype="float16", feature=f"far_{operation}",
                    max_examples=limits.far_examples,
-                   requires={"features": FAR_OPERATION_FEATURES[operation], "pool_elements": limits.pool_elements})
+                   requires={"features": FAR_OPERATION_FEATURES[operation],
+                             "pool_elements": past_uint32_elements(limits)})
 
 
 #: Which queries the far-row cells draw (decode and prefill are separate kernels in most backends)

@@ -277,15 +277,20 @@ def test_far_cases_use_blocks_past_element_2_31_at_little_memory():
         assert case.key_cache.size > INT32_OFFSET_LIMIT
         assert checks.table_blocks(problem).min() * block_elements >= INT32_OFFSET_LIMIT
         checks.far_pool_matches_spec(backend, case)
-    for case in drawn(scale.far_write_kv_cases(ANY, dtype="float16", limits=limits), 3):
-        slots = case.slot_mapping[case.slot_mapping >= 0]
-        slot_elements = case.key_cache[0].size // case.key_cache.shape[1 if case.kv_layout == "NHD" else 2]
-        assert slots.min() * slot_elements >= INT32_OFFSET_LIMIT
-        checks.far_write_kv_matches_spec(backend, case)
-    for case in drawn(scale.far_copy_blocks_cases(ANY, dtype="float16", limits=limits), 3):
-        assert case.pairs[:, 1].min() * case.key_cache[0].size >= INT32_OFFSET_LIMIT
-        checks.far_copy_blocks_matches_spec(backend, case)
-    assert rss_mib() - before < 512  # pools of 4 GiB each, lazily allocated: only used blocks cost memory
+    for fp8 in (False, True):
+        for case in drawn(scale.far_write_kv_cases(ANY, dtype="float16", limits=limits, fp8=fp8), 3):
+            slots = case.slot_mapping[case.slot_mapping >= 0]
+            slot_elements = case.key_cache[0].size // case.key_cache.shape[1 if case.kv_layout == "NHD" else 2]
+            assert case.key_cache.size > UINT32_OFFSET_LIMIT and case.key_cache.itemsize == (1 if fp8 else 2)
+            assert slots.min() * slot_elements >= INT32_OFFSET_LIMIT
+            assert slots.max() * slot_elements >= UINT32_OFFSET_LIMIT  # one slot in the last block
+            checks.far_write_kv_matches_spec(backend, case)
+        for case in drawn(scale.far_copy_blocks_cases(ANY, dtype="float16", limits=limits, fp8=fp8), 3):
+            assert case.key_cache.size > UINT32_OFFSET_LIMIT and case.key_cache.itemsize == (1 if fp8 else 2)
+            assert case.pairs[:, 1].min() * case.key_cache[0].size >= INT32_OFFSET_LIMIT
+            assert case.pairs[:, 1].max() == case.key_cache.shape[0] - 1  # the last block, past element 2**32
+            checks.far_copy_blocks_matches_spec(backend, case)
+    assert rss_mib() - before < 512  # pools of 4 to 8 GiB each, lazily allocated: only used blocks cost memory
 
 
 def test_far_layer_views_are_small_views_of_a_pool_past_element_2_31_at_little_memory():
