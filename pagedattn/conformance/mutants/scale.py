@@ -337,6 +337,34 @@ class CopyBlocksInt32Offsets(AddressedKernelBackend):
         super()._copy_blocks(key_cache, value_cache, wrapped)
 
 
+class WriteKVOffsetsInUnsigned32Bits(AddressedKernelBackend):
+    bug = ("write_kv computes slot * (num_kv_heads * head_dim) in unsigned 32 bits (an int32 overflow mended "
+           "with an unsigned type): right up to element 2**32 of the caches (byte 2**32 of an fp8 one), slots "
+           "past it land at the offset mod 2**32")
+    models = ("the unsigned mend of a 32-bit offset: vllm-project/vllm issue 1486 (reshape_and_cache's int32 slot "
+              "offsets past 2**31 elements), iree-org/wave PR 1061 (buffer offsets moved from signed to unsigned "
+              "32-bit limits, to reach about 4 GB)")
+    killed_by = "test_far_pool_operation"
+
+    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
+        slot_elements = problem.num_kv_heads * problem.head_dim
+        _write_kv_landing(problem, key, value, key_cache, value_cache,
+                          lambda s: s * slot_elements % UINT32_OFFSET_LIMIT // slot_elements)
+
+
+class CopyBlocksOffsetsInUnsigned32Bits(AddressedKernelBackend):
+    bug = ("copy_blocks computes block * block_stride in unsigned 32 bits: blocks past element 2**32 of the "
+           "caches (byte 2**32 of fp8 ones) are copied from and to the block at the offset mod 2**32")
+    models = ("the unsigned mend of a 32-bit offset (iree-org/wave PR 1061: up to about 4 GB) in a copy-on-write "
+              "kernel, whose int32 form CopyBlocksInt32Offsets models")
+    killed_by = "test_far_pool_operation"
+
+    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
+        block_elements = int(np.prod(key_cache.shape[1:]))
+        wrapped = pairs.astype(np.int64) * block_elements % UINT32_OFFSET_LIMIT // block_elements
+        super()._copy_blocks(key_cache, value_cache, wrapped)
+
+
 # -- split-KV ---------------------------------------------------------------------------------
 
 def _unwritten(state: State, rows: Any) -> State:
