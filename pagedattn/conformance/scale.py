@@ -802,9 +802,11 @@ def _sequence_tables(ids: np.ndarray, needed: list[int], filler: int) -> np.ndar
     return tables
 
 
-def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits) -> tuple[int, int, int, int]:
-    """``(block_size, num_kv_heads, head_dim, num_blocks)`` of a pool past ``limits.pool_elements``."""
-    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
+                  block_sizes: tuple[int, ...] | None = None) -> tuple[int, int, int, int]:
+    """``(block_size, num_kv_heads, head_dim, num_blocks)`` of a pool past ``limits.pool_elements``,
+    in blocks of one of ``block_sizes`` (default :func:`scale_block_sizes`)."""
+    block_size = draw(st.sampled_from(block_sizes or scale_block_sizes(caps)), label="block_size")
     num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
     head_dim = min(caps.head_dims or (16,))  # the fewest elements per slot: the most blocks
     block_elements = block_size * num_kv_heads * head_dim
@@ -828,7 +830,8 @@ def _far_batch(draw: st.DrawFn, caps: Capabilities,
 
 @st.composite
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                   limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
+                   limits: ScaleLimits | None = None, fp8: bool = False,
+                   block_sizes: tuple[int, ...] | None = None) -> AttentionCase:
     """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
     every block in use at or past element 2**31 and byte 2**32 (:func:`far_pool_limit`; also the
     pool's last block).
@@ -836,14 +839,15 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     The caches are zero outside the blocks in use (lazy: they cost only those blocks), and
     the unused slots of those blocks hold garbage. One or two short sequences, decode or a
     few queries each. With ``fp8``, the caches are one of the backend's fp8 dtypes, with
-    scales: the fp8 paths address their caches in code of their own.
+    scales: the fp8 paths address their caches in code of their own. ``block_sizes``, the first
+    drawn first, replaces :func:`scale_block_sizes` (blocks of one slot, or of hundreds).
     """
     limits = limits or scale_limits()
     caps = capabilities
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     far = far_pool_limit(cache_dtype)
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
-        draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)))
+        draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)), block_sizes)
     kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
     num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.interface import Backend
 from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
@@ -356,6 +357,25 @@ def test_far_pool_attention_matches_spec(request, backend, dtype):
     run_scale_cell(request, backend, far_pool_cases, checks.far_pool_matches_spec, limits, dtype=dtype,
                    feature="far_pool", max_examples=limits.far_examples,
                    cell={"pool_elements": limits.pool_elements}, requires={"pool_elements": limits.pool_elements})
+
+
+#: The block sizes of the far-pool cell of small and large blocks: the small- and large-block cells'.
+FAR_BLOCK_SIZES: dict[str, Callable[[Capabilities], tuple[int, ...]]] = {
+    "small": small_block_sizes, "large": large_block_sizes}
+
+
+@pytest.mark.parametrize("blocks", FAR_BLOCK_SIZES)
+def test_far_pools_of_small_and_large_blocks_match_spec(request, backend, blocks):
+    """The far-pool attention cases in blocks of fewer than 16 slots (one slot first) or of 128
+    and more (512 first): paths of their own (a token-level page table, a page of several key
+    tiles) address the pool past element 2**31 in code of their own. A backend that declares no
+    such block size is unsupported here."""
+    limits = scale_limits()
+    sizes = FAR_BLOCK_SIZES[blocks](backend.capabilities())
+    run_scale_cell(request, backend, partial(far_pool_cases, block_sizes=sizes), checks.far_pool_matches_spec, limits,
+                   dtype="float16", feature="far_pool", max_examples=limits.far_examples,
+                   cell={"pool_elements": limits.pool_elements, "blocks": blocks},
+                   requires={"block_size": sizes[0], "pool_elements": limits.pool_elements})
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)

@@ -293,6 +293,19 @@ def test_far_cases_use_blocks_past_element_2_31_at_little_memory():
     assert rss_mib() - before < 512  # pools of 4 to 8 GiB each, lazily allocated: only used blocks cost memory
 
 
+@pytest.mark.parametrize("blocks", ["small", "large"])
+def test_far_pools_of_small_and_large_blocks_start_at_the_extreme_size(blocks):
+    sizes = test_scale.FAR_BLOCK_SIZES[blocks](ANY)
+    assert sizes[0] == (1 if blocks == "small" else max(scale.LARGE_BLOCK_SIZES))
+    cases = drawn(scale.far_pool_cases(ANY, dtype="float16", limits=scale.scale_limits("quick"), block_sizes=sizes), 3)
+    assert cases[0].key_cache.shape[1] == sizes[0]  # the first example, the shrink target, at the extreme size
+    for case in cases:
+        problem = checks.problem_of(case)
+        assert problem.block_size in sizes and case.key_cache.size > INT32_OFFSET_LIMIT
+        assert checks.table_blocks(problem).min() * case.key_cache[0].size >= INT32_OFFSET_LIMIT
+        checks.far_pool_matches_spec(NumpyBackend(), case)
+
+
 def test_far_layer_views_are_small_views_of_a_pool_past_element_2_31_at_little_memory():
     before = rss_mib()
     backend = NumpyBackend()
