@@ -146,6 +146,20 @@ class Fp8ByteOffsetsIn32Bits(AddressedKernelBackend):
                               lambda offsets: offsets % 2**32)  # one byte an element
 
 
+class Int32OffsetsOfOneSlotBlocks(AddressedKernelBackend):
+    bug = ("attention on blocks of one slot (a token-level page table) takes its own path, whose offset "
+           "slot * slot_stride is int32: past element 2**31 of the pool it wraps; other block sizes in 64 bits")
+    models = ("ROCm/aiter issue 2517 (batch prefill at page_block_size 1 returned all zeros past 8,388,608 pages: "
+              "an int32 product in the kernel's buffer size), issue 2608 and sgl-project/sglang PR 22257 (the "
+              "page size < 128 path kept 32-bit offsets once a layer's cache passed 4 GB, the path for pages of "
+              "128 and more mended)")
+    killed_by = "test_far_pools_of_small_and_large_blocks_match_spec"
+
+    def block_offsets(self, blocks, slots, problem):
+        offsets = super().block_offsets(blocks, slots, problem)
+        return _wrap_int32(offsets) if problem.block_size == 1 else offsets
+
+
 class Int32OffsetsOfSmallViews(AddressedKernelBackend):
     bug = ("attention takes 32-bit block offsets when the cache view holds fewer than 2**31 elements: in a "
            "layer view of a larger pool, block * block_stride passes 2**31 and wraps")
