@@ -150,6 +150,7 @@ __all__ = [
     "SHARED_PREFIX_SEQS",
     "SHARED_PREFIX_SUFFIX",
     "SMALL_BLOCK_SIZES",
+    "SPLIT_BATCH_PAIRS",
     "VERY_LONG_KEYS",
     "VERY_LONG_MAX",
     "VERY_LONG_MAX_WINDOW",
@@ -350,6 +351,11 @@ LONG_PREFILL_MIN_QUERIES = 64
 #: (sequence, KV head) pairs of a long batch, at least: four CTAs for each of an H200's 132
 #: multiprocessors, so that no plan splits its sequences and each CTA walks a whole range.
 LONG_BATCH_PAIRS = 4 * 132
+#: (sequence, KV head) pairs of a split batch: half a CTA for each of an H200's 132
+#: multiprocessors, so that plans split every sequence (triton into 8 parts of llama3-70b's
+#: tensor-parallel decode, 64 sequences of 8,192 keys on one KV head), and hundreds of parts
+#: share the partials' workspace: the long cells' batches hold at most 4 sequences.
+SPLIT_BATCH_PAIRS = 64
 #: Keys of each sequence of a long batch, at least and at most: well past 4,096, where a CTA that
 #: holds block-table entries in registers, 32 sub-tiles of 16 keys for each of 4 warps (2,048 keys
 #: a batch), reads its third batch (a third of the keys and more lie past it).
@@ -1451,26 +1457,30 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 
 @st.composite
 def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                     limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
-    """Return a strategy for a decode batch of :data:`LONG_BATCH_PAIRS` (sequence, KV head) pairs,
-    each sequence :data:`LONG_BATCH_KEYS` keys long.
+                     limits: ScaleLimits | None = None, fp8: bool = False,
+                     pairs: int = LONG_BATCH_PAIRS) -> AttentionCase:
+    """Return a strategy for a decode batch of ``pairs`` (sequence, KV head) pairs, by default
+    :data:`LONG_BATCH_PAIRS`, each sequence :data:`LONG_BATCH_KEYS` keys long.
 
     A batch that fills the GPU is not split: each CTA walks the whole range of one sequence's KV
     head, thousands of keys, as in an engine's decode of 64 sequences of 8,192 keys; the long
     cells' batches of 1 to 4 sequences are split into parts of a thousand keys or so, and the
-    large batches hold at most 80 keys a sequence. 1, 2 or 4 KV heads, GQA 4, 1 or 8, the
-    smallest declared head_dim; K, V and queries of a kind of :data:`LONG_VALUE_KINDS`; lse
-    sometimes; a shuffled or interleaved pool. With ``fp8``, fp8 caches and scales (the fp8 decode
-    paths stage and step through a range their own way).
+    large batches hold at most 80 keys a sequence. With :data:`SPLIT_BATCH_PAIRS` the batch is
+    split instead, every sequence of it: one KV head first, GQA 8 first (llama3-70b's
+    tensor-parallel decode). 1, 2 or 4 KV heads, GQA 4, 1 or 8, the smallest declared head_dim;
+    K, V and queries of a kind of :data:`LONG_VALUE_KINDS`; lse sometimes; a shuffled or
+    interleaved pool. With ``fp8``, fp8 caches and scales (the fp8 decode paths stage and step
+    through a range their own way).
     """
     del limits  # one size for every profile: the threshold is the GPU's, not the profile's
     caps = capabilities
+    split = pairs < LONG_BATCH_PAIRS
     block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     num_kv_heads = draw(st.sampled_from((1, 2, 4)), label="num_kv_heads")
-    group = draw(st.sampled_from((4, 1, 8)), label="gqa_ratio")
+    group = draw(st.sampled_from((8, 4, 1) if split else (4, 1, 8)), label="gqa_ratio")
     head_dim = min(caps.head_dims or (16,))
-    num_seqs = -(-LONG_BATCH_PAIRS // num_kv_heads)
+    num_seqs = -(-pairs // num_kv_heads)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     lens = rng.integers(LONG_BATCH_KEYS[0], LONG_BATCH_KEYS[1] + 1, num_seqs)
     lens[-1] = draw(st.sampled_from(LONG_BATCH_KEYS), label="last_seq_len")
@@ -1485,7 +1495,8 @@ def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                             kind, scales)
     query = _query(rng, kind, (num_seqs, num_kv_heads * group, head_dim), "float64", group)
     query = (query * LONG_BATCH_QUERY_FACTOR).astype(numpy_dtype(dtype))
-    labels = {"feature": "long_batch", "values": kind, "garbage": garbage, "arrangement": pool.arrangement,
+    labels = {"feature": "split_batch" if split else "long_batch", "values": kind, "garbage": garbage,
+              "arrangement": pool.arrangement,
               "heads": f"{num_kv_heads * group}/{num_kv_heads}", "sequences": str(num_seqs), "queries": "decode",
               "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens.tolist(), None, kv_layout, options,

@@ -28,6 +28,7 @@ from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     LONG_TAIL_KINDS,
+    SPLIT_BATCH_PAIRS,
     kv_bytes_past_int32_cases,
     large_batch_cases,
     long_batch_cases,
@@ -177,6 +178,20 @@ def test_long_batches_with_fp8_caches_match_spec(request, backend, dtype):
     run_scale_cell(request, backend, functools.partial(long_batch_cases, fp8=True), checks.matches_spec, limits,
                    dtype=dtype, feature="long_batch_fp8", max_examples=limits.batch_examples,
                    requires={"features": ("fp8",), "launch_limits": True}, shrink=False)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["same", "fp8"])
+def test_split_batches_match_spec(request, backend, fp8):
+    """Decode of 64 (sequence, KV head) pairs, each sequence 6,000 to 8,192 keys (llama3-70b's
+    tensor-parallel slice first: 64 sequences, 8 query heads on one KV head): fewer pairs than
+    the GPU's multiprocessors, so plans split every sequence, and the parts of all of them
+    share one partials workspace; bfloat16 queries, 16-bit or fp8 caches; within the error
+    model, inputs untouched. A backend run in an interpreter is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(long_batch_cases, fp8=fp8, pairs=SPLIT_BATCH_PAIRS),
+                   checks.matches_spec, limits, dtype="bfloat16", feature="split_batch",
+                   max_examples=limits.batch_examples, cell={"cache": "fp8" if fp8 else "same"},
+                   requires={"features": ("fp8",) if fp8 else (), "launch_limits": True}, shrink=False)
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)

@@ -780,6 +780,22 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
         assert h200_cupy_work(problem).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_split_batch_cases_split_every_sequence_in_triton_and_cupy(fp8):
+    cases = drawn(scale.long_batch_cases(DECLARED, dtype="bfloat16", fp8=fp8, pairs=scale.SPLIT_BATCH_PAIRS), 3)
+    for case in cases:
+        problem = checks.problem_of(case)
+        assert problem.num_seqs * problem.num_kv_heads == scale.SPLIT_BATCH_PAIRS < H200_SMS
+        assert int(problem.seq_lens.min()) >= scale.LONG_BATCH_KEYS[0]
+        assert triton_grid(problem).splits() > 1
+        work = h200_cupy_work(problem)
+        # every (sequence, KV head) pair is merged from parts: the plan splits each sequence
+        assert work.merges.shape[0] >= problem.num_seqs * problem.num_kv_heads, work.merges.shape
+    target = checks.problem_of(cases[0])  # the shrink target: llama3-70b's tensor-parallel decode
+    assert (target.num_seqs, target.num_kv_heads, target.group_size) == (64, 1, 8)
+    assert triton_grid(target).splits() * target.num_seqs > 2 * H200_SMS  # hundreds of parts share the partials
+
+
 def test_large_batch_fp8_cases_hold_fp8_caches_past_one_wave_of_cupy():
     for case in drawn(scale.large_batch_cases(DECLARED, dtype="bfloat16", limits=scale.scale_limits("quick"),
                                               fp8=True), 3):
