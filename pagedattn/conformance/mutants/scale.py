@@ -1132,6 +1132,46 @@ class SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
         return super().merge(states[:MERGE_MAX_PARTS])
 
 
+#: Multiprocessors of an H100 or H200, and the split-KV parts a per-core workspace holds for each.
+GPU_SMS = 132
+WORKSPACE_PARTS_PER_SM = 2
+#: Keys from which SplitPartialsSizedPerCore splits a sequence of a batch of fewer pairs than
+#: GPU_SMS, into parts of PART_KEYS and more, at most MERGE_MAX_PARTS a sequence.
+WORKSPACE_SPLIT_MIN_KEYS = 4096
+
+
+class SplitPartialsSizedPerCore(AddressedKernelBackend):
+    bug = ("splits every sequence of 4,096 keys and more of a batch of fewer (sequence, KV head) pairs than the "
+           "GPU's 132 multiprocessors (at most 64 parts each), but sizes the parts' workspace from a per-core "
+           "heuristic, two parts a multiprocessor: a batch of many long sequences has more, and the parts past "
+           "the 264th are never stored, so the merge reads what the workspace held (NaN)")
+    models = ("hw-native-sys/simpler PR 683 (split-KV workspace sized by a per-core heuristic, block_dim x "
+              "SPLITKV_RATIO: 3.7 MB for 256 sequences of 8,192 keys on one KV head, which need 46 MB, written "
+              "out of bounds); vllm-project/vllm PR 45844 (a split-KV scratchpad sized for fewer query heads than "
+              "a split writes: its outputs overlapped the reduction's flags)")
+    killed_by = "test_split_batches_match_spec"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        self.parts_stored = 0
+        return super()._run(plan, query, key_cache, value_cache)
+
+    def parts(self, blocks, length, problem):
+        self.first_part = None
+        if length < WORKSPACE_SPLIT_MIN_KEYS or problem.num_seqs * problem.num_kv_heads >= GPU_SMS:
+            return [blocks]
+        per_part = max(-(-PART_KEYS // problem.block_size), -(-len(blocks) // MERGE_MAX_PARTS))
+        cut = [blocks[i:i + per_part] for i in range(0, len(blocks), per_part)]
+        self.first_part, self.parts_stored = self.parts_stored, self.parts_stored + len(cut)
+        return cut
+
+    def merge(self, states):
+        if self.first_part is None:
+            return super().merge(states)
+        capacity = WORKSPACE_PARTS_PER_SM * GPU_SMS
+        return super().merge([state if self.first_part + i < capacity else _unwritten(state, True)
+                              for i, state in enumerate(states)])
+
+
 class Fp8SplitMergeHoldsAtMost64Parts(AddressedKernelBackend):
     bug = ("the fp8-cache path's split-KV merge holds at most 64 parts (the 16-bit path's holds them all): on fp8 "
            "caches, parts past the 64th are dropped")
