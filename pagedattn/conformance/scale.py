@@ -1002,12 +1002,17 @@ def far_table_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                          wide_tables=wide)
 
 
+def _fp8_cache_dtype(draw: st.DrawFn, caps: Capabilities) -> str:
+    """One of the backend's fp8 cache dtypes."""
+    return draw(st.sampled_from([d for d in FP8_DTYPES if d in caps.cache_dtypes]), label="cache_dtype")
+
+
 def _cache_dtype_and_scales(draw: st.DrawFn, caps: Capabilities, dtype: str,
                             fp8: bool) -> tuple[str, dict[str, float]]:
     """``(dtype, {})``, or with ``fp8`` one of the backend's fp8 dtypes and drawn ``k_scale`` / ``v_scale``."""
     if not fp8:
         return dtype, {}
-    cache_dtype = draw(st.sampled_from([d for d in FP8_DTYPES if d in caps.cache_dtypes]), label="cache_dtype")
+    cache_dtype = _fp8_cache_dtype(draw, caps)
     return cache_dtype, {"k_scale": draw(st.sampled_from(LONG_FP8_K_SCALES), label="k_scale"),
                          "v_scale": draw(st.sampled_from(LONG_FP8_V_SCALES), label="v_scale")}
 
@@ -1106,8 +1111,7 @@ def far_copy_blocks_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype:
         src = np.roll(dst, 1) if n > 1 else far[n:]
     else:
         src = rng.integers(0, 8, size=n)
-    cache_dtype = draw(st.sampled_from([d for d in FP8_DTYPES if d in capabilities.cache_dtypes]),
-                       label="cache_dtype") if fp8 else dtype
+    cache_dtype = _fp8_cache_dtype(draw, capabilities) if fp8 else dtype
     blocks = np.unique(np.concatenate([src, dst]))
     caches = _far_kv_caches(rng, (num_blocks, block_size, heads, head_dim), blocks, cache_dtype, kv_layout)
     return CopyBlocksCase(key_cache=caches[0], value_cache=caches[1],

@@ -316,11 +316,15 @@ class WriteKVInt32Offsets(AddressedKernelBackend):
     models = "int32 slot offsets in reshape_and_cache-style cache writes on large caches"
     killed_by = "test_far_pool_operation"
 
+    def offset_register(self, offsets: np.ndarray) -> np.ndarray:
+        """An element offset (int64) as the kernel's 32-bit register holds it."""
+        return _wrap_int32(offsets)
+
     def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
         slot_elements = problem.num_kv_heads * problem.head_dim
         total = problem.num_blocks * problem.block_size
         _write_kv_landing(problem, key, value, key_cache, value_cache,
-                          lambda s: (_wrap_int32(s * slot_elements) // slot_elements) % total)
+                          lambda s: (self.offset_register(s * slot_elements) // slot_elements) % total)
 
 
 class WriteKVInt32TokenOffsets(AddressedKernelBackend):
@@ -344,14 +348,18 @@ class CopyBlocksInt32Offsets(AddressedKernelBackend):
     models = "int32 block offsets in copy_blocks / swap_blocks on large caches"
     killed_by = "test_far_pool_operation"
 
+    def offset_register(self, offsets: np.ndarray) -> np.ndarray:
+        """An element offset (int64) as the kernel's 32-bit register holds it."""
+        return _wrap_int32(offsets)
+
     def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
         num_blocks = key_cache.shape[0]
         block_elements = int(np.prod(key_cache.shape[1:]))
-        wrapped = (_wrap_int32(pairs.astype(np.int64) * block_elements) // block_elements) % num_blocks
+        wrapped = (self.offset_register(pairs.astype(np.int64) * block_elements) // block_elements) % num_blocks
         super()._copy_blocks(key_cache, value_cache, wrapped)
 
 
-class WriteKVOffsetsInUnsigned32Bits(AddressedKernelBackend):
+class WriteKVOffsetsInUnsigned32Bits(WriteKVInt32Offsets):
     bug = ("write_kv computes slot * (num_kv_heads * head_dim) in unsigned 32 bits (an int32 overflow mended "
            "with an unsigned type): right up to element 2**32 of the caches (byte 2**32 of an fp8 one), slots "
            "past it land at the offset mod 2**32")
@@ -360,23 +368,19 @@ class WriteKVOffsetsInUnsigned32Bits(AddressedKernelBackend):
               "32-bit limits, to reach about 4 GB)")
     killed_by = "test_far_pool_operation"
 
-    def _write_kv(self, problem, key, value, key_cache, value_cache, slot_mapping):
-        slot_elements = problem.num_kv_heads * problem.head_dim
-        _write_kv_landing(problem, key, value, key_cache, value_cache,
-                          lambda s: s * slot_elements % UINT32_OFFSET_LIMIT // slot_elements)
+    def offset_register(self, offsets):
+        return offsets % UINT32_OFFSET_LIMIT
 
 
-class CopyBlocksOffsetsInUnsigned32Bits(AddressedKernelBackend):
+class CopyBlocksOffsetsInUnsigned32Bits(CopyBlocksInt32Offsets):
     bug = ("copy_blocks computes block * block_stride in unsigned 32 bits: blocks past element 2**32 of the "
            "caches (byte 2**32 of fp8 ones) are copied from and to the block at the offset mod 2**32")
     models = ("the unsigned mend of a 32-bit offset (iree-org/wave PR 1061: up to about 4 GB) in a copy-on-write "
               "kernel, whose int32 form CopyBlocksInt32Offsets models")
     killed_by = "test_far_pool_operation"
 
-    def _copy_blocks(self, key_cache: Any, value_cache: Any, pairs: np.ndarray) -> None:
-        block_elements = int(np.prod(key_cache.shape[1:]))
-        wrapped = pairs.astype(np.int64) * block_elements % UINT32_OFFSET_LIMIT // block_elements
-        super()._copy_blocks(key_cache, value_cache, wrapped)
+    def offset_register(self, offsets):
+        return offsets % UINT32_OFFSET_LIMIT
 
 
 # -- split-KV ---------------------------------------------------------------------------------
