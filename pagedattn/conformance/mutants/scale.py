@@ -16,6 +16,7 @@ small batch into parts of :data:`PART_KEYS` keys whose states it merges (:meth:`
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -1494,6 +1495,30 @@ class SplitPartialsNeverFreed(AddressedKernelBackend):
         if len(states) > 1:
             self.__dict__.setdefault("partials", []).append([np.array(x) for state in states for x in state])
         return super().merge(states)
+
+
+class SplitMergeCounterNeverReset(AddressedKernelBackend):
+    bug = ("split-KV merged by the part of a range that counts itself last, in a counter that plan zeroes once "
+           "and the merging part never sets back: a plan's first run merges, and in its later runs no part "
+           "counts to the range's number, so the split sequences' rows are never written")
+    models = ("ROCm/aiter PR 4916 (a split-K counter zeroed once where it is allocated: a replay finds it "
+              "non-zero); a fused split-KV merge whose arrival counters live in the plan (the cupy backend's)")
+    killed_by = "test_long_plans_serve_many_runs"
+
+    def _run(self, plan, query, key_cache, value_cache):
+        out, lse = super()._run(plan, query, key_cache, value_cache)
+        runs = self.__dict__.setdefault("runs_of_plan", {})  # by live plan: an id is dropped with its plan
+        if id(plan) not in runs:
+            weakref.finalize(plan, runs.pop, id(plan), None)
+        runs[id(plan)] = runs.get(id(plan), 0) + 1
+        if runs[id(plan)] == 1:
+            return out, lse
+        starts = plan.problem.query_start_loc
+        for s in _split_sequences(self, plan.problem):  # no merge: the rows keep what they held
+            out[starts[s]:starts[s + 1]] = 0
+            if lse is not None:
+                lse[starts[s]:starts[s + 1]] = -np.inf
+        return out, lse
 
 
 # -- split batches of long and short sequences, and of ragged query counts ----------------------
