@@ -2,8 +2,9 @@
 
 ``plan`` picks the kernel once (:func:`.planning.choose_kernel`, from the backend's options),
 builds the work items (:mod:`.planning`), uploads them with the block tables and makes the
-split-KV partial buffers; ``run`` allocates the outputs and launches the attention kernel (and
-``merge_partials`` when ranges were split) on the current stream (torch's when torch uses
+split-KV partial buffers and merge counters; ``run`` allocates the outputs and launches the
+attention kernel (whose last part of a split range merges it; with ``merge="kernel"``,
+``merge_partials`` after it) on the current stream (torch's when torch uses
 CUDA), so it can be captured in a CUDA graph. Arrays: torch CUDA tensors, cupy arrays or
 :class:`~.arrays.RawArray` for bfloat16/fp8 bits, passed by pointer; outputs come back in the
 query's kind.
@@ -41,9 +42,9 @@ from pagedattn.spec.arrays import AttentionProblem, WriteKVProblem
 from pagedattn.spec.dtypes import QUERY_DTYPES
 
 NUM_THREADS = specializations.NUM_THREADS
-#: the attention kernel's parameters: query, key_cache, value_cache, out, lse, seven plan arrays,
+#: the attention kernel's parameters: query, key_cache, value_cache, out, lse, eight plan arrays,
 #: then the six cache strides at this slot
-ATTENTION_STRIDE_SLOTS = 12
+ATTENTION_STRIDE_SLOTS = 13
 #: the merge kernel's parameters: partial_out, partial_lse, merges, then out and lse at this slot
 MERGE_OUT_SLOT = 3
 
@@ -52,7 +53,7 @@ MERGE_OUT_SLOT = 3
 FIXED_IN_GRAPH: tuple[str, ...] = (
     "the work items, split-KV parts and kernel chosen by plan",
     "the device copies of block_tables, seq_lens, query_start_loc and alibi_slopes made by plan",
-    "the plan's split-KV partial buffers and parameter blocks: one run of a plan at a time",
+    "the plan's split-KV partial buffers, merge counters and parameter blocks: one run of a plan at a time",
     "the addresses and strides of query, key_cache and value_cache",
 )
 
@@ -82,7 +83,7 @@ class CupyPlanState:
     """
 
     work: planning.WorkPlan
-    items: Any  # cupy int32 [n, 9]
+    items: Any  # cupy int32 [n, 11]
     merges: Any  # cupy int32 [m, 7]
     block_tables: Any  # cupy int32 [num_seqs, max_blocks_per_seq]
     seq_lens: Any  # cupy int32 [num_seqs]
@@ -97,6 +98,9 @@ class CupyPlanState:
     merge_kernel: Any
     #: float32 partial_out [max(1, parts), rows, head_dim] and partial_lse [max(1, parts), rows]
     partials: tuple[Any, Any]
+    #: int32 [max(1, parts)], zero between runs: the parts of a split range counted at its first
+    #: partial, by the kernel's fused merge (None with ``merge="kernel"``)
+    merge_counters: Any = None
     #: the attention kernel's arguments between the outputs and the strides (plan's arrays)
     table_args: tuple[Any, ...] = ()
     #: the merge kernel's arguments before out and lse, and after them
@@ -147,7 +151,8 @@ class CupyBackend(Backend):
 
     Options (see :class:`~.options.CupyOptions`; each left out takes its ``PAGEDATTN_CUPY_*``
     environment variable, else its default): ``prefill="auto"``, ``decode="mma"``,
-    ``split_kv=True``, ``num_splits=0`` (automatic), ``wgmma_ctas=2``, ``wgmma_schedule="overlap"``, ``sync=False``.
+    ``split_kv=True``, ``num_splits=0`` (automatic), ``wgmma_ctas=2``, ``wgmma_schedule="overlap"``,
+    ``merge="fused"``, ``sync=False``.
     """
 
     name = "cupy"
@@ -166,6 +171,7 @@ class CupyBackend(Backend):
         num_splits: int | None = None,
         wgmma_ctas: int | None = None,
         wgmma_schedule: str | None = None,
+        merge: str | None = None,
         sync: bool | None = None,
     ) -> None:
         self.options: CupyOptions = resolve_options(
@@ -175,6 +181,7 @@ class CupyBackend(Backend):
             num_splits=num_splits,
             wgmma_ctas=wgmma_ctas,
             wgmma_schedule=wgmma_schedule,
+            merge=merge,
             sync=sync,
         )
 
@@ -282,6 +289,8 @@ class CupyBackend(Backend):
             cupy.empty((parts, rows, problem.head_dim), dtype=cupy.float32),
             cupy.empty((parts, rows), dtype=cupy.float32),
         )
+        fused = self.options.merge == "fused"
+        counters = cupy.zeros(parts, dtype=cupy.int32) if fused and len(work.merges) else None
         state = CupyPlanState(
             work=work,
             items=cupy.asarray(work.items),
@@ -307,12 +316,14 @@ class CupyBackend(Backend):
                 np.float32(problem.v_scale if fp8 else 1.0),
             ),
             attention_kernel=prepared(attention, smem),
-            merge_kernel=prepared(merge) if len(work.merges) else None,
+            merge_kernel=prepared(merge) if len(work.merges) and not fused else None,
             partials=partials,
+            merge_counters=counters,
             sync=self.options.sync,
         )
         state.table_args = (
             *partials,
+            0 if counters is None else counters,  # a null pointer: no merge in the kernel
             state.block_tables,
             state.seq_lens,
             state.query_start_loc,
@@ -346,7 +357,7 @@ class CupyBackend(Backend):
         state.attention_launch = launch_config(
             state.attention_handle, (len(work.items),), (state.threads,), state.smem
         )
-        if len(work.merges):
+        if state.merge_kernel is not None:
             before, after = state.merge_args
             state.merge_block = KernelArguments((*before, 0, 0, *after))
             # one CTA per (merge, row)
@@ -494,7 +505,8 @@ class CupyBackend(Backend):
         lse_pointer: int,
     ) -> None:
         """Write the run's pointers into the plan's parameter blocks and launch the attention
-        kernel, then ``merge_partials`` when the plan splits, on the current stream."""
+        kernel, then ``merge_partials`` when the plan splits with ``merge="kernel"``, on the
+        current stream."""
         stream = stream_handle(state.device)
         state.attention_block.slots[0:5] = (q_pointer, k_pointer, v_pointer, out_pointer, lse_pointer)
         if state.attention_launch is not None:

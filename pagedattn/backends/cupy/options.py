@@ -19,6 +19,7 @@ from pagedattn.errors import PagedAttentionError
 PREFILL_CHOICES: tuple[str, ...] = ("auto", "mma", "wgmma")
 DECODE_CHOICES: tuple[str, ...] = ("mma", "simt")
 WGMMA_SCHEDULE_CHOICES: tuple[str, ...] = ("overlap", "serial")
+MERGE_CHOICES: tuple[str, ...] = ("fused", "kernel")
 
 #: option -> the environment variable that may supply its default
 ENVIRONMENT: dict[str, str] = {
@@ -28,6 +29,7 @@ ENVIRONMENT: dict[str, str] = {
     "num_splits": "PAGEDATTN_CUPY_NUM_SPLITS",
     "wgmma_ctas": "PAGEDATTN_CUPY_WGMMA_CTAS",
     "wgmma_schedule": "PAGEDATTN_CUPY_WGMMA_SCHEDULE",
+    "merge": "PAGEDATTN_CUPY_MERGE",
     "sync": "PAGEDATTN_CUPY_SYNC",
 }
 
@@ -43,6 +45,9 @@ class CupyOptions:
       or "simt" (the CUDA-core kernel for every decode).
     - ``split_kv``: split long key ranges over several CTAs and merge their partials (True) or
       give every work item its whole range (False).
+    - ``merge``: who merges a split range's partials: "fused" (the range's part that finishes
+      last, inside the attention kernel) or "kernel" (``merge_partials``, launched after it).
+      Both give the same bits.
     - ``wgmma_ctas``: CTAs per SM the wgmma kernel is built for, 1 (up to 255 registers a
       thread, 4 K/V stages) or 2 (128 registers, fewer stages; faster on long causal prefill).
     - ``wgmma_schedule``: "overlap" (P V runs into the next tile's copies and S, where the
@@ -58,6 +63,7 @@ class CupyOptions:
     wgmma_schedule: str = "overlap"
     sync: bool = False
     num_splits: int = 0
+    merge: str = "fused"
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -65,6 +71,7 @@ class CupyOptions:
             ("decode", DECODE_CHOICES),
             ("wgmma_ctas", WGMMA_CTAS_CHOICES),
             ("wgmma_schedule", WGMMA_SCHEDULE_CHOICES),
+            ("merge", MERGE_CHOICES),
         ):
             value = getattr(self, name)
             if value not in choices or isinstance(value, bool):

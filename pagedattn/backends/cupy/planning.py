@@ -6,7 +6,8 @@ logical positions ``[kv_begin, kv_end)`` cut on ``TILE_N`` boundaries. Only posi
 can see are covered (causal: up to the last row's ``p_q``; sliding window: from the first
 row's ``p_q - W + 1``), so the kernel never visits blocks it would mask entirely. Long ranges
 are split (split-KV) into parts of about equal length; their partial results are merged by
-``merge_partials``. Every output row belongs to exactly one base item, so every row is written.
+the part of a range that finishes last (or by ``merge_partials`` after the kernel). Every
+output row belongs to exactly one base item, so every row is written.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from pagedattn.spec.arrays import AttentionProblem
 
 @dataclass(frozen=True)
 class WorkPlan:
-    """What the attention launch needs: ``items`` int32 ``[n, 9]``, ``merges`` int32 ``[m, 7]``."""
+    """What the attention launch needs: ``items`` int32 ``[n, 11]`` (the kernel's work items:
+    ``kernels/common.cuh``), ``merges`` int32 ``[m, 7]`` (``merge_partials``' split ranges)."""
 
     rows: int
     tile_n: int
@@ -300,6 +302,8 @@ def build_work(
     split = n_split > 1
     partial = np.full(item_base.size, -1, dtype=np.int64)
     partial[split] = np.arange(int(split.sum()))
+    # a part's range: its first partial (the parts of a range are consecutive) and its parts
+    range_first = np.where(split, partial[first_item[item_base]], -1)
 
     items = (
         np.stack(
@@ -313,6 +317,8 @@ def build_work(
                 t_begin * TILE_N,
                 t_end * TILE_N,
                 partial,
+                range_first,
+                np.where(split, n_split, 0),
             ],
             axis=1,
         )

@@ -71,7 +71,7 @@ DECODE_SUB_N = 16
 DECODE_HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 DECODE_THREADS = 32 * DECODE_WARPS
 NUM_THREADS = 128  # threads per CTA of the attention kernel (kernels/paged_attention.cu)
-ITEM_FIELDS = 9  # ints per work item
+ITEM_FIELDS = 11  # ints per work item
 MERGE_FIELDS = 7  # ints per split-KV merge
 
 #: ``-std=c++17`` for constexpr helpers; ``-I`` the kernel folder for common.cuh.

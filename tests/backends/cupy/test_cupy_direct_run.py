@@ -62,9 +62,11 @@ class _Table:
         self.data = types.SimpleNamespace(ptr=pointer)
 
 
-def _planned(launches: _Launches, seq_lens: list[int], slots: int, return_lse: bool = False) -> tuple[Any, ...]:
+def _planned(launches: _Launches, seq_lens: list[int], slots: int, return_lse: bool = False,
+             merge: str = "kernel") -> tuple[Any, ...]:
     """A cupy plan for decode of ``seq_lens`` on ``slots`` resident CTAs, built as ``_upload``
-    builds it (tables as stand-ins), and its torch arrays (float16)."""
+    builds it (tables as stand-ins) with the backend's ``merge`` option, and its torch arrays
+    (float16)."""
     inputs = random_paged_inputs(seq_lens, None, block_size=16, num_q_heads=8, num_kv_heads=2, head_dim=64,
                                  dtype="float16", seed=6)
     q, k, v = (numpy_to_torch(np.asarray(x), "cpu") for x in inputs.args()[:3])
@@ -72,14 +74,16 @@ def _planned(launches: _Launches, seq_lens: list[int], slots: int, return_lse: b
     problem = check_paged_attention(q, k, v, *index, return_lse=return_lse)
     choice = planning.choose_kernel(problem)
     work = planning.build_work(problem, choice, slots=slots)
-    tables = tuple(_Table(0x10000 * (i + 1)) for i in range(7))
+    tables = tuple(_Table(0x10000 * (i + 1)) for i in range(8))  # partials, merge counters, index arrays, items
+    merged_after = merge == "kernel" and len(work.merges) > 0
     scalars = (np.int32(problem.max_blocks_per_seq), np.int32(8), np.int32(4), np.float32(0.125), np.float32(0),
                np.int32(0), np.int32(1), np.int32(0), np.float32(1))
     state = CupyPlanState(
         work=work, items=None, merges=None, block_tables=None, seq_lens=None, query_start_loc=None,
         alibi_slopes=None, attention=choice.spec,
         merge=specializations.merge_partials(problem.dtype, problem.head_dim, work.rows),
-        threads=128, smem=0, scalars=scalars, attention_kernel=None, merge_kernel=None, partials=(None, None),
+        threads=128, smem=0, scalars=scalars, attention_kernel=None,
+        merge_kernel=object() if merged_after else None, partials=(None, None),
         device=0, attention_handle=ATTENTION, merge_handle=MERGE, table_args=tables,
         merge_args=(tables[:3], scalars[1:3]), lse_scratch_pointer=0xF000, lse_shape=(problem.num_tokens, 8),
     )
@@ -126,6 +130,15 @@ def test_a_run_after_the_checked_one_launches_what_it_launched(launches: _Launch
         assert merge[0] == MERGE and merge[3][MERGE_OUT_SLOT:MERGE_OUT_SLOT + 2] == pointers[3:]
     same = [(h, grid, s, slots[5:]) for h, grid, s, slots in launches.calls]
     assert same[0:2] == same[2:4]  # everything but the run's own pointers as the checked run had it
+
+
+def test_a_split_plan_with_the_merge_fused_launches_the_attention_kernel_alone(launches: _Launches) -> None:
+    plan, q, k, v = _planned(launches, [700, 17, 5], slots=8, merge="fused")
+    assert len(plan.state.work.merges) and plan.state.merge_block is None
+    backend = CupyBackend()
+    for _ in range(2):
+        backend.run(plan, q, k, v)
+    assert [call[0] for call in launches.calls] == [ATTENTION, ATTENTION]
 
 
 def test_other_strides_are_checked_written_and_a_bad_view_refused(launches: _Launches,

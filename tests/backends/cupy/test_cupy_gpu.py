@@ -401,3 +401,48 @@ def test_direct_runs_of_torch_tensors_give_the_checked_run_s_bits(backend: CupyB
         assert_bit_identical("out", backend.to_numpy(out), first[0], "a direct run changed the output", call)
         assert_bit_identical("lse", backend.to_numpy(lse), first[1], "a direct run changed lse", call)
     checks.matches_spec(backend, case)
+
+
+#: Split plans of each attention kernel (with the options that pick it): the 16-bit decode
+#: kernel at head_dim 128 and 256, fp8 decode, the CUDA-core kernel, the mma.sync and the
+#: Hopper prefill kernels.
+MERGE_CASES: dict[str, tuple[Callable[[], AttentionCase], dict[str, str]]] = {
+    "decode": (functools.partial(poisoned_case, "merge decode", [0, 1500, 17]), {}),
+    "decode d256": (functools.partial(poisoned_case, "merge decode d256", [0, 700, 17], head_dim=256,
+                                      block_size=32), {}),
+    "fp8 decode": (functools.partial(poisoned_case, "merge fp8 decode", [1300, 40], num_q_heads=48,
+                                     cache_dtype=FP8[0], **FP8_SCALES), {}),
+    "CUDA cores": (functools.partial(poisoned_case, "merge simt", [0, 1500, 17], dtype="float16"),
+                   {"decode": "simt"}),
+    "mma prefill": (functools.partial(poisoned_case, "merge mma", [6000], [64]), {"prefill": "mma"}),
+    "wgmma prefill": (functools.partial(poisoned_case, "merge wgmma", [9000, 4000], [200, 300]),
+                      {"prefill": "wgmma"}),
+}
+
+
+@pytest.mark.parametrize("name", list(MERGE_CASES))
+def test_the_fused_merge_gives_the_merge_kernel_s_bits(backend: CupyBackend, name: str) -> None:
+    """A split plan merged by the last part of each range (``merge="fused"``) gives the bits of the
+    same plan merged by ``merge_partials``; runs queued back to back (the counters each run sets
+    back to zero) give a run alone's bits; and the answer is the spec's."""
+    from pagedattn.conformance.assertions import assert_bit_identical
+
+    make, options = MERGE_CASES[name]
+    case = make()
+    results = {}
+    for merge in ("kernel", "fused"):
+        merging = CupyBackend(merge=merge, **options)  # type: ignore[arg-type]
+        device = [None if a is None else merging.to_device(a) for a in case.args()]
+        call_options = {k: merging.to_device(v) if isinstance(v, np.ndarray) else v for k, v in case.options.items()}
+        plan = merging.plan(*device, **call_options)
+        assert plan.state.work.num_partials > 0, "the plan splits"
+        assert (plan.state.merge_block is None) == (merge == "fused")
+        runs = [merging.run(plan, *device[:3]) for _ in range(3)]  # queued, then read
+        results[merge] = [[merging.to_numpy(x) for x in run] for run in runs]
+    expected = results["kernel"][0]
+    for merge, runs in results.items():
+        for index, (out, lse) in enumerate(runs):
+            call = f"[call: backend=cupy merge={merge} run {index}]"
+            assert_bit_identical("out", out, expected[0], "the merges differ", call)
+            assert_bit_identical("lse", lse, expected[1], "the merges differ", call)
+    checks.matches_spec(CupyBackend(**options), case)  # type: ignore[arg-type]

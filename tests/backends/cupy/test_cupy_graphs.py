@@ -21,7 +21,7 @@ def test_cupy_replay_equals_an_eager_run(shape: str, block_size: int) -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"decode": "simt"}, {"prefill": "mma"}, {"prefill": "wgmma"}, {"split_kv": False}],
+    [{"decode": "simt"}, {"prefill": "mma"}, {"prefill": "wgmma"}, {"split_kv": False}, {"merge": "kernel"}],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
 @pytest.mark.parametrize("shape", ["decode", "varlen prefill", "long decode (split-KV)"])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pagedattn.backends.cupy import arrays, runtime
-from pagedattn.backends.cupy.backend import CupyBackend
+from pagedattn.backends.cupy.backend import ATTENTION_STRIDE_SLOTS, CupyBackend
 from pagedattn.errors import PagedAttentionError, UnsupportedError
 
 torch = pytest.importorskip("torch")
@@ -91,8 +91,13 @@ def test_a_parameter_block_holds_each_value_s_bits_where_its_address_points() ->
 
 
 def _strides_state() -> types.SimpleNamespace:
-    values = (0,) * 12 + (np.int64(0),) * 6
+    values = (0,) * ATTENTION_STRIDE_SLOTS + (np.int64(0),) * 6
     return types.SimpleNamespace(attention_block=runtime.KernelArguments(values), strides_seen=None)
+
+
+def _strides(state: types.SimpleNamespace) -> list[int]:
+    """The six cache strides of the state's parameter block."""
+    return [state.attention_block[i] for i in range(ATTENTION_STRIDE_SLOTS, ATTENTION_STRIDE_SLOTS + 6)]
 
 
 def test_cache_strides_are_written_once_checked_and_a_bad_view_is_still_refused_after() -> None:
@@ -100,11 +105,11 @@ def test_cache_strides_are_written_once_checked_and_a_bad_view_is_still_refused_
     state = _strides_state()
     view = (4096, (10, 16, 2, 64), (2048, 128, 64, 1), 2)  # NHD [blocks, slot, head, d], bf16
     backend._set_strides(state, view, view, "NHD")  # type: ignore[arg-type]
-    assert [state.attention_block[i] for i in range(12, 18)] == [2048, 128, 64, 2048, 128, 64]
+    assert _strides(state) == [2048, 128, 64, 2048, 128, 64]
     # HND [blocks, head, slot, d] of another cache: the kernel takes (block, slot, head)
     other = (8192, (10, 2, 16, 64), (2048, 1024, 64, 1), 2)
     backend._set_strides(state, other, other, "HND")  # type: ignore[arg-type]
-    assert [state.attention_block[i] for i in range(12, 18)] == [2048, 64, 1024, 2048, 64, 1024]
+    assert _strides(state) == [2048, 64, 1024, 2048, 64, 1024]
     for bad, argument in (((4096, (10, 16, 2, 64), (4096, 256, 128, 2), 2), "key_cache"),
                           ((4098, (10, 16, 2, 64), (2048, 128, 64, 1), 2), "key_cache")):
         with pytest.raises(UnsupportedError) as error:

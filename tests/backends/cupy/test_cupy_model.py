@@ -15,7 +15,9 @@ from pagedattn.spec.kv_ops import slot_view
 
 # -- work items, replayed by a NumPy model of the kernel --------------------------------------
 def _model(problem, work, query, key_cache, value_cache):  # type: ignore[no-untyped-def]
-    """What the kernel computes for the work items (float64): rows, masks, split-KV merge."""
+    """What the kernel computes for the work items (float64): rows, masks, and the split-KV merge
+    by the part of a range that counts itself last (the items' order stands for the order the
+    parts finish in), over the ranges ``merge_partials`` would merge."""
     k_slots, v_slots = (
         slot_view(key_cache, problem.kv_layout),
         slot_view(value_cache, problem.kv_layout),
@@ -25,7 +27,9 @@ def _model(problem, work, query, key_cache, value_cache):  # type: ignore[no-unt
     partial_out = np.zeros((max(1, work.num_partials), work.rows, problem.head_dim))
     partial_lse = np.zeros((max(1, work.num_partials), work.rows))
     bs = problem.block_size
-    for seq, kv_head, t0, nt, g0, ng, kv_begin, kv_end, partial in work.items:
+    counted: dict[int, int] = {}
+    ranges = {(int(first), int(n)) for *_, first, n in work.merges}
+    for seq, kv_head, t0, nt, g0, ng, kv_begin, kv_end, partial, range_first, num_parts in work.items:
         L = problem.seq_lens[seq]
         q_len = problem.q_lens[seq]
         assert kv_begin % work.tile_n == 0 and kv_end % work.tile_n == 0
@@ -58,7 +62,14 @@ def _model(problem, work, query, key_cache, value_cache):  # type: ignore[no-unt
             else:
                 assert np.isnan(lse[t, h]), f"row (token {t}, head {h}) written twice"
                 out[t, h], lse[t, h] = o, row_lse
-    for t0, nt, kv_head, g0, ng, first, n in work.merges:
+        if partial < 0:
+            assert (range_first, num_parts) == (-1, 0)
+            continue
+        assert (range_first, num_parts) in ranges and range_first <= partial < range_first + num_parts
+        counted[range_first] = counted.get(range_first, 0) + 1
+        if counted[range_first] < num_parts:
+            continue
+        first, n = range_first, num_parts
         for r in range(nt * ng):
             t, h = t0 + r // ng, kv_head * problem.group_size + g0 + r % ng
             parts = partial_lse[first : first + n, r]
@@ -67,6 +78,7 @@ def _model(problem, work, query, key_cache, value_cache):  # type: ignore[no-unt
             assert np.isnan(lse[t, h]), f"row (token {t}, head {h}) written twice"
             out[t, h] = w @ partial_out[first : first + n, r] / w.sum() if w.sum() > 0 else 0.0
             lse[t, h] = m + np.log(w.sum()) if w.sum() > 0 else -np.inf
+    assert counted == {first: n for first, n in ranges}, "every range merged once, after all its parts"
     return out, lse
 
 

@@ -24,9 +24,9 @@ def test_the_environment_supplies_defaults_and_the_constructor_wins() -> None:
     environ = {
         ENVIRONMENT["prefill"]: "mma", ENVIRONMENT["decode"]: "simt",
         ENVIRONMENT["split_kv"]: "0", ENVIRONMENT["wgmma_ctas"]: "1",
-        ENVIRONMENT["wgmma_schedule"]: "serial", ENVIRONMENT["sync"]: "1",
+        ENVIRONMENT["wgmma_schedule"]: "serial", ENVIRONMENT["sync"]: "1", ENVIRONMENT["merge"]: "kernel",
     }
-    assert resolve(environ) == CupyOptions("mma", "simt", False, 1, "serial", True)
+    assert resolve(environ) == CupyOptions("mma", "simt", False, 1, "serial", True, merge="kernel")
     given = resolve(environ, prefill="wgmma", split_kv=True, sync=False)
     assert (given.prefill, given.split_kv, given.sync, given.decode) == ("wgmma", True, False, "simt")
     assert resolve({ENVIRONMENT["prefill"]: ""}).prefill == "auto", "an empty variable is unset"
@@ -49,6 +49,8 @@ def test_a_backend_reads_the_environment_once_when_built(monkeypatch: pytest.Mon
         ({"wgmma_ctas": 3}, "wgmma_ctas"),
         ({"wgmma_ctas": True}, "wgmma_ctas"),
         ({"wgmma_schedule": "eager"}, "wgmma_schedule"),
+        ({"merge": "after"}, "merge"),
+        ({"merge": True}, "merge"),
         ({"split_kv": 1}, "split_kv"),
         ({"sync": "yes"}, "sync"),
         ({"num_splits": -1}, "num_splits"),

@@ -79,7 +79,7 @@ def test_wgmma_items_cover_exactly_the_tiles_a_window_leaves_visible(
     assert work.kernel == "wgmma" and work.tile_n == 64
     seen = np.zeros((problem.num_tokens, problem.num_q_heads), dtype=np.int64)
     for item in work.items:
-        seq, kv_head, token_start, num_tokens, g0, ng, kv_begin, kv_end, _ = (int(x) for x in item)
+        seq, kv_head, token_start, num_tokens, g0, ng, kv_begin, kv_end = (int(x) for x in item[:8])
         L, q_len = int(problem.seq_lens[seq]), int(problem.q_lens[seq])
         first = L - q_len + token_start - int(problem.query_start_loc[seq])
         p_q = first + np.arange(num_tokens)

@@ -156,11 +156,13 @@ __device__ __forceinline__ float masked_score_log2(float s, int p, const int& p_
 
 // The parameters every paged-attention kernel takes, in the launch order of the host
 // (backend.py): query [T, Hq, D] of T, caches of C read through their element strides, the
-// outputs and split-KV partials, the index arrays and work items, then the call's scalars.
+// outputs, split-KV partials and merge counters (nullptr: merge_partials merges after the
+// kernel), the index arrays and work items, then the call's scalars.
 #define PAGED_ATTENTION_PARAMS(T, C)                                                              \
   const T *__restrict__ query, const C *__restrict__ key_cache, const C *__restrict__ value_cache, \
       T *__restrict__ out, float *__restrict__ lse, float *__restrict__ partial_out,              \
-      float *__restrict__ partial_lse, const int *__restrict__ block_tables,                      \
+      float *__restrict__ partial_lse, int *__restrict__ merge_counters,                          \
+      const int *__restrict__ block_tables,                                                       \
       const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,                  \
       const float *__restrict__ alibi_slopes, const int *__restrict__ items,                      \
       long long k_stride_block, long long k_stride_slot, long long k_stride_head,                 \
@@ -168,11 +170,12 @@ __device__ __forceinline__ float masked_score_log2(float s, int p, const int& p_
       int max_blocks_per_seq, int num_q_heads, int group_size, float scale, float softcap,        \
       int sliding_window, int causal, int has_alibi, float v_scale
 
-// This CTA's work item (planning.build_work: a row of 9 ints of `items`: seq, kv_head,
+// This CTA's work item (planning.build_work: a row of 11 ints of `items`: seq, kv_head,
 // token_start, num_tokens, group_start, num_groups, kv_begin, kv_end, partial (-1: write out
-// directly)) as const locals, in a kernel of PAGED_ATTENTION_PARAMS.
+// directly), then for a split range's part its range's first partial and its number of parts:
+// read by PAGED_ATTENTION_MERGE_IF_LAST, split_merge.cuh) as const locals, in a kernel of PAGED_ATTENTION_PARAMS.
 #define PAGED_ATTENTION_ITEM()                                                                    \
-  const int* item = items + (long long)blockIdx.x * 9;                                            \
+  const int* item = items + (long long)blockIdx.x * 11;                                           \
   const int seq = item[0], kv_head = item[1], token_start = item[2], num_tokens = item[3];        \
   const int group_start = item[4], num_groups = item[5], kv_begin = item[6], kv_end = item[7];    \
   const int partial = item[8]

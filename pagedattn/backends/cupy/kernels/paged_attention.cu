@@ -14,6 +14,7 @@
 //   epilogue:   O / l and lse = m + log l (0 and -inf for an empty row), to out or to a
 //               split-KV partial merged later by merge_partials.
 #include "common.cuh"
+#include "split_merge.cuh"
 
 constexpr int NUM_THREADS = 128;  // 4 warps
 constexpr int NUM_WARPS = NUM_THREADS / 32;
@@ -269,10 +270,11 @@ __global__ void __launch_bounds__(NUM_THREADS, ROWS == 4 ? 3 : 2) paged_attentio
     store_result<ROWS, HEAD_DIM>(o_final, lse_final, r, d, partial, token_start, num_groups, kv_head, group_size,
                                  group_start, num_q_heads, out, lse, partial_out, partial_lse);
   }
+  PAGED_ATTENTION_MERGE_IF_LAST(ROWS, HEAD_DIM, NUM_THREADS);
 }
 
-// Split-KV merge: the exact online-softmax merge of the num_splits partials of one work item
-// (pagedattn.spec.online_softmax.merge_states), in a fixed order. merges: [n, 7] of
+// Split-KV merge after the attention kernel (the backend's merge="kernel"): the merge of
+// split_merge.cuh over the num_splits partials of one split range. merges: [n, 7] of
 // token_start, num_tokens, kv_head, group_start, num_groups, first_partial, num_splits.
 // Grid: (merges, ROWS); rows past num_tokens * num_groups return at once.
 template <typename T, int HEAD_DIM, int ROWS>
@@ -280,31 +282,16 @@ __global__ void __launch_bounds__(NUM_THREADS) merge_partials(
     const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
     const int* __restrict__ merges, T* __restrict__ out, float* __restrict__ lse, int num_q_heads,
     int group_size) {
-  // one CTA per (merge, row): blockIdx.x the merge, blockIdx.y the row; the parts' loads are
-  // independent of each other, so the unrolled loops keep several in flight
+  // one CTA per (merge, row): blockIdx.x the merge, blockIdx.y the row, four elements a thread
   const int* merge = merges + (long long)blockIdx.x * 7;
   const int token_start = merge[0], num_tokens = merge[1], kv_head = merge[2];
   const int group_start = merge[3], num_groups = merge[4], first = merge[5], num_splits = merge[6];
   const int r = blockIdx.y;
   if (r >= num_tokens * num_groups) return;
-  const float* lse_r = partial_lse + (long long)first * ROWS + r;            // part k at k * ROWS
-  const float* out_r = partial_out + ((long long)first * ROWS + r) * HEAD_DIM;  // at k * ROWS * HEAD_DIM
-  float m = PA_NEG_INF;
-#pragma unroll 4
-  for (int k = 0; k < num_splits; ++k) m = fmaxf(m, lse_r[(long long)k * ROWS]);
+  const float m = parts_max_lse<ROWS>(partial_lse, first, num_splits, r);
   const long long t = token_start + r / num_groups;
   const int h = kv_head * group_size + group_start + r % num_groups;
-  for (int d = threadIdx.x; d < HEAD_DIM; d += NUM_THREADS) {
-    float weight_sum = 0.f, acc = 0.f;
-#pragma unroll 4
-    for (int k = 0; k < num_splits; ++k) {  // a NaN lse_k (fmaxf skipped it in m) makes w NaN: kept
-      const float lse_k = lse_r[(long long)k * ROWS];
-      const float w = lse_k == PA_NEG_INF ? 0.f : expf(lse_k - m);  // an empty part: out ignored
-      const float o_k = out_r[(long long)k * ROWS * HEAD_DIM + d];
-      weight_sum += w;
-      acc = lse_k == PA_NEG_INF ? acc : fmaf(w, o_k, acc);  // 0 * NaN stays NaN for a part that has keys
-    }
-    out[(t * num_q_heads + h) * HEAD_DIM + d] = from_float<T>(weight_sum != 0.f ? acc / weight_sum : 0.f);
-    if (d == 0) lse[t * num_q_heads + h] = weight_sum != 0.f ? m + logf(weight_sum) : PA_NEG_INF;
-  }
+  for (int d0 = 4 * threadIdx.x; d0 < HEAD_DIM; d0 += 4 * NUM_THREADS)
+    merge_parts_quad<ROWS, HEAD_DIM>(partial_out, partial_lse, first, num_splits, r, d0, m, t, h, num_q_heads, out,
+                                     lse);
 }

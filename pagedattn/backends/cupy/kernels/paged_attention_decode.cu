@@ -66,6 +66,7 @@
 #include "common.cuh"
 #include "fp8.cuh"
 #include "mma.cuh"
+#include "split_merge.cuh"
 #include "work_item.cuh"
 
 constexpr int DEC_WARPS = 4;
@@ -559,4 +560,5 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
     store_result<DEC_ROWS, HEAD_DIM>(o_final, lse_final, r, d, partial, token_start, num_groups, kv_head, group_size,
                                  group_start, num_q_heads, out, lse, partial_out, partial_lse);
   }
+  PAGED_ATTENTION_MERGE_IF_LAST(DEC_ROWS, HEAD_DIM, DEC_THREADS);
 }

@@ -19,6 +19,7 @@
 #include "common.cuh"
 #include "fp8.cuh"
 #include "mma.cuh"
+#include "split_merge.cuh"
 #include "work_item.cuh"
 
 constexpr int MMA_THREADS = 128;  // 4 warps x 16 rows
@@ -306,4 +307,5 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) paged_attention_mma(
       else lse[t * num_q_heads + h] = lse_final;
     }
   }
+  PAGED_ATTENTION_MERGE_IF_LAST(MMA_ROWS, HEAD_DIM, MMA_THREADS);
 }

@@ -21,6 +21,7 @@
 // 16-bit caches only (fp8 caches stay on the mma.sync kernels: planning never picks this one).
 #include "common.cuh"
 #include "mma.cuh"
+#include "split_merge.cuh"
 #include "wgmma.cuh"
 #include "work_item.cuh"
 
@@ -404,6 +405,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, CTAS) paged_attention_wgmma(
       }
       if (tig == 0) partial_lse[(long long)partial * ROWS + r] = lse_final[half];
     }
+    PAGED_ATTENTION_MERGE_IF_LAST(ROWS, HEAD_DIM, WGMMA_THREADS);
     return;
   }
   // O / l rounded to T, staged in shared memory (the K/V stages, free once both warpgroups'
