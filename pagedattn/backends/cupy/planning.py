@@ -162,17 +162,32 @@ def item_rows(problem: AttentionProblem, choice: KernelChoice) -> int:
     return choice.rows
 
 
-def split_slots(problem: AttentionProblem, choice: KernelChoice, resident: int, multiprocessors: int) -> int:
-    """CTAs the split-KV estimate (:func:`choose_split`) fills: one a multiprocessor for the
-    tensor-core decode kernel on 16-bit caches at head_dim 64 or 128, which reaches a
-    multiprocessor's share of the read bandwidth alone (a part for the second resident CTA
-    costs its partial and merge and gains nothing); every ``resident`` CTA otherwise."""
-    decode_16_bit = (
+#: Tiles a split must save, by :func:`choose_split`'s estimate, before 16-bit decode splits at
+#: all (:func:`one_cta_a_multiprocessor`). A split adds a tail the tile model does not hold (the
+#: parts' partial stores, their arrival count and the last part's merge pass), and a CTA alone on
+#: its multiprocessor streams faster than the share the model gives it. Measured on an H100
+#: (llama3-8b heads, bf16, graph replay at block sizes 16 / 32 / 64): decode 8 x 2,048, whose
+#: 32-tile ranges split in 2 save 16 tiles by the estimate, ran unsplit in 29.3 / 29.1 / 28.8 us
+#: against 31.3 / 31.4 / 30.9 us split; the small-batch splits that stay save 27 tiles (1 x
+#: 2,048 in 8 parts) and more.
+DECODE_MIN_SPLIT_GAIN = 16.0
+
+
+def one_cta_a_multiprocessor(problem: AttentionProblem, choice: KernelChoice) -> bool:
+    """Whether ``choice`` is the tensor-core decode kernel on 16-bit caches at head_dim 64 or 128,
+    one CTA of which reaches a multiprocessor's share of the read bandwidth alone."""
+    return (
         choice.rows == DECODE_ROWS
         and problem.cache_dtype not in FP8_TYPES
         and problem.head_dim in MMA_HEAD_DIMS
     )
-    return multiprocessors if decode_16_bit else resident
+
+
+def split_slots(problem: AttentionProblem, choice: KernelChoice, resident: int, multiprocessors: int) -> int:
+    """CTAs the split-KV estimate (:func:`choose_split`) fills: one a multiprocessor where
+    :func:`one_cta_a_multiprocessor` (a part for the second resident CTA costs its partial and
+    merge and gains nothing); every ``resident`` CTA otherwise."""
+    return multiprocessors if one_cta_a_multiprocessor(problem, choice) else resident
 
 
 def choose_split(
@@ -182,6 +197,7 @@ def choose_split(
     min_tiles: int = 4,
     overhead: float = 2.0,
     partial_overhead: float = 0.0,
+    min_gain: float = 0.0,
 ) -> int:
     """Tiles per split-KV part minimising the estimated time of ``base_tiles`` on ``slots`` CTAs.
 
@@ -192,13 +208,14 @@ def choose_split(
     cheapest item (exact for equal items). So splitting pays where a few long ranges would
     leave CTAs idle (long decode), not where the items already fill the device many times
     (prefill). Candidates: no split, and about 48 geometrically spaced part lengths from
-    ``min_tiles``.
+    ``min_tiles``; the fastest split is taken only if it saves more than ``min_gain`` tiles
+    against no split.
     """
     longest = int(base_tiles.max(initial=0))
     if longest <= min_tiles:
         return max(1, longest)
     candidates = np.unique(np.geomspace(min_tiles, longest, 48).astype(np.int64))
-    best, best_time = longest, np.inf
+    best, best_time, unsplit_time = longest, np.inf, np.inf
     for per_split in [longest, *candidates[::-1].tolist()]:
         splits = np.maximum(1, -(-base_tiles // per_split))
         cost = -(-base_tiles // splits) + overhead + np.where(splits > 1, partial_overhead, 0.0)
@@ -206,9 +223,11 @@ def choose_split(
         estimate = max(
             float((splits * cost).sum()) / slots, float(cost.max()), waves * float(cost.min())
         )
+        if per_split == longest:
+            unsplit_time = estimate
         if estimate < best_time:
             best, best_time = int(per_split), estimate
-    return best
+    return best if best_time < unsplit_time - min_gain else longest
 
 
 def build_work(
@@ -289,6 +308,7 @@ def build_work(
             max(1, slots),
             min_tiles=min_tiles_per_split,
             partial_overhead=partial_tiles,
+            min_gain=DECODE_MIN_SPLIT_GAIN if one_cta_a_multiprocessor(problem, choice) else 0.0,
         )
     splits = np.maximum(1, -(-base_tiles // per_split))
     item_base = np.repeat(np.arange(base_tiles.size), splits)

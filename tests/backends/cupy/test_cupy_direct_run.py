@@ -113,7 +113,7 @@ def _checking_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_run_after_the_checked_one_launches_what_it_launched(launches: _Launches, return_lse: bool,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     checking = _checking_runs(monkeypatch)
-    plan, q, k, v = _planned(launches, [700, 17, 5], slots=8, return_lse=return_lse)
+    plan, q, k, v = _planned(launches, [3000, 17, 5], slots=8, return_lse=return_lse)
     assert plan.state.merge_block is not None  # a long range on few CTAs splits
     backend = CupyBackend()
     first = backend.run(plan, q, k, v)
@@ -133,7 +133,7 @@ def test_a_run_after_the_checked_one_launches_what_it_launched(launches: _Launch
 
 
 def test_a_split_plan_with_the_merge_fused_launches_the_attention_kernel_alone(launches: _Launches) -> None:
-    plan, q, k, v = _planned(launches, [700, 17, 5], slots=8, merge="fused")
+    plan, q, k, v = _planned(launches, [3000, 17, 5], slots=8, merge="fused")
     assert len(plan.state.work.merges) and plan.state.merge_block is None
     backend = CupyBackend()
     for _ in range(2):

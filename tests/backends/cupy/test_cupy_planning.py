@@ -312,14 +312,18 @@ def test_choose_split_splits_only_where_long_ranges_leave_slots_idle() -> None:
     assert per_split <= 1024 // 8
     many = np.tile(np.arange(1, 65), 128)  # causal prefill: 8,192 ranges of 1..64 tiles
     assert choose_split(many, 264, partial_overhead=4.0) == 64, "no split"
+    half_the_slots = np.full(64, 32)  # 8 x 2,048 decode on 132 slots: 2 parts save 16 tiles
+    assert -(-32 // choose_split(half_the_slots, 132)) == 2, "2 parts a range"
+    assert choose_split(half_the_slots, 132, min_gain=16.0) == 32, "a gain of 16 tiles is not enough"
+    assert choose_split(few_long, 264, min_gain=16.0) == per_split
 
 
 # split-KV parts of llama3-8b decode (8 KV heads, 64-key tiles, bf16) on an H200: 132
 # multiprocessors, 264 decode CTAs resident; the split fills one CTA a multiprocessor
 # (split_slots): (sequences, keys) -> parts per range
 H200_MULTIPROCESSORS, H200_DECODE_CTAS = 132, 264
-DECODE_PARTS = {(64, 4096): 1, (2, 65536): 8, (1, 2048): 8, (1, 32768): 16, (4, 8192): 4, (8, 2048): 2,
-                (16, 2048): 1}
+DECODE_PARTS = {(64, 4096): 1, (2, 65536): 8, (1, 2048): 8, (1, 32768): 16, (4, 8192): 4, (8, 2048): 1,
+                (16, 2048): 1, (8, 4096): 2}
 
 
 @pytest.mark.parametrize("shape, parts", DECODE_PARTS.items())
