@@ -1450,6 +1450,17 @@ def _split_sequences(backend: AddressedKernelBackend, problem: AttentionProblem)
             if len(backend.parts(list(range(-(-int(length) // bs))), int(length), problem)) > 1]
 
 
+def _leave_split_rows_unwritten(backend: AddressedKernelBackend, problem: AttentionProblem, out: np.ndarray,
+                                lse: np.ndarray | None) -> None:
+    """Set the rows of the sequences ``backend`` splits back to what out and lse held before any
+    merge wrote them (0 and -inf), in place."""
+    starts = problem.query_start_loc
+    for s in _split_sequences(backend, problem):
+        out[starts[s]:starts[s + 1]] = 0
+        if lse is not None:
+            lse[starts[s]:starts[s + 1]] = -np.inf
+
+
 def _plan_splits(backend: AddressedKernelBackend, problem: AttentionProblem) -> bool:
     """Whether ``backend`` cuts a sequence of ``problem`` into more than one part (a split plan)."""
     return bool(_split_sequences(backend, problem))
@@ -1511,13 +1522,8 @@ class SplitMergeCounterNeverReset(AddressedKernelBackend):
         if id(plan) not in runs:
             weakref.finalize(plan, runs.pop, id(plan), None)
         runs[id(plan)] = runs.get(id(plan), 0) + 1
-        if runs[id(plan)] == 1:
-            return out, lse
-        starts = plan.problem.query_start_loc
-        for s in _split_sequences(self, plan.problem):  # no merge: the rows keep what they held
-            out[starts[s]:starts[s + 1]] = 0
-            if lse is not None:
-                lse[starts[s]:starts[s + 1]] = -np.inf
+        if runs[id(plan)] > 1:  # no merge: the split rows keep what they held
+            _leave_split_rows_unwritten(self, plan.problem, out, lse)
         return out, lse
 
 
@@ -1538,10 +1544,7 @@ class MisplacedMergeRows(AddressedKernelBackend):
         split = _split_sequences(self, problem)
         starts = problem.query_start_loc
         wrong_out, wrong_lse = out.copy(), None if lse is None else lse.copy()
-        for s in split:
-            wrong_out[starts[s]:starts[s + 1]] = 0
-            if wrong_lse is not None:
-                wrong_lse[starts[s]:starts[s + 1]] = -np.inf
+        _leave_split_rows_unwritten(self, problem, wrong_out, wrong_lse)
         for rank, s in enumerate(split):
             first = self.merged_row_start(problem, rank, s)
             rows = max(0, min(int(starts[s + 1] - starts[s]), problem.num_tokens - first))
