@@ -49,6 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--conformance-ledger", default=None, dest="pagedattn_ledger", metavar="FILE",
                     help="append each passed or unsupported cell to this ledger as it settles"
                     " (pagedattn.conformance.ledger; `pagedattn conform --resume` reads it)")
+    group.addoption("--conformance-first-failure", action="store_true", default=False, dest="pagedattn_first_failure",
+                    help="stop each cell at its first failing example, neither shrunk nor saved: for runs that ask"
+                    " only whether the suite fails (the mutant catalogue's kills)")
 
 
 def selected_backend_names(config: pytest.Config) -> list[str]:

@@ -15,6 +15,7 @@ of the tolerance, the failures' text, cases and replay commands) goes into the t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -135,6 +136,25 @@ def _in_final_replay() -> bool:
         return False
 
 
+def _replaying_its_failure(check: Callable[[Backend, Any], float]) -> Callable[[Backend, Any], float]:
+    """``check`` that, when hypothesis replays the failing example to report it, raises that
+    example's failure again rather than running it a second time: for a run that neither shrinks
+    nor looks for other failures, where the replayed example is the one that failed last."""
+    last_error: list[BaseException] = []
+
+    @functools.wraps(check)
+    def checked(backend: Backend, case: Any) -> float:
+        if last_error and _in_final_replay():
+            raise last_error[-1]
+        try:
+            return check(backend, case)
+        except Exception as error:
+            last_error[:] = [error]
+            raise
+
+    return checked
+
+
 def run_property(request: Any, backend: Backend, strategy: Callable[[], st.SearchStrategy[Any]],
                  check: Callable[[Backend, Any], float], *, cell: dict[str, Any],
                  requires: dict[str, Any] | None = None, max_examples: int | None = None,
@@ -165,6 +185,11 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     last_failing: dict[str, Any] = {}
 
     examples = examples_per_cell(backend)  # the active profile's count for this backend
+    config = getattr(request, "config", None)  # None outside pytest
+    first_failure = bool(config is not None and config.getoption("pagedattn_first_failure", default=False))
+    if first_failure:  # only whether the cell fails: no shrink, no other failure looked for, nothing saved
+        settings_overrides = {**(settings_overrides or {}), **FIRST_FAILURE_UNSHRUNK}
+        check = _replaying_its_failure(check)
     check = with_room_on_its_gpu(check, backend.capabilities().device)  # large cases: room on a shared GPU
 
     # cell_property's source seeds the examples of the derandomized profiles (hypothesis hashes
@@ -197,7 +222,6 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
     # One database key per test id, so thorough's example database replays the right failures. The
     # derandomized profiles seed a cell's draws from the same digest, so a --hypothesis-seed given
     # joins it there: another seed, other examples (hypothesis itself ignores the seed under them).
-    config = getattr(request, "config", None)  # None outside pytest
     seed = config.getoption("hypothesis_seed", default=None) if config is not None else None
     digest = nodeid if seed is None else f"{nodeid} seed={seed}"
     cell_property.hypothesis.inner_test._hypothesis_internal_add_digest = digest.encode()  # type: ignore[attr-defined]
@@ -213,8 +237,9 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
         record["status"] = "fail"
         failures = distinct_failures(error)
         stats["worst"] = max(stats["worst"], *(float(getattr(f, "fraction", float("inf"))) for f in failures))
-        record["failures"] = _save_failures(failures, reported, last_failing.get("case"), backend=backend,
-                                            check=check, cell=cell, nodeid=nodeid)
+        record["failures"] = ([{"label": "failure", "message": failure_text(f)} for f in failures] if first_failure
+                              else _save_failures(failures, reported, last_failing.get("case"), backend=backend,
+                                                  check=check, cell=cell, nodeid=nodeid))
         record["message"] = "\n\n".join(f["message"] for f in record["failures"])
         record["replays"] = [f["replay"] for f in record["failures"] if f.get("replay")]
         raise

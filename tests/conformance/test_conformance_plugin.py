@@ -149,3 +149,18 @@ def test_an_interpreted_backend_gets_fewer_examples_only_in_the_standard_profile
     assert examples_per_cell(native, "standard") == full == PROFILES["ci"]["max_examples"]
     for deep in ("ci", "thorough"):
         assert examples_per_cell(slow, deep) == examples_per_cell(native, deep) == PROFILES[deep]["max_examples"]
+
+
+def test_first_failure_stops_a_cell_at_its_first_failing_example_unshrunk_and_unsaved(tmp_path):
+    """--conformance-first-failure: the same cell fails on the same draws, in fewer examples, with no case saved."""
+    cell = ["-x", "-k", "test_attention_matches_spec and softcap and float32 and bs16 and NHD", "--pyargs",
+            "pagedattn.conformance.test_meaning"]
+    full_dir, first_dir = tmp_path / "full", tmp_path / "first"
+    full_code, full = _run("mutant:SoftcapCancels", *cell, tmp_path=full_dir)
+    first_code, first = _run("mutant:SoftcapCancels", "--conformance-first-failure", *cell, tmp_path=first_dir)
+    assert full_code == first_code == pytest.ExitCode.TESTS_FAILED
+    [full_record] = [r for r in full.records if r["status"] == "fail"]
+    [first_record] = [r for r in first.records if r["status"] == "fail"]
+    assert first_record["examples"] < full_record["examples"]  # the full run shrinks
+    assert list(full_dir.rglob("*.npz")) and not list(first_dir.rglob("*.npz"))
+    assert full_record["replays"] and not first_record["replays"] and first_record["failures"][0]["message"]

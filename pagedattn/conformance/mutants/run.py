@@ -138,7 +138,8 @@ def run_mutant(
     first = _FirstFailure()
     with tempfile.TemporaryDirectory(prefix="pagedattn-mutant-") as cases:
         args = ["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x", "--no-header",
-                "-p", "no:randomly", f"--hypothesis-profile={profile}", "--conformance-cases", cases,
+                "-p", "no:randomly", f"--hypothesis-profile={profile}", "--conformance-first-failure",
+                "--conformance-cases", cases,
                 "--backend", f"mutant:{name}", *suite_location(modules), *extra_args]
         start = time.perf_counter()
         if isolated:
