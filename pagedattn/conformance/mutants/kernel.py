@@ -86,7 +86,7 @@ class SteppedKernelBackend(NumpyBackend):
 
     def scores(self, q: np.ndarray, k: np.ndarray, problem: AttentionProblem) -> np.ndarray:
         """s_ij [n, Hq, bs] from q [n, Hq, D] (scaled) and k [bs, Hq, D]."""
-        return np.einsum("nhd,bhd->nhb", q, k).astype(F32)
+        return np.einsum("nhd,bhd->nhb", q, k).astype(F32, copy=False)
 
     def transform(self, s_ij: np.ndarray, p: np.ndarray, p_q: np.ndarray, visible: np.ndarray,
                   problem: AttentionProblem) -> np.ndarray:
@@ -97,12 +97,12 @@ class SteppedKernelBackend(NumpyBackend):
         if problem.alibi_slopes is not None:
             distance = (p[None, :] - p_q[:, None]).astype(F32)
             s_ij = s_ij + problem.alibi_slopes[None, :, None] * distance[:, None, :]
-        return s_ij.astype(F32)
+        return s_ij.astype(F32, copy=False)
 
     def visible(self, p: np.ndarray, p_q: np.ndarray, length: int, problem: AttentionProblem) -> np.ndarray:
         """bool [n, bs]: p < L, causal p <= p_q, window p > p_q - W."""
-        in_sequence: np.ndarray = np.asarray(p < length, dtype=bool)
-        vis = np.broadcast_to(in_sequence[None, :], (len(p_q), len(p))).copy()
+        vis = np.empty((len(p_q), len(p)), dtype=bool)
+        vis[...] = p < length
         if problem.causal:
             vis &= p[None, :] <= p_q[:, None]
         if problem.sliding_window is not None:
@@ -130,7 +130,7 @@ class SteppedKernelBackend(NumpyBackend):
             p_ij = self.exp(s_ij - shift[..., None])
             l_new = alpha * l + p_ij.sum(axis=-1)
             O_new = self.output_rescale(alpha, m, m_new)[..., None] * O + self.weighted_values(p_ij, visible, v)
-        return m_new.astype(F32), l_new.astype(F32), O_new.astype(F32)
+        return m_new.astype(F32, copy=False), l_new.astype(F32, copy=False), O_new.astype(F32, copy=False)
 
     def row_shift(self, m_new: np.ndarray) -> np.ndarray:
         """What a row's scores are shifted by before exp: its running max, 0 where that is -inf (the
@@ -147,7 +147,10 @@ class SteppedKernelBackend(NumpyBackend):
 
     def weighted_values(self, p_ij: np.ndarray, visible: np.ndarray, v: np.ndarray) -> np.ndarray:
         """sum_b p_ij v_b [n, Hq, D], each row reading only the values it sees (NaN * 0 would be NaN)."""
-        seen = np.where(visible[:, None, :, None], v.transpose(1, 0, 2)[None], F32(0))  # [n, Hq, bs, D]
+        values = v.transpose(1, 0, 2)[None]  # [1, Hq, bs, D]
+        if visible.all():  # nothing to hide: the values as they are, unbroadcast
+            return np.einsum("nhb,nhbd->nhd", p_ij, np.broadcast_to(values, (len(p_ij), *values.shape[1:])))
+        seen = np.where(visible[:, None, :, None], values, F32(0))  # [n, Hq, bs, D]
         return np.einsum("nhb,nhbd->nhd", p_ij, seen)
 
     def finalize(self, m: np.ndarray, l: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
