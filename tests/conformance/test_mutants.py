@@ -47,10 +47,19 @@ def test_catalog_has_at_least_20_mutants_with_a_bug_and_a_killing_cell_each():
         assert cell_location(cls.killed_by).endswith(f"::{cls.killed_by}")
 
 
-@pytest.mark.parametrize("base", BASES, ids=lambda cls: cls.__name__)
-def test_correct_kernels_pass_the_cells_their_mutants_die_in(tmp_path, base):
-    """A mutant dies of its bug: the kernel it is made from passes the cells that kill it (quick profile)."""
+def _killing_cells(base: type[SteppedKernelBackend]) -> list[tuple[str, ...]]:
+    """The test functions that kill ``base``'s mutants, in groups run as one test each: every
+    costly one (``plugin.COSTLY_TESTS``) alone, the others together, so that parallel workers share them."""
     cells = sorted({cls.killed_by for cls in MUTANTS.values() if _base(cls) is base})
+    cheap = tuple(cell for cell in cells if cell not in COSTLY_TESTS)
+    return [*([cheap] if cheap else []), *((cell,) for cell in cells if cell in COSTLY_TESTS)]
+
+
+@pytest.mark.parametrize(("base", "cells"), [(base, cells) for base in BASES for cells in _killing_cells(base)],
+                         ids=lambda value: value.__name__ if isinstance(value, type) else
+                         (value[0] if len(value) == 1 else f"{len(value)}-cells"))
+def test_correct_kernels_pass_the_cells_their_mutants_die_in(tmp_path, base, cells):
+    """A mutant dies of its bug: the kernel it is made from passes the cells that kill it (quick profile)."""
     assert cells
     code = run_pytest_in_process(["-p", "pagedattn.conformance.plugin", "-p", "no:cacheprovider", "-q", "-x",
                                   "--hypothesis-profile=quick", "--conformance-cases", str(tmp_path),
