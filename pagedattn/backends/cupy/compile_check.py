@@ -70,6 +70,21 @@ def compile_module(
     return [reports[name] for name in name_expressions]
 
 
+def compile_to_ptx(module: str, name_expressions: list[str], arch: str = ARCH, text: str | None = None) -> None:
+    """Compile ``module`` (``text``: this source in place of its file) with ``name_expressions``
+    to the PTX of ``arch``'s virtual architecture (no ptxas, so no resource report): raises
+    CompileError as :func:`compile_module` does."""
+    from pagedattn.backends.cupy.runtime import KernelLaunchError, compile_cubin
+
+    try:
+        _, names, _ = compile_cubin(module, name_expressions, arch, text=text, ptx=True)
+    except KernelLaunchError as error:
+        raise CompileError(str(error)) from None
+    missing = [name for name in name_expressions if not names.get(name)]
+    if missing:
+        raise CompileError(f"{module}.cu: no lowered name for {missing}")
+
+
 def compile_all(arch: str = ARCH, only: str | None = None, module: str | None = None) -> list[CompiledKernel]:
     """Compile every declared specialization (those containing ``only``, those of kernel module
     ``module``, if given), each for its own ``arch`` when it names one (wgmma: sm_90a), else for

@@ -50,29 +50,32 @@ def kernel(spec: Specialization) -> Any:
 
 def compile_cubin(module: str, name_expressions: list[str], arch: str,
                   extra_options: tuple[str, ...] = (),
-                  text: str | None = None) -> tuple[bytes, dict[str, str], str]:
+                  text: str | None = None, *, ptx: bool = False) -> tuple[bytes, dict[str, str], str]:
     """NVRTC-compile ``module`` (``text``: this source in place of its file) for ``arch``:
-    (cubin, lowered name of each name expression, log). Raises KernelLaunchError with NVRTC's
-    log on a compile error."""
+    (cubin, lowered name of each name expression, log). ``ptx``: stop before ptxas, with the
+    PTX of ``arch``'s virtual architecture in place of the cubin (every template instantiated
+    and checked, in about half the time). Raises KernelLaunchError with NVRTC's log on a
+    compile error."""
     from cupy.cuda import nvrtc
 
     program = nvrtc.createProgram(source(module) if text is None else text, f"{module}.cu", [], [])
+    target = arch.replace("sm_", "compute_") if ptx else arch
     try:
         for name in name_expressions:
             nvrtc.addNameExpression(program, name)
         try:
-            nvrtc.compileProgram(program, [f"-arch={arch}", *COMPILE_OPTIONS, *extra_options])
+            nvrtc.compileProgram(program, [f"-arch={target}", *COMPILE_OPTIONS, *extra_options])
         except nvrtc.NVRTCError as error:
             raise KernelLaunchError(
                 f"compiling {module}.cu for {arch}: {error}\n{nvrtc.getProgramLog(program)}"
             ) from None
         log = nvrtc.getProgramLog(program)
         lowered = {name: nvrtc.getLoweredName(program, name) for name in name_expressions}
-        cubin = nvrtc.getCUBIN(program)
+        cubin = nvrtc.getPTX(program) if ptx else nvrtc.getCUBIN(program)
     finally:
         nvrtc.destroyProgram(program)
     if not cubin:
-        raise KernelLaunchError(f"compiling {module}.cu: NVRTC produced no cubin for {arch}")
+        raise KernelLaunchError(f"compiling {module}.cu: NVRTC produced no {'PTX' if ptx else 'cubin'} for {arch}")
     return cubin, lowered, log
 
 
