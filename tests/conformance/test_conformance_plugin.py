@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedattn.conformance.mutants.run import run_pytest_in_process
+from pagedattn.conformance.mutants.run import run_pytest_in_process, suite_location
 from pagedattn.conformance.plugin import COSTLY_TESTS
 from pagedattn.conformance.report import RecordCollector
 
@@ -153,8 +153,9 @@ def test_an_interpreted_backend_gets_fewer_examples_only_in_the_standard_profile
 
 def test_first_failure_stops_a_cell_at_its_first_failing_example_unshrunk_and_unsaved(tmp_path):
     """--conformance-first-failure: the same cell fails on the same draws, in fewer examples, with no case saved."""
-    cell = ["-x", "-k", "test_attention_matches_spec and softcap and float32 and bs16 and NHD", "--pyargs",
-            "pagedattn.conformance.test_meaning"]
+    # node ids as the mutant runs give them (they seed the draws): the cell that kills SoftcapCancels
+    cell = ["-x", "-k", "test_attention_matches_spec and softcap and float32 and bs16 and NHD",
+            *suite_location(["pagedattn.conformance.test_meaning"])]
     full_dir, first_dir = tmp_path / "full", tmp_path / "first"
     full_code, full = _run("mutant:SoftcapCancels", *cell, tmp_path=full_dir)
     first_code, first = _run("mutant:SoftcapCancels", "--conformance-first-failure", *cell, tmp_path=first_dir)
