@@ -237,9 +237,8 @@ def run_property(request: Any, backend: Backend, strategy: Callable[[], st.Searc
         record["status"] = "fail"
         failures = distinct_failures(error)
         stats["worst"] = max(stats["worst"], *(float(getattr(f, "fraction", float("inf"))) for f in failures))
-        record["failures"] = ([{"label": "failure", "message": failure_text(f)} for f in failures] if first_failure
-                              else _save_failures(failures, reported, last_failing.get("case"), backend=backend,
-                                                  check=check, cell=cell, nodeid=nodeid))
+        record["failures"] = _save_failures(failures, reported, last_failing.get("case"), backend=backend,
+                                            check=check, cell=cell, nodeid=nodeid, save=not first_failure)
         record["message"] = "\n\n".join(f["message"] for f in record["failures"])
         record["replays"] = [f["replay"] for f in record["failures"] if f.get("replay")]
         raise
@@ -286,8 +285,9 @@ def run_scale_cell(request: Any, backend: Backend, cases: Callable[..., Any],
 
 def _save_failures(failures: list[BaseException], reported: list[tuple[BaseException, Any]], fallback: Any, *,
                    backend: Backend, check: Callable[[Backend, Any], float], cell: dict[str, Any],
-                   nodeid: str) -> list[dict[str, Any]]:
-    """Save one case per distinct failure, labelled, and add its replay command to that failure's notes.
+                   nodeid: str, save: bool = True) -> list[dict[str, Any]]:
+    """Save one case per distinct failure, labelled, and add its replay command to that failure's notes
+    (``save`` false: each failure's label and message only).
 
     Each failure is paired with the example hypothesis replayed to raise it; when there was no
     such replay (a flaky failure), the last failing example stands in for the only failure.
@@ -303,7 +303,7 @@ def _save_failures(failures: list[BaseException], reported: list[tuple[BaseExcep
             case = fallback
         label = f"failure {index + 1} of {len(failures)}" if len(failures) > 1 else "failure"
         entry: dict[str, Any] = {"label": label, "message": failure_text(failure)}
-        if case is not None:
+        if save and case is not None:
             path = save_case(case_path(nodeid, index + 1 if len(failures) > 1 else None), case, check=check.__name__,
                              context={**cell, "backend": backend.name, "nodeid": nodeid, "failure": label,
                                       "message": entry["message"].splitlines()[0][:200]})
