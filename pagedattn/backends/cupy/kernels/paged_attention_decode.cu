@@ -13,8 +13,9 @@
 // sub-tile together and both compute the whole S = Q K^T (the same bits, so the same m and l),
 // each then accumulating half of O's columns: O stays at 64 registers a thread and Q at 64 in
 // A fragments, and two pairs' stages fit two CTAs per SM, as at 128.
-//   setup:      rows' p_q, ALiBi slopes; Q (16 rows, zeros past num_rows) to shared memory,
-//               then to mma A fragments in registers
+//   setup:      Q's copies (16 rows, zeros past num_rows) to shared memory; rows' p_q, ALiBi
+//               slopes; each stream's first block-table entries and K/V copies; then Q to mma
+//               A fragments in registers (Q, the table and the first K/V in flight together)
 //   inner loop: per stream, for each sub-tile: look up its physical block (a sub-tile never
 //               crosses a block; each lane holds the entry of one of the next 32 sub-tiles,
 //               loaded 32 sub-tiles early, and the warp reads it by shuffle), issue its
@@ -177,17 +178,80 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   const bool plain = softcap <= 0.f && !has_alibi;  // scores are scale * q.k, nothing added
 
   const ItemRows item_rows{token_start, num_groups, num_rows, kv_head, group_size, group_start};
-  if (threadIdx.x < DEC_ROWS)
-    set_row_state(item_rows, threadIdx.x, L, q_len, query_start_loc, seq, has_alibi, alibi_slopes, row_valid, p_q,
-                  slope);
+  // Q's copies need only the work item: they go out before L and q_len are waited for
   for (int idx = threadIdx.x; idx < DEC_ROWS * CHUNKS_PER_ROW; idx += DEC_THREADS) {
     const int r = idx / CHUNKS_PER_ROW, c = idx % CHUNKS_PER_ROW;
     bool valid;
     const T* src = query_chunk<HEAD_DIM>(query, item_rows, num_q_heads, r, c, valid);
     cp_async_16(q_tile + swizzle(r, c), src, valid);
   }
-  cp_async_commit();
-  cp_async_wait<0>();
+  cp_async_commit();  // Q's group: waited for after this stream's first K/V copies are issued
+  if (threadIdx.x < DEC_ROWS)
+    set_row_state(item_rows, threadIdx.x, L, q_len, query_start_loc, seq, has_alibi, alibi_slopes, row_valid, p_q,
+                  slope);
+
+  // ---- this stream's sub-tiles: stream, stream + STREAMS, ... of [kv_begin, min(kv_end, L))
+  const int kv_stop = kv_end < L ? kv_end : L;
+  const int num_sub = kv_stop > kv_begin ? (kv_stop - kv_begin + DEC_SUB_N - 1) / DEC_SUB_N : 0;
+  const int my_subs = num_sub > stream ? (num_sub - stream + STREAMS - 1) / STREAMS : 0;
+  // sub-tiles loaded: my_subs, rounded up to whole steps (the absent ones zero-filled)
+  const int loaded_subs = (my_subs + STEP_SUBS - 1) / STEP_SUBS * STEP_SUBS;
+  uint4* k_stages = kv_region + stream * STREAM_CHUNKS;  // as stored in the cache
+  uint4* v_stages = k_stages + STAGES * STAGE_CHUNKS;
+
+  // -- block-table entries: lane j holds the entry of sub-tile 32 * batch + j of this stream
+  // (only sub-tiles below my_subs, whose first position is < L), the next batch loaded a
+  // whole batch ahead of its use (by each warp of the stream)
+  auto sub_p0 = [&](int k) { return kv_begin + (stream + STREAMS * k) * DEC_SUB_N; };
+  auto table_batch = [&](int batch) {
+    const int k = batch * DEC_TABLE_BATCH + lane;
+    return k < my_subs ? table_row[sub_p0(k) / BLOCK_SIZE] : 0;
+  };
+  int table_cur = table_batch(0);
+  int table_next = table_batch(1);
+
+  // -- this thread's copies of a sub-tile: chunk load_c of rows load_n0, load_n0 + LOAD_ROWS, ...
+  // (the same chunk of every row it copies), from addresses fixed but for the block and slot:
+  // per sub-tile a shuffle, two 64-bit bases and one 64-bit add and one compare a copy
+  constexpr int LOAD_ROWS = STREAM_THREADS / CACHE_CHUNKS_PER_ROW;  // rows between one thread's copies
+  static_assert(STREAM_THREADS % CACHE_CHUNKS_PER_ROW == 0, "a thread copies one chunk of its rows");
+  const int load_c = stream_lane % CACHE_CHUNKS_PER_ROW, load_n0 = stream_lane / CACHE_CHUNKS_PER_ROW;
+  const C* k_lane = key_cache + kv_head * k_stride_head + load_n0 * k_stride_slot + load_c * CACHE_ELEMS;
+  const C* v_lane = value_cache + kv_head * v_stride_head + load_n0 * v_stride_slot + load_c * CACHE_ELEMS;
+  const long long k_row_step = LOAD_ROWS * k_stride_slot, v_row_step = LOAD_ROWS * v_stride_slot;
+
+  // -- issue this thread's share of the copies of sub-tile k (called for k = 0, 1, 2, ... in
+  // order, stream-uniform). A row at p >= L is zero-filled and nothing is read for it (source
+  // size 0); its address lies in the sub-tile's block, whose first position is < L.
+  auto load_sub = [&](int stage, int k) {
+    if (k % DEC_TABLE_BATCH == 0 && k > 0) {
+      table_cur = table_next;
+      table_next = table_batch(k / DEC_TABLE_BATCH + 1);
+    }
+    const long long block = __shfl_sync(0xffffffffu, table_cur, k % DEC_TABLE_BATCH);
+    const int p0 = sub_p0(k);
+    const long long slot0 = p0 % BLOCK_SIZE;
+    const C* k_src = k_lane + block * k_stride_block + slot0 * k_stride_slot;
+    const C* v_src = v_lane + block * v_stride_block + slot0 * v_stride_slot;
+    const bool present = STEP_SUBS == 1 || k < my_subs;  // an absent sub-tile is zero-filled
+#pragma unroll
+    for (int i = 0; i < LOADS_PER_LANE; ++i) {
+      const int n = load_n0 + LOAD_ROWS * i;
+      const bool valid = present && p0 + n < L;  // nothing at p >= L is read
+      const int at = FP8 ? fp8_swizzle(n, load_c) : swizzle(n, load_c);
+      cp_async_16(k_stages + stage * STAGE_CHUNKS + at, k_src + i * k_row_step, valid);
+      cp_async_16(v_stages + stage * STAGE_CHUNKS + at, v_src + i * v_row_step, valid);
+    }
+  };
+
+  // the first STAGES - STEP_SUBS sub-tiles' copies go out before Q is waited for: the block-table
+  // and K/V round trips overlap Q's instead of following it
+#pragma unroll
+  for (int i = 0; i < STAGES - STEP_SUBS; ++i) {
+    if (i < loaded_subs) load_sub(i, i);
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - STEP_SUBS>();  // Q's group, the oldest, has landed
   __syncthreads();
   // Q in registers: A fragments of rows g, g + 8 (16-bit caches); fp8: B fragments of row g
   unsigned q_frag[K_STEPS][FP8 ? 2 : 4];
@@ -245,60 +309,6 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
   const int pq_row[2] = {p_q[row_of[0]], p_q[row_of[1]]};
   const float slope_row[2] = {slope[row_of[0]], slope[row_of[1]]};
   const bool valid_row[2] = {row_valid[row_of[0]] != 0, row_valid[row_of[1]] != 0};
-
-  // ---- this stream's sub-tiles: stream, stream + STREAMS, ... of [kv_begin, min(kv_end, L))
-  const int kv_stop = kv_end < L ? kv_end : L;
-  const int num_sub = kv_stop > kv_begin ? (kv_stop - kv_begin + DEC_SUB_N - 1) / DEC_SUB_N : 0;
-  const int my_subs = num_sub > stream ? (num_sub - stream + STREAMS - 1) / STREAMS : 0;
-  // sub-tiles loaded: my_subs, rounded up to whole steps (the absent ones zero-filled)
-  const int loaded_subs = (my_subs + STEP_SUBS - 1) / STEP_SUBS * STEP_SUBS;
-  uint4* k_stages = kv_region + stream * STREAM_CHUNKS;  // as stored in the cache
-  uint4* v_stages = k_stages + STAGES * STAGE_CHUNKS;
-
-  // -- block-table entries: lane j holds the entry of sub-tile 32 * batch + j of this stream
-  // (only sub-tiles below my_subs, whose first position is < L), the next batch loaded a
-  // whole batch ahead of its use (by each warp of the stream)
-  auto sub_p0 = [&](int k) { return kv_begin + (stream + STREAMS * k) * DEC_SUB_N; };
-  auto table_batch = [&](int batch) {
-    const int k = batch * DEC_TABLE_BATCH + lane;
-    return k < my_subs ? table_row[sub_p0(k) / BLOCK_SIZE] : 0;
-  };
-  int table_cur = table_batch(0);
-  int table_next = table_batch(1);
-
-  // -- this thread's copies of a sub-tile: chunk load_c of rows load_n0, load_n0 + LOAD_ROWS, ...
-  // (the same chunk of every row it copies), from addresses fixed but for the block and slot:
-  // per sub-tile a shuffle, two 64-bit bases and one 64-bit add and one compare a copy
-  constexpr int LOAD_ROWS = STREAM_THREADS / CACHE_CHUNKS_PER_ROW;  // rows between one thread's copies
-  static_assert(STREAM_THREADS % CACHE_CHUNKS_PER_ROW == 0, "a thread copies one chunk of its rows");
-  const int load_c = stream_lane % CACHE_CHUNKS_PER_ROW, load_n0 = stream_lane / CACHE_CHUNKS_PER_ROW;
-  const C* k_lane = key_cache + kv_head * k_stride_head + load_n0 * k_stride_slot + load_c * CACHE_ELEMS;
-  const C* v_lane = value_cache + kv_head * v_stride_head + load_n0 * v_stride_slot + load_c * CACHE_ELEMS;
-  const long long k_row_step = LOAD_ROWS * k_stride_slot, v_row_step = LOAD_ROWS * v_stride_slot;
-
-  // -- issue this thread's share of the copies of sub-tile k (called for k = 0, 1, 2, ... in
-  // order, stream-uniform). A row at p >= L is zero-filled and nothing is read for it (source
-  // size 0); its address lies in the sub-tile's block, whose first position is < L.
-  auto load_sub = [&](int stage, int k) {
-    if (k % DEC_TABLE_BATCH == 0 && k > 0) {
-      table_cur = table_next;
-      table_next = table_batch(k / DEC_TABLE_BATCH + 1);
-    }
-    const long long block = __shfl_sync(0xffffffffu, table_cur, k % DEC_TABLE_BATCH);
-    const int p0 = sub_p0(k);
-    const long long slot0 = p0 % BLOCK_SIZE;
-    const C* k_src = k_lane + block * k_stride_block + slot0 * k_stride_slot;
-    const C* v_src = v_lane + block * v_stride_block + slot0 * v_stride_slot;
-    const bool present = STEP_SUBS == 1 || k < my_subs;  // an absent sub-tile is zero-filled
-#pragma unroll
-    for (int i = 0; i < LOADS_PER_LANE; ++i) {
-      const int n = load_n0 + LOAD_ROWS * i;
-      const bool valid = present && p0 + n < L;  // nothing at p >= L is read
-      const int at = FP8 ? fp8_swizzle(n, load_c) : swizzle(n, load_c);
-      cp_async_16(k_stages + stage * STAGE_CHUNKS + at, k_src + i * k_row_step, valid);
-      cp_async_16(v_stages + stage * STAGE_CHUNKS + at, v_src + i * v_row_step, valid);
-    }
-  };
 
   float m_i[2] = {PA_NEG_INF, PA_NEG_INF};
   float l_i[2] = {0.f, 0.f};  // this thread's share; summed over its row's lanes in the epilogue
@@ -486,11 +496,6 @@ __global__ void __launch_bounds__(DEC_THREADS, CacheKind<C>::FP8 ? DEC_FP8_CTAS_
       asm volatile("bar.sync 2, %0;\n" ::"n"(STREAM_THREADS) : "memory");
     }
   };
-#pragma unroll
-  for (int i = 0; i < STAGES - STEP_SUBS; ++i) {
-    if (i < loaded_subs) load_sub(i, i);
-    cp_async_commit();
-  }
   for (int i = 0; i < my_subs; i += STEP_SUBS) {
 #pragma unroll
     for (int t = 0; t < STEP_SUBS; ++t) {
