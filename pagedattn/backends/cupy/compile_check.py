@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     except CompileError as error:
         print(f"compile error: {error}", file=sys.stderr)
         return 1
+    if not results:
+        print(f"no specialization's name expression contains {args.only!r}", file=sys.stderr)
+        return 2
     width = max(len(r.name_expression) for r in results)
     print(f"{'specialization':<{width}}  regs  stack  spill st/ld (bytes)  [{args.arch}; wgmma: sm_90a]")
     for r in results:

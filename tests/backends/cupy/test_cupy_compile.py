@@ -148,3 +148,11 @@ def test_kernel_source_changes_with_its_headers(tmp_path: Path) -> None:
     assert sp.source("kernel", tmp_path) == before, "the same files give the same text"
     (tmp_path / "common.cuh").write_text("#pragma once\n#define CHANGED 1\n")
     assert sp.source("kernel", tmp_path) != before
+
+
+def test_compile_check_reports_an_only_that_matches_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--only`` naming no specialization is a usage error with its own status, not an empty table."""
+    from pagedattn.backends.cupy import compile_check
+
+    assert compile_check.main(["--only", "no_such_kernel<"]) == 2
+    assert "no_such_kernel<" in capsys.readouterr().err
