@@ -834,10 +834,28 @@ def _far_batch(draw: st.DrawFn, caps: Capabilities,
     return kv_layout, group, lens, q_lens
 
 
+def _far_long_prefill(draw: st.DrawFn, caps: Capabilities,
+                      block_size: int) -> tuple[str, int, list[int], list[int] | None]:
+    """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool long prefill: one sequence of at
+    least :data:`LONG_PREFILL_ROWS` rows and :data:`LONG_PREFILL_MIN_QUERIES` queries after up to two
+    blocks of context, so that kernels take their prefill paths (cupy its Hopper kernel)."""
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
+    fewest = max(LONG_PREFILL_MIN_QUERIES, -(-LONG_PREFILL_ROWS // group)) + 1
+    q_len = draw(st.integers(fewest, fewest + 64), label="q_len[0]")
+    context = draw(st.integers(0, 2 * block_size), label="context[0]")
+    return kv_layout, group, [q_len + context], [q_len]
+
+
+#: Block sizes of a far-pool long prefill, at least: its 700 keys or so in no more than
+#: :data:`FAR_BLOCKS` blocks past the far limit.
+FAR_LONG_PREFILL_MIN_BLOCK_SIZE = 16
+
+
 @st.composite
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                    limits: ScaleLimits | None = None, fp8: bool = False,
-                   block_sizes: tuple[int, ...] | None = None) -> AttentionCase:
+                   block_sizes: tuple[int, ...] | None = None, long_prefill: bool = False) -> AttentionCase:
     """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
     every block in use at or past element 2**31 and byte 2**32 (:func:`far_pool_limit`; also the
     pool's last block).
@@ -846,15 +864,20 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     the unused slots of those blocks hold garbage. One or two short sequences, decode or a
     few queries each. With ``fp8``, the caches are one of the backend's fp8 dtypes, with
     scales: the fp8 paths address their caches in code of their own. ``block_sizes``, the first
-    drawn first, replaces :func:`scale_block_sizes` (blocks of one slot, or of hundreds).
+    drawn first, replaces :func:`scale_block_sizes` (blocks of one slot, or of hundreds). With
+    ``long_prefill``, one long prefill (:func:`_far_long_prefill`) in blocks of at least
+    :data:`FAR_LONG_PREFILL_MIN_BLOCK_SIZE` slots: prefill paths address the pool in code of their own.
     """
     limits = limits or scale_limits()
     caps = capabilities
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     far = far_pool_limit(cache_dtype)
+    if long_prefill:
+        block_sizes = tuple(b for b in block_sizes or scale_block_sizes(caps) if b >= FAR_LONG_PREFILL_MIN_BLOCK_SIZE)
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
         draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)), block_sizes)
-    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
+    batch = _far_long_prefill if long_prefill else _far_batch
+    kv_layout, group, lens, q_lens = batch(draw, caps, block_size)
     num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
@@ -871,7 +894,8 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
         kv_layout_labels = "NHD"
     num_tokens = num_seqs if q_lens is None else sum(q_lens)
     query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
-    labels = {"feature": "far_pool", "garbage": garbage, "pool": f"{num_blocks} blocks",
+    labels = {"feature": "far_pool_long_prefill" if long_prefill else "far_pool", "garbage": garbage,
+              "pool": f"{num_blocks} blocks",
               "elements": str(num_blocks * block_size * num_kv_heads * head_dim), "layout": kv_layout_labels}
     qsl = None if q_lens is None else np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     return AttentionCase(query=query, key_cache=caches[0], value_cache=caches[1], block_tables=tables,

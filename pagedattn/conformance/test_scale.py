@@ -379,6 +379,19 @@ def test_far_pools_of_small_and_large_blocks_match_spec(request, backend, blocks
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
+def test_far_pool_long_prefills_match_spec(request, backend, dtype):
+    """A long prefill (one sequence of at least 512 rows) on caches past 2**31 elements, every
+    block in use past element 2**31: prefill paths (cupy's Hopper kernel, triton's prefill tiles)
+    address the pool in code of their own; within the error model, the blocks in use unchanged.
+    A backend without varlen batches is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, partial(far_pool_cases, long_prefill=True), checks.far_pool_matches_spec,
+                   limits, dtype=dtype, feature="far_pool_long_prefill", max_examples=limits.far_examples,
+                   cell={"pool_elements": limits.pool_elements},
+                   requires={"features": ("varlen",), "pool_elements": limits.pool_elements})
+
+
+@pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype):
     """The far-pool attention cases with fp8 caches and scales, every block in use past byte 2**32
     (element 2**32 of a one-byte cache): the fp8 paths' element offsets past 2**31 and byte

@@ -161,6 +161,21 @@ class Int32OffsetsOfOneSlotBlocks(AddressedKernelBackend):
         return _wrap_int32(offsets) if problem.block_size == 1 else offsets
 
 
+class Int32OffsetsOfLongPrefills(AddressedKernelBackend):
+    bug = ("attention on a long prefill (at least LONG_PREFILL_ROWS rows a sequence on average) takes a "
+           "prefill path of its own, whose block offset block * block_stride is int32: past element 2**31 "
+           "it wraps; decode and short batches in 64 bits")
+    models = ("ROCm/aiter PR 2893 (the batch prefill kernel's 32-bit offsets overflowed once the KV cache "
+              "passed 4 GB, decode unaffected) and sgl-project/sglang PR 22257 (one path of a kernel kept "
+              "32-bit offsets on large caches where another was mended)")
+    killed_by = "test_far_pool_long_prefills_match_spec"
+
+    def block_offsets(self, blocks, slots, problem):
+        offsets = super().block_offsets(blocks, slots, problem)
+        rows = problem.num_tokens * problem.group_size
+        return _wrap_int32(offsets) if rows >= LONG_PREFILL_ROWS * problem.num_seqs else offsets
+
+
 class Int32OffsetsOfSmallViews(AddressedKernelBackend):
     bug = ("attention takes 32-bit block offsets when the cache view holds fewer than 2**31 elements: in a "
            "layer view of a larger pool, block * block_stride passes 2**31 and wraps")
