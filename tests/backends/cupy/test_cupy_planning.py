@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from cases import poisoned_case
 from cupy_plans import kernel_of, rows_of, shape_problem, work_of
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pagedattn.backends.cupy.options import CupyOptions
 from pagedattn.backends.cupy.planning import choose_kernel, split_slots
@@ -371,3 +373,15 @@ def test_num_splits_cuts_the_longest_range_into_that_many_parts(num_splits: int)
     per_head = len(longest) // 8
     assert per_head == min(num_splits, 2048 // 64)
     assert len(work.merges) == (0 if num_splits == 1 else 16)
+
+
+@settings(max_examples=6, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), dtype=st.sampled_from(["float16", "bfloat16"]))
+def test_far_pool_long_prefills_take_the_hopper_kernel(data: st.DataObject, dtype: str) -> None:
+    """The far-pool long-prefill cell's cases reach the Hopper prefill kernel on sm_90 (the other
+    far cells' decode and short batches never do), so its block offsets past element 2**31 are checked."""
+    from pagedattn.backends.cupy.backend import CupyBackend
+    from pagedattn.conformance.scale import far_pool_cases
+
+    case = data.draw(far_pool_cases(CupyBackend().capabilities(), dtype=dtype, long_prefill=True))
+    assert choose_kernel(problem_of(case), sm90=True).spec.module == "paged_attention_wgmma"
