@@ -809,15 +809,18 @@ def _sequence_tables(ids: np.ndarray, needed: list[int], filler: int) -> np.ndar
 
 
 def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
-                  block_sizes: tuple[int, ...] | None = None) -> tuple[int, int, int, int]:
+                  block_sizes: tuple[int, ...] | None = None, keys: int = 0) -> tuple[int, int, int, int]:
     """``(block_size, num_kv_heads, head_dim, num_blocks)`` of a pool past ``limits.pool_elements``,
-    in blocks of one of ``block_sizes`` (default :func:`scale_block_sizes`)."""
+    in blocks of one of ``block_sizes`` (default :func:`scale_block_sizes`), with room past it for
+    :data:`FAR_BLOCKS` blocks or the blocks of ``keys`` keys, whichever are more."""
     block_size = draw(st.sampled_from(block_sizes or scale_block_sizes(caps)), label="block_size")
     num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
     head_dim = min(caps.head_dims or (16,))  # the fewest elements per slot: the most blocks
     block_elements = block_size * num_kv_heads * head_dim
-    # FAR_BLOCKS more than just past the bound, so that enough blocks lie past element 2**31
-    return block_size, num_kv_heads, head_dim, blocks_past(limits.pool_elements + FAR_BLOCKS * block_elements,
+    # FAR_BLOCKS (or a long batch's blocks) more than just past the bound, so that enough blocks
+    # lie past element 2**31
+    far_blocks = max(FAR_BLOCKS, -(-keys // block_size) + 1)
+    return block_size, num_kv_heads, head_dim, blocks_past(limits.pool_elements + far_blocks * block_elements,
                                                            block_elements)
 
 
@@ -834,22 +837,24 @@ def _far_batch(draw: st.DrawFn, caps: Capabilities,
     return kv_layout, group, lens, q_lens
 
 
+#: Keys of context before a far-pool long prefill, at most (two blocks, up to this many keys), and
+#: keys of the whole sequence, at most (:func:`_far_long_prefill`).
+FAR_LONG_PREFILL_CONTEXT = 1024
+FAR_LONG_PREFILL_KEYS = max(LONG_PREFILL_MIN_QUERIES, LONG_PREFILL_ROWS) + 65 + FAR_LONG_PREFILL_CONTEXT
+
+
 def _far_long_prefill(draw: st.DrawFn, caps: Capabilities,
                       block_size: int) -> tuple[str, int, list[int], list[int] | None]:
     """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool long prefill: one sequence of at
     least :data:`LONG_PREFILL_ROWS` rows and :data:`LONG_PREFILL_MIN_QUERIES` queries after up to two
-    blocks of context, so that kernels take their prefill paths (cupy its Hopper kernel)."""
+    blocks of context (:data:`FAR_LONG_PREFILL_CONTEXT` keys at most), so that kernels take their
+    prefill paths (cupy its Hopper kernel)."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
     fewest = max(LONG_PREFILL_MIN_QUERIES, -(-LONG_PREFILL_ROWS // group)) + 1
     q_len = draw(st.integers(fewest, fewest + 64), label="q_len[0]")
-    context = draw(st.integers(0, 2 * block_size), label="context[0]")
+    context = draw(st.integers(0, min(2 * block_size, FAR_LONG_PREFILL_CONTEXT)), label="context[0]")
     return kv_layout, group, [q_len + context], [q_len]
-
-
-#: Block sizes of a far-pool long prefill, at least: its 700 keys or so in no more than
-#: :data:`FAR_BLOCKS` blocks past the far limit.
-FAR_LONG_PREFILL_MIN_BLOCK_SIZE = 16
 
 
 @st.composite
@@ -865,17 +870,16 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     few queries each. With ``fp8``, the caches are one of the backend's fp8 dtypes, with
     scales: the fp8 paths address their caches in code of their own. ``block_sizes``, the first
     drawn first, replaces :func:`scale_block_sizes` (blocks of one slot, or of hundreds). With
-    ``long_prefill``, one long prefill (:func:`_far_long_prefill`) in blocks of at least
-    :data:`FAR_LONG_PREFILL_MIN_BLOCK_SIZE` slots: prefill paths address the pool in code of their own.
+    ``long_prefill``, one long prefill (:func:`_far_long_prefill`): prefill paths address the pool
+    in code of their own.
     """
     limits = limits or scale_limits()
     caps = capabilities
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     far = far_pool_limit(cache_dtype)
-    if long_prefill:
-        block_sizes = tuple(b for b in block_sizes or scale_block_sizes(caps) if b >= FAR_LONG_PREFILL_MIN_BLOCK_SIZE)
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
-        draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)), block_sizes)
+        draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)), block_sizes,
+        keys=FAR_LONG_PREFILL_KEYS if long_prefill else 0)
     batch = _far_long_prefill if long_prefill else _far_batch
     kv_layout, group, lens, q_lens = batch(draw, caps, block_size)
     num_seqs = len(lens)
