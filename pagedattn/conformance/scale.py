@@ -1794,6 +1794,12 @@ def _far_row_head_dim(caps: Capabilities) -> int:
     return max(caps.head_dims)
 
 
+def far_prefill_queries(group_size: int) -> int:
+    """Queries of each sequence of a far-row prefill, at least: :data:`LONG_PREFILL_ROWS` rows of
+    ``group_size`` query heads a KV head, and 8 queries (a prefill batch's, in cupy's planning)."""
+    return max(8, -(-LONG_PREFILL_ROWS // group_size))
+
+
 @st.composite
 def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,
                   queries: str = "decode", fp8: bool = False, fused: bool = False) -> AttentionCase:
@@ -1802,7 +1808,9 @@ def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, li
     Tokens of :data:`FAR_ROW_ELEMENTS` elements (128 query heads on 8 or 1 KV heads at head_dim
     128), as many as take the query past ``INT32_OFFSET_LIMIT`` elements and 1 to 64 tokens more.
     ``queries`` "decode": one query per sequence of 2 keys to a block and one; "prompts": 1 to 4
-    queries after 1 or 2 keys of context each, as a varlen call. The sequences share a pool of
+    queries after 1 or 2 keys of context each, as a varlen call; "prefills": as "prompts", but
+    sequences of at least :data:`LONG_PREFILL_ROWS` rows and 8 queries (:func:`far_prefill_queries`
+    to 8 more), which kernels take on their prefill paths (cupy its Hopper kernel). The sequences share a pool of
     :data:`FAR_ROW_BLOCKS` blocks. The query is zero (lazy: it costs no memory) except in the rows
     of :func:`far_row_sequences`, the ones the check compares, which are standard normal. With
     ``fp8``, the caches are one of the backend's fp8 dtypes, with scales. A kernel that computes a
@@ -1828,7 +1836,8 @@ def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, li
         lens = rng.integers(2, block_size + 2, min_tokens)
         num_tokens = min_tokens
     else:
-        per_seq = rng.integers(1, 5, min_tokens)
+        fewest = 1 if queries == "prompts" else far_prefill_queries(per_kv_head)
+        per_seq = rng.integers(fewest, fewest + (4 if queries == "prompts" else 9), min_tokens)
         num_seqs = int(np.searchsorted(np.cumsum(per_seq), min_tokens)) + 1
         q_lens = per_seq[:num_seqs]
         lens = q_lens + rng.integers(1, 3, num_seqs)

@@ -460,6 +460,7 @@ def test_far_pool_operation(request, backend, operation):
 FAR_ROW_CELLS: dict[str, dict[str, Any]] = {
     "decode": {"queries": "decode"},
     "prompts": {"queries": "prompts"},
+    "prefills": {"queries": "prefills"},
     "decode-fp8": {"queries": "decode", "fp8": True},
     "prompts-fp8": {"queries": "prompts", "fp8": True},
     "decode-fused": {"queries": "decode", "fused": True},
@@ -474,7 +475,7 @@ def test_far_rows_match_spec(request, backend, cell):
     untouched. On a CPU (minutes of work) only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
     options = FAR_ROW_CELLS[cell]
-    features = tuple(name for name, needed in (("varlen", options["queries"] == "prompts"),
+    features = tuple(name for name, needed in (("varlen", options["queries"] != "decode"),
                                                ("fp8", options.get("fp8", False))) if needed)
     run_scale_cell(request, backend, partial(far_row_cases, **options), checks.far_rows_match_spec, limits,
                    dtype="bfloat16", feature="far_rows", max_examples=limits.batch_examples, cell={"cell": cell},

@@ -418,7 +418,7 @@ class FilledRowsOnly(NumpyBackend):
         return out, (lse if pr.return_lse else None)
 
 
-@pytest.mark.parametrize("queries", ["decode", "prompts"])
+@pytest.mark.parametrize("queries", ["decode", "prompts", "prefills"])
 def test_far_row_cases_take_the_query_past_element_2_31_at_little_memory(queries):
     before = rss_mib()
     (case,) = drawn(scale.far_row_cases(DECLARED, dtype="bfloat16", queries=queries), 1)
@@ -426,7 +426,10 @@ def test_far_row_cases_take_the_query_past_element_2_31_at_little_memory(queries
     row_elements = problem.num_q_heads * problem.head_dim
     assert problem.head_dim == 128 and row_elements >= scale.FAR_ROW_ELEMENTS
     assert INT32_OFFSET_LIMIT < problem.num_tokens * row_elements <= INT32_OFFSET_LIMIT + 64 * row_elements
-    assert (case.query_start_loc is None) == (queries == "decode") and problem.num_seqs > 2**15
+    assert (case.query_start_loc is None) == (queries == "decode")
+    assert problem.num_seqs > (2**11 if queries == "prefills" else 2**15)
+    if queries == "prefills":  # every sequence a long prefill's rows
+        assert (problem.q_lens * problem.group_size >= scale.LONG_PREFILL_ROWS).all() and problem.q_lens.min() >= 8
     checked = scale.far_row_sequences(case.query_start_loc, problem.num_tokens, row_elements, case.seed)
     first_far = INT32_OFFSET_LIMIT // row_elements
     assert first_far * row_elements <= INT32_OFFSET_LIMIT < (first_far + 1) * row_elements
@@ -438,8 +441,9 @@ def test_far_row_cases_take_the_query_past_element_2_31_at_little_memory(queries
     assert rss_mib() - before < 512  # a query of 4 GiB, lazily allocated: only the checked rows cost memory
 
 
-def test_far_rows_check_fails_rows_past_element_2_31_left_unwritten():
-    (case,) = drawn(scale.far_row_cases(ANY, dtype="bfloat16", queries="prompts"), 1)
+@pytest.mark.parametrize("queries", ["prompts", "prefills"])
+def test_far_rows_check_fails_rows_past_element_2_31_left_unwritten(queries):
+    (case,) = drawn(scale.far_row_cases(ANY, dtype="bfloat16", queries=queries), 1)
     assert checks.far_rows_match_spec(FilledRowsOnly(wrap=False), case) <= 1.0
     with pytest.raises(ConformanceFailure, match="elements from 2,14"):
         checks.far_rows_match_spec(FilledRowsOnly(wrap=True), case)

@@ -385,3 +385,15 @@ def test_far_pool_long_prefills_take_the_hopper_kernel(data: st.DataObject, dtyp
 
     case = data.draw(far_pool_cases(CupyBackend().capabilities(), dtype=dtype, long_prefill=True))
     assert choose_kernel(problem_of(case), sm90=True).spec.module == "paged_attention_wgmma"
+
+
+@settings(max_examples=2, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_far_row_prefills_take_the_hopper_kernel(data: st.DataObject) -> None:
+    """The far-row prefill cell's batches (a query past element 2**31) reach the Hopper prefill
+    kernel on sm_90, whose output rows no decode or short far-row batch reaches."""
+    from pagedattn.backends.cupy.backend import CupyBackend
+    from pagedattn.conformance.scale import far_row_cases
+
+    case = data.draw(far_row_cases(CupyBackend().capabilities(), dtype="bfloat16", queries="prefills"))
+    assert choose_kernel(problem_of(case), sm90=True).spec.module == "paged_attention_wgmma"
