@@ -182,6 +182,7 @@ __all__ = [
     "large_batch_cases",
     "long_batch_cases",
     "long_prefill_cases",
+    "long_prefill_queries",
     "long_sequence_cases",
     "long_tail_batch_cases",
     "many_pair_copy_blocks_cases",
@@ -348,6 +349,13 @@ SHARED_PREFIX_SUFFIX = (1, 200)
 #: sequence; and queries, at least: several 16- to 64-query tiles.
 LONG_PREFILL_ROWS = 512
 LONG_PREFILL_MIN_QUERIES = 64
+
+
+def long_prefill_queries(group_size: int, at_least: int = LONG_PREFILL_MIN_QUERIES) -> int:
+    """Queries a sequence of :data:`LONG_PREFILL_ROWS` rows or more holds, at least, with
+    ``group_size`` query heads a KV head, and ``at_least`` queries."""
+    return max(at_least, -(-LONG_PREFILL_ROWS // group_size))
+
 #: (sequence, KV head) pairs of a long batch, at least: four CTAs for each of an H200's 132
 #: multiprocessors, so that no plan splits its sequences and each CTA walks a whole range.
 LONG_BATCH_PAIRS = 4 * 132
@@ -837,10 +845,11 @@ def _far_batch(draw: st.DrawFn, caps: Capabilities,
     return kv_layout, group, lens, q_lens
 
 
-#: Keys of context before a far-pool long prefill, at most (two blocks, up to this many keys), and
-#: keys of the whole sequence, at most (:func:`_far_long_prefill`).
+#: Queries of a far-pool long prefill past its fewest, at most; keys of context before it, at most
+#: (two blocks, up to this many keys); and keys of the whole sequence, at most (:func:`_far_long_prefill`).
+FAR_LONG_PREFILL_MORE_QUERIES = 64
 FAR_LONG_PREFILL_CONTEXT = 1024
-FAR_LONG_PREFILL_KEYS = max(LONG_PREFILL_MIN_QUERIES, LONG_PREFILL_ROWS) + 65 + FAR_LONG_PREFILL_CONTEXT
+FAR_LONG_PREFILL_KEYS = long_prefill_queries(1) + 1 + FAR_LONG_PREFILL_MORE_QUERIES + FAR_LONG_PREFILL_CONTEXT
 
 
 def _far_long_prefill(draw: st.DrawFn, caps: Capabilities,
@@ -851,8 +860,8 @@ def _far_long_prefill(draw: st.DrawFn, caps: Capabilities,
     prefill paths (cupy its Hopper kernel)."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
-    fewest = max(LONG_PREFILL_MIN_QUERIES, -(-LONG_PREFILL_ROWS // group)) + 1
-    q_len = draw(st.integers(fewest, fewest + 64), label="q_len[0]")
+    fewest = long_prefill_queries(group) + 1
+    q_len = draw(st.integers(fewest, fewest + FAR_LONG_PREFILL_MORE_QUERIES), label="q_len[0]")
     context = draw(st.integers(0, min(2 * block_size, FAR_LONG_PREFILL_CONTEXT)), label="context[0]")
     return kv_layout, group, [q_len + context], [q_len]
 
@@ -1794,10 +1803,8 @@ def _far_row_head_dim(caps: Capabilities) -> int:
     return max(caps.head_dims)
 
 
-def far_prefill_queries(group_size: int) -> int:
-    """Queries of each sequence of a far-row prefill, at least: :data:`LONG_PREFILL_ROWS` rows of
-    ``group_size`` query heads a KV head, and 8 queries (a prefill batch's, in cupy's planning)."""
-    return max(8, -(-LONG_PREFILL_ROWS // group_size))
+#: Queries of each sequence of a far-row prefill, at least (a prefill batch's, in cupy's planning)
+FAR_PREFILL_MIN_QUERIES = 8
 
 
 @st.composite
@@ -1809,8 +1816,9 @@ def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, li
     128), as many as take the query past ``INT32_OFFSET_LIMIT`` elements and 1 to 64 tokens more.
     ``queries`` "decode": one query per sequence of 2 keys to a block and one; "prompts": 1 to 4
     queries after 1 or 2 keys of context each, as a varlen call; "prefills": as "prompts", but
-    sequences of at least :data:`LONG_PREFILL_ROWS` rows and 8 queries (:func:`far_prefill_queries`
-    to 8 more), which kernels take on their prefill paths (cupy its Hopper kernel). The sequences share a pool of
+    sequences of at least :data:`LONG_PREFILL_ROWS` rows and :data:`FAR_PREFILL_MIN_QUERIES` queries
+    (:func:`long_prefill_queries` to 8 more), which kernels take on their prefill paths (cupy its
+    Hopper kernel). The sequences share a pool of
     :data:`FAR_ROW_BLOCKS` blocks. The query is zero (lazy: it costs no memory) except in the rows
     of :func:`far_row_sequences`, the ones the check compares, which are standard normal. With
     ``fp8``, the caches are one of the backend's fp8 dtypes, with scales. A kernel that computes a
@@ -1836,7 +1844,7 @@ def far_row_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str, li
         lens = rng.integers(2, block_size + 2, min_tokens)
         num_tokens = min_tokens
     else:
-        fewest = 1 if queries == "prompts" else far_prefill_queries(per_kv_head)
+        fewest = 1 if queries == "prompts" else long_prefill_queries(per_kv_head, FAR_PREFILL_MIN_QUERIES)
         per_seq = rng.integers(fewest, fewest + (4 if queries == "prompts" else 9), min_tokens)
         num_seqs = int(np.searchsorted(np.cumsum(per_seq), min_tokens)) + 1
         q_lens = per_seq[:num_seqs]
@@ -2134,7 +2142,7 @@ def long_prefill_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: st
     head_dim = draw(st.sampled_from(tuple(sorted(declared))), label="head_dim")
     # one query past a whole number of blocks and tiles: the shrink target's last block holds a slot
     # past L (NaN first), which a kernel that copies one key too many reaches
-    fewest = max(LONG_PREFILL_MIN_QUERIES, -(-LONG_PREFILL_ROWS // group)) + 1
+    fewest = long_prefill_queries(group) + 1
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
     q_lens = [draw(st.integers(fewest, fewest + 200), label=f"q_len[{s}]") for s in range(num_seqs)]
     contexts = [draw(st.one_of(st.just(0), st.integers(1, LONG_PREFILL_MAX_CONTEXT)), label=f"context[{s}]")
