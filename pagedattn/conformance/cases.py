@@ -16,12 +16,14 @@ import json
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from pagedattn.backends.interface import Backend
+from pagedattn.conformance.uploads import upload
 from pagedattn.errors import PagedAttentionError
 from pagedattn.spec.case import (
     LISTED_ELEMENTS,
@@ -51,8 +53,8 @@ class AttentionResult(NamedTuple):
 def device_caches(backend: Backend, case: AttentionCase,
                   to_device: Callable[[np.ndarray], Any] | None = None) -> tuple[Any, Any, Any]:
     """Return ``(key_cache, value_cache, pool or None)`` of ``case`` on the backend's device, views
-    kept (``to_device``: how the arrays get there, by default ``backend.to_device``)."""
-    to_device = to_device or backend.to_device
+    kept (``to_device``: how the arrays get there, by default :func:`~pagedattn.conformance.uploads.upload`)."""
+    to_device = to_device or partial(upload, backend)
     if case.pool is not None:
         # a pool past 2**31 elements is lazy (pools.lazy_cache) and handed over as it is, which a
         # host backend takes without copying; a smaller one is copied, so that the case keeps its
@@ -66,19 +68,19 @@ def device_arguments(backend: Backend, case: AttentionCase, caches: tuple[Any, A
                      to_device: Callable[[np.ndarray], Any] | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)`` of ``case`` on
     the backend's device (the caches given, from :func:`device_caches`; the query, or the fused
-    rows it is a view of, through ``to_device``, by default ``backend.to_device``; the block table,
-    or the wider table it is a view of, through ``backend.to_device``), and its options."""
+    rows it is a view of, through ``to_device``, by default :func:`~pagedattn.conformance.uploads.upload`;
+    the block table, or the wider table it is a view of, through ``upload``), and its options."""
     key_cache, value_cache, _ = caches
     options = dict(case.options)
     if options.get("alibi_slopes") is not None:
-        options["alibi_slopes"] = backend.to_device(options["alibi_slopes"])
-    qsl = None if case.query_start_loc is None else backend.to_device(case.query_start_loc)
-    to_device = to_device or backend.to_device
+        options["alibi_slopes"] = upload(backend, options["alibi_slopes"])
+    qsl = None if case.query_start_loc is None else upload(backend, case.query_start_loc)
+    to_device = to_device or partial(upload, backend)
     # a query of fused QKV rows reaches the backend as the strided view an engine passes
     query = to_device(case.query) if case.qkv is None else query_view(to_device(case.qkv), case.query.shape[1])
-    tables = (backend.to_device(case.block_tables) if case.wide_tables is None
-              else table_view(backend.to_device(case.wide_tables), case.block_tables.shape[1]))
-    lens = backend.to_device(case.seq_lens)
+    tables = (upload(backend, case.block_tables) if case.wide_tables is None
+              else table_view(upload(backend, case.wide_tables), case.block_tables.shape[1]))
+    lens = upload(backend, case.seq_lens)
     arrays = (query, key_cache, value_cache, tables, lens, qsl)
     return arrays, options
 
@@ -87,8 +89,8 @@ def device_kv(backend: Backend, case: WriteKVCase) -> tuple[Any, Any]:
     """``write_kv``'s key and value on the backend's device: views of the fused rows on the device
     where the case has them (strided, as an engine passes them), else arrays of their own."""
     if case.qkv is not None:
-        return kv_views(backend.to_device(case.qkv), case.key.shape[1])
-    return backend.to_device(case.key), backend.to_device(case.value)
+        return kv_views(upload(backend, case.qkv), case.key.shape[1])
+    return upload(backend, case.key), upload(backend, case.value)
 
 
 def host_result(backend: Backend, result: Any, return_lse: bool) -> AttentionResult:
@@ -154,7 +156,7 @@ class WriteKVCase(_ShortRepr):
 
     def slot_mapping_for(self, backend: Backend) -> Any:
         """slot_mapping as the call passes it: a list of ints, or an array on the backend's device."""
-        return self.slot_mapping.tolist() if self.slots_as_list else backend.to_device(self.slot_mapping)
+        return self.slot_mapping.tolist() if self.slots_as_list else upload(backend, self.slot_mapping)
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,9 @@ def device_merge_arguments(backend: Backend, case: MergeCase) -> tuple[Any, Any,
     """``merge_states``' arguments on the backend's device; with ``lse_heads_first`` each lse the
     view ``.T`` of a device array ``[H, T]`` (strided, as an engine holding FlashAttention's lse passes it)."""
     def lse(x: np.ndarray) -> Any:
-        return backend.to_device(np.ascontiguousarray(x.T)).T if case.lse_heads_first else backend.to_device(x)
+        return upload(backend, np.ascontiguousarray(x.T)).T if case.lse_heads_first else upload(backend, x)
 
-    return backend.to_device(case.out_a), lse(case.lse_a), backend.to_device(case.out_b), lse(case.lse_b)
+    return upload(backend, case.out_a), lse(case.lse_a), upload(backend, case.out_b), lse(case.lse_b)
 
 
 Case = AttentionCase | WriteKVCase | CopyBlocksCase | MergeCase

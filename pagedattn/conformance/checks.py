@@ -57,6 +57,7 @@ from pagedattn.conformance.scale import (
     far_score_rows,
     long_chunk_rows,
 )
+from pagedattn.conformance.uploads import upload
 from pagedattn.errors import UnsupportedError
 from pagedattn.spec import kv_ops
 from pagedattn.spec.arrays import AttentionProblem, check_paged_attention
@@ -1053,7 +1054,7 @@ def far_pool_matches_spec(backend: Backend, case: AttentionCase) -> float:
     problem = problem_of(case)
     _require_pool(backend, case.key_cache.size)
     blocks = table_blocks(problem)
-    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    caches = [upload(backend, lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
     result = run_case(backend, case, caches=(caches[0], caches[1], None))
     call = _call(backend, case)
     for name, device, original in zip(("key_cache", "value_cache"), caches, (case.key_cache, case.value_cache),
@@ -1200,7 +1201,7 @@ def _far_blocks_match_spec(backend: Backend, case: WriteKVCase | CopyBlocksCase,
     __tracebackhide__ = True
     expected = [c[blocks].copy() for c in (case.key_cache, case.value_cache)]
     spec(expected[0], expected[1])
-    caches = [backend.to_device(lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
+    caches = [upload(backend, lazy_copy(c, blocks)) for c in (case.key_cache, case.value_cache)]
     run(caches[0], caches[1])
     backend.synchronize()
     for name, device, want in zip(("key_cache", "value_cache"), caches, expected, strict=True):

@@ -45,6 +45,12 @@ class RawArray:
     def __getitem__(self, key: Any) -> RawArray:
         return RawArray(self.raw[key], self.dtype)
 
+    def __setitem__(self, key: Any, value: RawArray) -> None:
+        """Write ``value`` (a RawArray of this dtype) into the elements ``key`` selects, like cupy."""
+        if not isinstance(value, RawArray) or value.dtype != self.dtype:
+            raise TypeError(f"a RawArray of {dtype_name(self.dtype)} takes only RawArrays of its dtype")
+        self.raw[key] = value.raw
+
     def reshape(self, *shape: Any) -> RawArray:
         return RawArray(self.raw.reshape(*shape), self.dtype)
 
