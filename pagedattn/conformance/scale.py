@@ -68,6 +68,7 @@ shortest long length, one head, no optional feature.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from itertools import pairwise
 from typing import Any, NamedTuple
 
@@ -832,15 +833,17 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
                                                            block_elements)
 
 
-def _far_batch(draw: st.DrawFn, caps: Capabilities,
-               block_size: int) -> tuple[str, int, list[int], list[int] | None]:
+def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int,
+               decode: bool | None = None) -> tuple[str, int, list[int], list[int] | None]:
     """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool batch: 1 or 2 short sequences,
-    decode (``q_lens`` None) or a few queries each."""
+    decode (``q_lens`` None) or a few queries each (``decode``; None: drawn, a few queries only
+    for a backend with varlen batches)."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
     lens = [draw(st.integers(1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
-    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    if decode is None:
+        decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
     q_lens = None if decode else [draw(st.integers(1, min(n, 3)), label=f"q_len[{s}]") for s, n in enumerate(lens)]
     return kv_layout, group, lens, q_lens
 
@@ -869,7 +872,8 @@ def _far_long_prefill(draw: st.DrawFn, caps: Capabilities,
 @st.composite
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                    limits: ScaleLimits | None = None, fp8: bool = False,
-                   block_sizes: tuple[int, ...] | None = None, long_prefill: bool = False) -> AttentionCase:
+                   block_sizes: tuple[int, ...] | None = None, long_prefill: bool = False,
+                   decode: bool | None = None) -> AttentionCase:
     """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
     every block in use at or past element 2**31 and byte 2**32 (:func:`far_pool_limit`; also the
     pool's last block).
@@ -880,7 +884,8 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     scales: the fp8 paths address their caches in code of their own. ``block_sizes``, the first
     drawn first, replaces :func:`scale_block_sizes` (blocks of one slot, or of hundreds). With
     ``long_prefill``, one long prefill (:func:`_far_long_prefill`): prefill paths address the pool
-    in code of their own.
+    in code of their own. ``decode`` True or False fixes the short batch's kind (decode, or a few
+    queries a sequence: GPU backends run them on kernels of their own); None draws it.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -889,7 +894,7 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
         draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)), block_sizes,
         keys=FAR_LONG_PREFILL_KEYS if long_prefill else 0)
-    batch = _far_long_prefill if long_prefill else _far_batch
+    batch = _far_long_prefill if long_prefill else partial(_far_batch, decode=decode)
     kv_layout, group, lens, q_lens = batch(draw, caps, block_size)
     num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))

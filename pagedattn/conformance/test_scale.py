@@ -68,6 +68,15 @@ pytestmark = pytest.mark.pagedattn_conformance
 #: 16-bit dtypes of the far-pool cells (a pool past 2**31 elements is 4 GiB of address space each)
 #: and of the long cells with fp8 caches (fp8 caches hold keys of 16-bit queries).
 FAR_DTYPES = ("float16", "bfloat16")
+#: The far-pool cells' short batches, one cell each: decode, and a few queries a sequence (varlen).
+#: GPU backends run them on kernels of their own (cupy on sm_90: its decode kernel; its CUDA-core
+#: kernel, or its mma.sync one for fp8 caches), and one example a cell would reach one of them only.
+FAR_BATCHES = ("decode", "queries")
+
+
+def _far_batch_requires(batch: str, requires: dict[str, Any]) -> dict[str, Any]:
+    """``requires`` of a far-pool cell of ``batch``: varlen batches besides, for a few queries a sequence."""
+    return {**requires, "features": (*requires.get("features", ()), "varlen")} if batch == "queries" else requires
 
 
 def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
@@ -349,14 +358,17 @@ def test_merges_of_many_wide_heads_match_exact_merge(request, backend, dtype):
                    feature="wide_merges", max_examples=limits.odd_examples, requires={"features": ("merge_states",)})
 
 
+@pytest.mark.parametrize("batch", FAR_BATCHES)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
-def test_far_pool_attention_matches_spec(request, backend, dtype):
+def test_far_pool_attention_matches_spec(request, backend, dtype, batch):
     """Attention on caches past 2**31 elements, every block in use past element 2**31 (the last
-    block too), within the error model; the blocks in use unchanged."""
+    block too), within the error model; the blocks in use unchanged. One cell of decode batches,
+    one of a few queries a sequence (unsupported without varlen batches)."""
     limits = scale_limits()
-    run_scale_cell(request, backend, far_pool_cases, checks.far_pool_matches_spec, limits, dtype=dtype,
-                   feature="far_pool", max_examples=limits.far_examples,
-                   cell={"pool_elements": limits.pool_elements}, requires={"pool_elements": limits.pool_elements})
+    run_scale_cell(request, backend, partial(far_pool_cases, decode=batch == "decode"), checks.far_pool_matches_spec,
+                   limits, dtype=dtype, feature="far_pool", max_examples=limits.far_examples,
+                   cell={"pool_elements": limits.pool_elements, "batch": batch},
+                   requires=_far_batch_requires(batch, {"pool_elements": limits.pool_elements}))
 
 
 #: The block sizes of the far-pool cell of small and large blocks: the small- and large-block cells'.
@@ -391,17 +403,19 @@ def test_far_pool_long_prefills_match_spec(request, backend, dtype):
                    requires={"features": ("varlen",), "pool_elements": limits.pool_elements})
 
 
+@pytest.mark.parametrize("batch", FAR_BATCHES)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
-def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype):
+def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype, batch):
     """The far-pool attention cases with fp8 caches and scales, every block in use past byte 2**32
     (element 2**32 of a one-byte cache): the fp8 paths' element offsets past 2**31 and byte
-    offsets past 2**32, within the error model; the blocks in use unchanged."""
+    offsets past 2**32, within the error model; the blocks in use unchanged. One cell of decode
+    batches, one of a few queries a sequence (unsupported without varlen batches)."""
     limits = scale_limits()
     pool_elements = max(limits.pool_elements, FAR_BYTE_LIMIT)
-    run_scale_cell(request, backend, partial(far_pool_cases, fp8=True), checks.far_pool_matches_spec, limits,
-                   dtype=dtype, feature="far_pool_fp8", max_examples=limits.far_examples,
-                   cell={"pool_elements": pool_elements},
-                   requires={"features": ("fp8",), "pool_elements": pool_elements})
+    run_scale_cell(request, backend, partial(far_pool_cases, fp8=True, decode=batch == "decode"),
+                   checks.far_pool_matches_spec, limits, dtype=dtype, feature="far_pool_fp8",
+                   max_examples=limits.far_examples, cell={"pool_elements": pool_elements, "batch": batch},
+                   requires=_far_batch_requires(batch, {"features": ("fp8",), "pool_elements": pool_elements}))
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)

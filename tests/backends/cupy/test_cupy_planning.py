@@ -387,6 +387,20 @@ def test_far_pool_long_prefills_take_the_hopper_kernel(data: st.DataObject, dtyp
     assert choose_kernel(problem_of(case), sm90=True).spec.module == "paged_attention_wgmma"
 
 
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), fp8=st.booleans(), decode=st.booleans())
+def test_far_pool_batches_take_the_kernel_of_their_kind(data: st.DataObject, fp8: bool, decode: bool) -> None:
+    """The far-pool cells of decode batches reach the decode kernel on sm_90, those of a few queries a
+    sequence the CUDA-core kernel (the mma.sync one with fp8 caches): each kernel's block offsets past
+    element 2**31 are checked in a cell of its own."""
+    from pagedattn.backends.cupy.backend import CupyBackend
+    from pagedattn.conformance.scale import far_pool_cases
+
+    case = data.draw(far_pool_cases(CupyBackend().capabilities(), dtype="float16", fp8=fp8, decode=decode))
+    want = "paged_attention_decode" if decode else "paged_attention_mma" if fp8 else "paged_attention"
+    assert choose_kernel(problem_of(case), sm90=True).spec.module == want
+
+
 @settings(max_examples=2, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_far_row_prefills_take_the_hopper_kernel(data: st.DataObject) -> None:
