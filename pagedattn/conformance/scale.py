@@ -835,13 +835,14 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
 
 def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int,
                decode: bool | None = None) -> tuple[str, int, list[int], list[int] | None]:
-    """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool batch: 1 or 2 short sequences,
-    decode (``q_lens`` None) or a few queries each (``decode``; None: drawn, a few queries only
+    """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool batch: 1 or 2 short sequences of
+    two or three blocks and a key, decode (``q_lens`` None) or a few queries each (``decode``; None: drawn, a few queries only
     for a backend with varlen batches)."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
-    lens = [draw(st.integers(1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
+    # two blocks at least: a row sees keys of two far blocks, so keys read from the wrong place change it
+    lens = [draw(st.integers(block_size + 1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
     if decode is None:
         decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
     q_lens = None if decode else [draw(st.integers(1, min(n, 3)), label=f"q_len[{s}]") for s, n in enumerate(lens)]
