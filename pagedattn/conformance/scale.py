@@ -836,8 +836,8 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
 def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int,
                decode: bool | None = None) -> tuple[str, int, list[int], list[int] | None]:
     """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool batch: 1 or 2 short sequences of
-    two or three blocks and a key, decode (``q_lens`` None) or a few queries each (``decode``; None: drawn, a few queries only
-    for a backend with varlen batches)."""
+    two or three blocks and a key, decode (``q_lens`` None) or a few queries each (``decode``; None:
+    drawn, a few queries only for a backend with varlen batches)."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
