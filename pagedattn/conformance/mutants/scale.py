@@ -176,6 +176,26 @@ class Int32OffsetsOfLongPrefills(AddressedKernelBackend):
         return _wrap_int32(offsets) if rows >= LONG_PREFILL_ROWS * problem.num_seqs else offsets
 
 
+#: Queries a sequence, at most, of the batches :class:`Int32OffsetsOfShortQueryBatches` takes on its
+#: own path: a speculative decode's verification of a few draft tokens, or a short chunk.
+SHORT_QUERY_BATCH_ROWS = 4
+
+
+class Int32OffsetsOfShortQueryBatches(AddressedKernelBackend):
+    bug = ("attention on a varlen batch of at most SHORT_QUERY_BATCH_ROWS queries a sequence takes a path of "
+           "its own (speculative decoding's verification), whose block offset block * block_stride is int32: "
+           "past element 2**31 it wraps; decode batches and longer queries in 64 bits")
+    models = ("syv-ai/qwen38-27b-rtx3090 issue 86 (a speculative-decoding attention kernel multiplied the block "
+              "id by the block stride in int32: an illegal memory access on long cached-prefix requests, where "
+              "the decode kernels were sound)")
+    killed_by = "test_far_pool_attention_matches_spec"
+
+    def block_offsets(self, blocks, slots, problem):
+        offsets = super().block_offsets(blocks, slots, problem)
+        short = not problem.is_decode and int(problem.q_lens.max(initial=0)) <= SHORT_QUERY_BATCH_ROWS
+        return _wrap_int32(offsets) if short else offsets
+
+
 class Int32OffsetsOfSmallViews(AddressedKernelBackend):
     bug = ("attention takes 32-bit block offsets when the cache view holds fewer than 2**31 elements: in a "
            "layer view of a larger pool, block * block_stride passes 2**31 and wraps")
