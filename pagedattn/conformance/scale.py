@@ -938,7 +938,7 @@ def past_uint32_elements(limits: ScaleLimits) -> int:
 
 @st.composite
 def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                         limits: ScaleLimits | None = None) -> AttentionCase:
+                         limits: ScaleLimits | None = None, decode: bool | None = None) -> AttentionCase:
     """Return a strategy for attention on layer views of a pool of more than 2**32 elements (and
     ``limits.pool_elements``) whose views each hold fewer than 2**31: every block in use starts at
     or past element 2**31 of the pool, the pool's last block past element 2**32.
@@ -950,7 +950,7 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     them unsigned reads the blocks up to element 2**32 right and wraps past it (the last block is
     always in use). The blocks in use hold the case's values and garbage in their unused slots;
     the other layer of those blocks holds garbage too. One or two short sequences, decode or a few
-    queries each.
+    queries each (``decode`` as :func:`far_pool_cases` takes it).
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -962,7 +962,7 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     pool_elements = past_uint32_elements(limits)
     num_blocks = blocks_past((pool_elements + FAR_BLOCKS * stride_blocks * block_elements) // stride_blocks,
                              block_elements)
-    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
+    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size, decode)
     num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]

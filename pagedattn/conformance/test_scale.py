@@ -418,17 +418,20 @@ def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype
                    requires=_far_batch_requires(batch, {"features": ("fp8",), "pool_elements": pool_elements}))
 
 
+@pytest.mark.parametrize("batch", FAR_BATCHES)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
-def test_far_layer_views_match_spec(request, backend, dtype):
+def test_far_layer_views_match_spec(request, backend, dtype, batch):
     """Attention on K/V views of one layer of a pool past 2**32 elements, each view under 2**31,
     every block in use past element 2**31 of the pool and the last past 2**32, within the error
-    model; nothing written."""
+    model; nothing written. One cell of decode batches, one of a few queries a sequence
+    (unsupported without varlen batches)."""
     limits = scale_limits()
     pool_elements = past_uint32_elements(limits)
-    run_scale_cell(request, backend, far_layer_view_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="far_layer_view", max_examples=limits.far_examples,
-                   cell={"pool_elements": pool_elements},
-                   requires={"features": ("strided_caches",), "pool_elements": pool_elements})
+    run_scale_cell(request, backend, partial(far_layer_view_cases, decode=batch == "decode"), checks.matches_spec,
+                   limits, dtype=dtype, feature="far_layer_view", max_examples=limits.far_examples,
+                   cell={"pool_elements": pool_elements, "batch": batch},
+                   requires=_far_batch_requires(batch, {"features": ("strided_caches",),
+                                                        "pool_elements": pool_elements}))
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
