@@ -836,8 +836,8 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
 def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int,
                decode: bool | None = None) -> tuple[str, int, list[int], list[int] | None]:
     """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool batch: 1 or 2 short sequences of
-    two or three blocks and a key, decode (``q_lens`` None) or a few queries each (``decode``; None:
-    drawn, a few queries only for a backend with varlen batches)."""
+    two or three blocks and a key, decode (``q_lens`` None) or two or three queries each (``decode``;
+    None: drawn, queries only for a backend with varlen batches)."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
@@ -845,7 +845,8 @@ def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int,
     lens = [draw(st.integers(block_size + 1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
     if decode is None:
         decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
-    q_lens = None if decode else [draw(st.integers(1, min(n, 3)), label=f"q_len[{s}]") for s, n in enumerate(lens)]
+    # two queries or three: a varlen batch of one query a sequence is one a backend may take as decode
+    q_lens = None if decode else [draw(st.integers(2, 3), label=f"q_len[{s}]") for s in range(num_seqs)]
     return kv_layout, group, lens, q_lens
 
 
