@@ -886,8 +886,8 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     scales: the fp8 paths address their caches in code of their own. ``block_sizes``, the first
     drawn first, replaces :func:`scale_block_sizes` (blocks of one slot, or of hundreds). With
     ``long_prefill``, one long prefill (:func:`_far_long_prefill`): prefill paths address the pool
-    in code of their own. ``decode`` True or False fixes the short batch's kind (decode, or a few
-    queries a sequence: GPU backends run them on kernels of their own); None draws it.
+    in code of their own. ``decode`` True or False fixes the short batch's kind (decode, or two or
+    three queries a sequence: GPU backends run them on kernels of their own); None draws it.
     """
     limits = limits or scale_limits()
     caps = capabilities

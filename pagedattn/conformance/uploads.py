@@ -5,14 +5,14 @@ A kernel that keeps an offset in 32 bits reads, past element 2**31 of an array, 
 exactly there: cupy stages ``cupy.asarray(host)`` through pinned host memory, keeps that buffer
 in its pinned pool, and pinned host memory is mapped into the GPU's address space. On an H100
 a bf16 cache's block at element 2**31 + 2**18, read 2**32 elements early, returned that
-block's own bits from the staging copy: the wrapped read passed every far-pool cell.
+block's own bits from the staging copy: the wrapped read passed every 16-bit far-pool cell.
 
 :func:`upload` therefore hands a CUDA backend zeros of the array's shape in one piece, and
 then writes the contents into the device array in pieces of at most :data:`PIECE_BYTES`,
 skipping pieces that are all zero (most of a lazy pool). A copy of the whole array that an
 upload leaves behind holds zeros; a read that wraps into it sees zero keys, values or queries,
-not the case's. Arrays below 2**31 elements, host backends, and device arrays that take no item
-assignment get ``backend.to_device`` as it is.
+not the case's. Arrays below 2**31 elements, backends on the CPU, and device arrays that take no
+item assignment get ``backend.to_device`` as it is.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ PIECE_BYTES = 2**26
 
 
 def upload(backend: Backend, array: np.ndarray) -> Any:
-    """``backend.to_device(array)``; past 2**31 elements on a CUDA backend, zeros uploaded whole
-    and the contents written in pieces (no full copy of the contents left anywhere else)."""
+    """``backend.to_device(array)``; past 2**31 elements on a backend off the CPU, zeros uploaded
+    whole and the contents written in pieces (no full copy of the contents left anywhere else)."""
     if array.size < FAR_ELEMENTS or array.ndim == 0 or runs_on_cpu(backend.capabilities().device):
         return backend.to_device(array)
     device = backend.to_device(np.zeros(array.shape, array.dtype))  # np.zeros: pages only where touched
