@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pagedattn.backends.capabilities import Capabilities
 from pagedattn.backends.cupy.arrays import RawArray
-from pagedattn.conformance import uploads
+from pagedattn.backends.numpy.backend import NumpyBackend
+from pagedattn.conformance import checks, uploads
+from pagedattn.conformance.cases import device_caches
+from pagedattn.conformance.scale import far_layer_view_cases, far_pool_cases
 
 
 class RecordingBackend:
@@ -101,3 +107,31 @@ def test_raw_arrays_take_item_assignment_of_their_own_dtype() -> None:
     assert np.array_equal(target.raw[1:3], source.view(np.uint16)) and not target.raw[[0, 3]].any()
     with pytest.raises(TypeError, match="RawArray"):
         target[0:2] = RawArray(np.zeros((2, 3), np.uint8), ml_dtypes.float8_e4m3fn)
+
+
+class DeviceDeclaringNumpy(NumpyBackend):
+    """The NumPy reference declared on a CUDA device. It fails an upload of 2**31 elements or more
+    that carries contents: a staging copy of that upload would hold them."""
+
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities(), device="cuda")
+
+    def to_device(self, array: np.ndarray) -> np.ndarray:
+        if array.size >= uploads.FAR_ELEMENTS and array.view(f"u{array.dtype.itemsize}").any():
+            raise AssertionError(f"an upload of {array.size:,} elements carried contents")
+        return super().to_device(array)
+
+
+@settings(max_examples=1, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_far_cells_upload_their_pools_in_pieces(data: st.DataObject) -> None:
+    """The far-pool check and the layer-view pool of ``device_caches`` reach a device backend only
+    through :func:`uploads.upload`: no upload of a far array carries its contents whole."""
+    backend = DeviceDeclaringNumpy()
+    case = data.draw(far_pool_cases(backend.capabilities(), dtype="float16"))
+    checks.far_pool_matches_spec(backend, case)
+    views = data.draw(far_layer_view_cases(backend.capabilities(), dtype="float16"))
+    key_cache, _, pool = device_caches(backend, views)
+    blocks = checks.table_blocks(checks.problem_of(views))
+    assert pool.size >= uploads.FAR_ELEMENTS
+    assert np.array_equal(key_cache[blocks].view(np.uint16), views.key_cache[blocks].view(np.uint16))
