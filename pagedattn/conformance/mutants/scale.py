@@ -147,7 +147,19 @@ class Fp8ByteOffsetsIn32Bits(AddressedKernelBackend):
                               lambda offsets: offsets % 2**32)  # one byte an element
 
 
-class Int32OffsetsOfOneSlotBlocks(AddressedKernelBackend):
+class Int32OffsetsOnOnePath(AddressedKernelBackend):
+    """Block offsets in int32 on the batches :meth:`on_its_path` picks (a kernel path of their own),
+    in 64 bits on every other: past element 2**31 of the pool they wrap. Not a mutant itself."""
+
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        raise NotImplementedError
+
+    def block_offsets(self, blocks, slots, problem):
+        offsets = super().block_offsets(blocks, slots, problem)
+        return _wrap_int32(offsets) if self.on_its_path(problem) else offsets
+
+
+class Int32OffsetsOfOneSlotBlocks(Int32OffsetsOnOnePath):
     bug = ("attention on blocks of one slot (a token-level page table) takes its own path, whose offset "
            "slot * slot_stride is int32: past element 2**31 of the pool it wraps; other block sizes in 64 bits")
     models = ("ROCm/aiter issue 2517 (batch prefill at page_block_size 1 returned all zeros past 8,388,608 pages: "
@@ -156,12 +168,11 @@ class Int32OffsetsOfOneSlotBlocks(AddressedKernelBackend):
               "128 and more mended)")
     killed_by = "test_far_pools_of_small_and_large_blocks_match_spec"
 
-    def block_offsets(self, blocks, slots, problem):
-        offsets = super().block_offsets(blocks, slots, problem)
-        return _wrap_int32(offsets) if problem.block_size == 1 else offsets
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        return problem.block_size == 1
 
 
-class Int32OffsetsOfLongPrefills(AddressedKernelBackend):
+class Int32OffsetsOfLongPrefills(Int32OffsetsOnOnePath):
     bug = ("attention on a long prefill (at least LONG_PREFILL_ROWS rows a sequence on average) takes a "
            "prefill path of its own, whose block offset block * block_stride is int32: past element 2**31 "
            "it wraps; decode and short batches in 64 bits")
@@ -170,10 +181,8 @@ class Int32OffsetsOfLongPrefills(AddressedKernelBackend):
               "32-bit offsets on large caches where another was mended)")
     killed_by = "test_far_pool_long_prefills_match_spec"
 
-    def block_offsets(self, blocks, slots, problem):
-        offsets = super().block_offsets(blocks, slots, problem)
-        rows = problem.num_tokens * problem.group_size
-        return _wrap_int32(offsets) if rows >= LONG_PREFILL_ROWS * problem.num_seqs else offsets
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        return problem.num_tokens * problem.group_size >= LONG_PREFILL_ROWS * problem.num_seqs
 
 
 #: Queries a sequence, at most, of the batches :class:`Int32OffsetsOfShortQueryBatches` takes on its
@@ -181,7 +190,7 @@ class Int32OffsetsOfLongPrefills(AddressedKernelBackend):
 SHORT_QUERY_BATCH_ROWS = 4
 
 
-class Int32OffsetsOfShortQueryBatches(AddressedKernelBackend):
+class Int32OffsetsOfShortQueryBatches(Int32OffsetsOnOnePath):
     bug = ("attention on a varlen batch of at most SHORT_QUERY_BATCH_ROWS queries a sequence takes a path of "
            "its own (speculative decoding's verification), whose block offset block * block_stride is int32: "
            "past element 2**31 it wraps; decode batches and longer queries in 64 bits")
@@ -190,10 +199,8 @@ class Int32OffsetsOfShortQueryBatches(AddressedKernelBackend):
               "the decode kernels were sound)")
     killed_by = "test_far_pool_attention_matches_spec"
 
-    def block_offsets(self, blocks, slots, problem):
-        offsets = super().block_offsets(blocks, slots, problem)
-        short = not problem.is_decode and int(problem.q_lens.max(initial=0)) <= SHORT_QUERY_BATCH_ROWS
-        return _wrap_int32(offsets) if short else offsets
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        return not problem.is_decode and int(problem.q_lens.max(initial=0)) <= SHORT_QUERY_BATCH_ROWS
 
 
 class Int32OffsetsOfSmallViews(AddressedKernelBackend):
