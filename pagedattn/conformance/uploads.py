@@ -46,8 +46,13 @@ def upload(backend: Backend, array: np.ndarray) -> Any:
 
 def write_in_pieces(device: Any, array: np.ndarray, to_device: Any) -> None:
     """Write ``array`` into ``device`` (zeros of its shape) a run of rows (axis 0) at a time, each of
-    at most :data:`PIECE_BYTES` (one row where a row holds more), skipping runs that are all zero."""
+    at most :data:`PIECE_BYTES`, skipping runs that are all zero; a row that holds more is written
+    the same way, a run of its own rows at a time (a one-dimensional one whole)."""
     row_bytes = max(1, array.nbytes // max(1, array.shape[0]))
+    if row_bytes > PIECE_BYTES and array.ndim > 1:
+        for row in range(array.shape[0]):
+            write_in_pieces(device[row], array[row], to_device)
+        return
     rows = max(1, PIECE_BYTES // row_bytes)
     bits = array.view(f"u{array.dtype.itemsize}")  # any() of the bits: fp8 and bf16 included
     for start in range(0, array.shape[0], rows):

@@ -81,6 +81,16 @@ def test_pieces_span_several_rows_up_to_the_piece_size(small_limits: None, monke
     assert [piece.shape[0] for piece in backend.uploaded[1:]] == [4, 4, 4]
 
 
+def test_rows_past_the_piece_size_go_up_a_run_of_their_own_rows_at_a_time(small_limits: None) -> None:
+    array = np.zeros((2, 80, 8), ml_dtypes.bfloat16)  # rows of 1,280 bytes, pieces of 64: inner rows of 16
+    array[1, 5] = 1.0
+    array[1, 6, 3] = -2.0
+    backend = RecordingBackend("cuda")
+    device = uploads.upload(backend, array)  # type: ignore[arg-type]
+    assert np.array_equal(device.view(np.uint16), array.view(np.uint16))
+    assert [piece.shape for piece in backend.uploaded[1:]] == [(4, 8)]  # rows 4-7 of row 1: 64 bytes
+
+
 @pytest.mark.parametrize("device", ["cpu", "cpu (triton interpreter)"])
 def test_host_backends_get_the_plain_upload(small_limits: None, device: str) -> None:
     array = _far_array()
