@@ -1001,7 +1001,7 @@ FAR_TABLE_PADDING = -(-UINT32_OFFSET_LIMIT // FAR_TABLE_WIDTH)
 
 @st.composite
 def far_table_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                    limits: ScaleLimits | None = None) -> AttentionCase:
+                    limits: ScaleLimits | None = None, decode: bool | None = None) -> AttentionCase:
     """Return a strategy for attention whose block table is the view ``wide_tables[:, :width]`` of an
     engine's table of more than 2**32 entries (16 GiB of int32, lazy), every sequence's row at or
     past entry 2**32 of it.
@@ -1012,13 +1012,13 @@ def far_table_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     that reads the caller's table in place at ``s * row_stride`` computed in 32 bits, signed or
     unsigned, reads other memory for every sequence with keys (as does one whose byte offset into
     the table is 32 bits). The table's other entries are 0: block 0, which no sequence uses and
-    which holds garbage.
+    which holds garbage. ``decode`` fixes the batch's kind as in :func:`far_pool_cases`.
     """
     caps = capabilities
     block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
     num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
     head_dim = min(caps.head_dims or (16,))
-    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size)
+    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size, decode)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
     ids = 1 + rng.permutation(sum(needed) + 1)  # one block more than in use; block 0 unused

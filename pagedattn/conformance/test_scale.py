@@ -434,15 +434,19 @@ def test_far_layer_views_match_spec(request, backend, dtype, batch):
                                                         "pool_elements": pool_elements}))
 
 
+@pytest.mark.parametrize("batch", FAR_BATCHES)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
-def test_far_table_rows_match_spec(request, backend, dtype):
+def test_far_table_rows_match_spec(request, backend, dtype, batch):
     """Attention whose block table is a view of an engine's table of more than 2**32 entries, every
     sequence's row past entry 2**32 (a batch padded with 32,768 entries of no keys): within the
-    error model, the padding entries' rows empty. An interpreter, which runs the padding entries'
-    programs one at a time (minutes), is unsupported here."""
+    error model, the padding entries' rows empty. One cell of decode batches, one of a few queries
+    a sequence (unsupported without varlen batches): each kind's kernel reads the table in code of
+    its own. An interpreter, which runs the padding entries' programs one at a time (minutes), is
+    unsupported here."""
     limits = scale_limits()
-    run_scale_cell(request, backend, far_table_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="far_table", max_examples=limits.far_examples, requires={"many_programs": True})
+    run_scale_cell(request, backend, partial(far_table_cases, decode=batch == "decode"), checks.matches_spec,
+                   limits, dtype=dtype, feature="far_table", max_examples=limits.far_examples,
+                   cell={"batch": batch}, requires=_far_batch_requires(batch, {"many_programs": True}))
 
 
 #: The far-pool cells of the cache operations: each operation's cases and check.

@@ -320,10 +320,14 @@ def test_far_layer_views_are_small_views_of_a_pool_past_element_2_31_at_little_m
     assert rss_mib() - before < 512  # pools of 4 GiB, lazily allocated, compared a chunk at a time
 
 
-def test_far_tables_put_every_row_with_keys_past_entry_2_32_of_the_engines_table_at_little_memory():
+@pytest.mark.parametrize("decode", [True, False])
+def test_far_tables_put_every_row_with_keys_past_entry_2_32_of_the_engines_table_at_little_memory(decode):
     before = rss_mib()
     backend = NumpyBackend()
-    for case in drawn(scale.far_table_cases(ANY, dtype="float16", limits=scale.scale_limits("quick")), 3):
+    cases = scale.far_table_cases(ANY, dtype="float16", limits=scale.scale_limits("quick"), decode=decode)
+    for case in drawn(cases, 3):
+        q_lens = [] if case.query_start_loc is None else np.diff(case.query_start_loc)[scale.FAR_TABLE_PADDING:]
+        assert (case.query_start_loc is None) == decode and all(n in (2, 3) for n in q_lens)  # the batch's kind
         wide = case.wide_tables
         assert wide is not None and wide.size > UINT32_OFFSET_LIMIT and wide.shape[1] == scale.FAR_TABLE_WIDTH
         assert case.block_tables.base is wide and case.block_tables.shape[0] == wide.shape[0]
