@@ -534,7 +534,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
                         window: bool = False, max_window: int | None = None, window_alibi: bool = True,
                         max_kv_heads: int = 3, groups: tuple[int, ...] = LONG_GROUPS,
                         kinds: tuple[str, ...] = LONG_VALUE_KINDS, short_seqs: int = 0,
-                        ragged: bool = False) -> AttentionCase:
+                        ragged: bool = False, decode: bool | None = None) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
@@ -559,7 +559,9 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     counts in the batch (the shrink target: 4,779 keys with 1 query, then 4,096 with 2):
     speculative decoding, which verifies a different number of draft tokens for each request;
     rows of a split sequence then do not start at its index times the batch's most queries, and
-    its parts are not as many as another's.
+    its parts are not as many as another's. ``decode`` True or False fixes the batch's kind:
+    decode, or 2 queries and up a sequence (one query a sequence being a batch a backend may take
+    as decode); None draws it.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -570,10 +572,12 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     num_q_heads = num_kv_heads * group
     dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long <= SPEC_ELEMENTS)
     head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
-    decode = not (caps.supports("varlen") and (ragged or draw(st.booleans(), label="varlen")))
+    fewest_queries = 2 if decode is False else 1
+    if decode is None:
+        decode = not (caps.supports("varlen") and (ragged or draw(st.booleans(), label="varlen")))
     budget = SPEC_ELEMENTS // (num_q_heads * head_dim)  # queries x keys of one sequence
-    most_queries = max(2 if ragged else 1, min(LONG_MAX_QUERIES, budget // limits.min_long))
-    q_len = 1 if decode else most_queries if ragged else draw(st.integers(1, most_queries), label="q_len")
+    most_queries = max(2 if ragged else fewest_queries, min(LONG_MAX_QUERIES, budget // limits.min_long))
+    q_len = 1 if decode else most_queries if ragged else draw(st.integers(fewest_queries, most_queries), label="q_len")
     top = max(limits.min_long, min(limits.max_long, budget // q_len))
     most = min(limits.max_long_seqs, MIXED_LONG_SEQS) if short_seqs else limits.max_long_seqs
     fewest = 2 if ragged else 1

@@ -72,10 +72,15 @@ FAR_DTYPES = ("float16", "bfloat16")
 #: GPU backends run them on kernels of their own (cupy on sm_90: its decode kernel; its CUDA-core
 #: kernel, or its mma.sync one for fp8 caches), and one example a cell would reach one of them only.
 FAR_BATCHES = ("decode", "queries")
+#: The long cells' batches, one cell each: decode, and 2 to 4 queries a sequence (varlen). The same
+#: split plans run on other kernels for each (cupy on sm_90: its decode kernel; its CUDA-core kernel,
+#: or its mma.sync one for fp8 caches), and the one example a cell draws under ``quick`` is decode.
+LONG_BATCHES = FAR_BATCHES
 
 
 def _far_batch_requires(batch: str, requires: dict[str, Any]) -> dict[str, Any]:
-    """``requires`` of a far-pool cell of ``batch``: varlen batches besides, for a few queries a sequence."""
+    """``requires`` of a far-pool or long cell of ``batch``: varlen batches besides, for a few queries a
+    sequence."""
     return {**requires, "features": (*requires.get("features", ()), "varlen")} if batch == "queries" else requires
 
 
@@ -84,73 +89,87 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
                    kinds: tuple[str, ...] = LONG_VALUE_KINDS,
                    check: Callable[[Backend, Any], float] = checks.matches_spec,
                    examples: Callable[[int], int] = int, groups: tuple[int, ...] = LONG_GROUPS,
-                   short_seqs: int = 0, max_kv_heads: int = 3, ragged: bool = False) -> None:
+                   short_seqs: int = 0, max_kv_heads: int = 3, ragged: bool = False,
+                   batch: str | None = None) -> None:
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
     window, of value patterns ``kinds``, of GQA ratios ``groups`` on up to ``max_kv_heads`` KV
-    heads, beside up to ``short_seqs`` short sequences, with ``ragged`` query counts), held to
-    ``check`` (the spec's answer unless given), in ``examples(long_examples)`` examples."""
+    heads, beside up to ``short_seqs`` short sequences, with ``ragged`` query counts, of one
+    ``batch`` kind of :data:`LONG_BATCHES` or either), held to ``check`` (the spec's answer unless
+    given), in ``examples(long_examples)`` examples."""
     limits = scale_limits()
     cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups,
-                    short_seqs=short_seqs, max_kv_heads=max_kv_heads, ragged=ragged)
+                    short_seqs=short_seqs, max_kv_heads=max_kv_heads, ragged=ragged,
+                    decode=None if batch is None else batch == "decode")
+    cell: dict[str, Any] = {"max_keys": limits.max_long}
+    if batch is not None:
+        cell["batch"] = batch
+        requires = _far_batch_requires(batch, requires or {})
     run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
-                   max_examples=examples(limits.long_examples), cell={"max_keys": limits.max_long},
-                   requires=requires)
+                   max_examples=examples(limits.long_examples), cell=cell, requires=requires)
 
 
+@pytest.mark.parametrize("batch", LONG_BATCHES)
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)  # the profile is loaded before collection
-def test_long_sequences_match_spec(request, backend, dtype):
+def test_long_sequences_match_spec(request, backend, dtype, batch):
     """A small batch of long sequences (thousands of keys: split-KV plans, long 16-bit rows) within
-    the error model of exact attention; inputs untouched."""
-    _run_long_cell(request, backend, dtype, "long_sequences")
+    the error model of exact attention; inputs untouched. This and the long cells below come one
+    per batch kind (:data:`LONG_BATCHES`); a backend without varlen batches has no ``queries`` cell."""
+    _run_long_cell(request, backend, dtype, "long_sequences", batch=batch)
 
 
+@pytest.mark.parametrize("batch", LONG_BATCHES)
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
-def test_long_sequences_with_a_window_match_spec(request, backend, dtype):
+def test_long_sequences_with_a_window_match_spec(request, backend, dtype, batch):
     """The long-sequence batches under a sliding window of at most a quarter of a sequence (with
     ALiBi where declared, sometimes softcap): split plans whose parts may see no key, within the
     error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "long_sequences_window", requires={"features": ("sliding_window",)},
-                   window=True)
+                   window=True, batch=batch)
 
 
+@pytest.mark.parametrize("batch", LONG_BATCHES)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
-def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
+def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype, batch):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
     of the fp8 paths, their partials and merge, within the error model; inputs untouched."""
-    _run_long_cell(request, backend, dtype, "long_sequences_fp8", requires={"features": ("fp8",)}, fp8=True)
+    _run_long_cell(request, backend, dtype, "long_sequences_fp8", requires={"features": ("fp8",)}, fp8=True,
+                   batch=batch)
 
 
 #: KV heads of the long cell of wide groups, at most: its query heads (up to 64) bound the spec's cost.
 WIDE_LONG_KV_HEADS = 2
 
 
+@pytest.mark.parametrize("batch", LONG_BATCHES)
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
-def test_long_sequences_of_wide_groups_match_spec(request, backend, dtype):
+def test_long_sequences_of_wide_groups_match_spec(request, backend, dtype, batch):
     """The long-sequence batches at 12 to 32 query heads a KV head: split plans whose parts hold a
     group wider than 8 rows, within the error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "long_sequences_wide_groups", groups=LONG_WIDE_GROUPS,
-                   max_kv_heads=WIDE_LONG_KV_HEADS)
+                   max_kv_heads=WIDE_LONG_KV_HEADS, batch=batch)
 
 
+@pytest.mark.parametrize("batch", LONG_BATCHES)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
-def test_long_sequences_of_wide_groups_with_fp8_caches_match_spec(request, backend, dtype):
+def test_long_sequences_of_wide_groups_with_fp8_caches_match_spec(request, backend, dtype, batch):
     """The long batches of wide groups with fp8 caches and scales (v_scale never 1): the fp8
     paths' split plans holding a group wider than 8 rows, within the error model; inputs
     untouched."""
     _run_long_cell(request, backend, dtype, "long_sequences_wide_groups_fp8", requires={"features": ("fp8",)},
-                   fp8=True, groups=LONG_WIDE_GROUPS, max_kv_heads=WIDE_LONG_KV_HEADS)
+                   fp8=True, groups=LONG_WIDE_GROUPS, max_kv_heads=WIDE_LONG_KV_HEADS, batch=batch)
 
 
 #: Short sequences of a mixed-length batch, at most: with its one or two long ones, four sequences.
 MIXED_SHORT_SEQS = 2
 
 
+@pytest.mark.parametrize("batch", LONG_BATCHES)
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
-def test_mixed_length_batches_match_spec(request, backend, dtype):
+def test_mixed_length_batches_match_spec(request, backend, dtype, batch):
     """Long sequences beside short ones in one small batch, a short one first: a plan that splits
     the long ones and leaves the short ones whole (or gives them parts past their end), within the
     error model; inputs untouched."""
-    _run_long_cell(request, backend, dtype, "mixed_lengths", short_seqs=MIXED_SHORT_SEQS)
+    _run_long_cell(request, backend, dtype, "mixed_lengths", short_seqs=MIXED_SHORT_SEQS, batch=batch)
 
 
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagedattn.backends.cupy.options import CupyOptions
-from pagedattn.backends.cupy.planning import choose_kernel, split_slots
+from pagedattn.backends.cupy.planning import build_work, choose_kernel, split_slots
 from pagedattn.conformance.checks import problem_of
 
 
@@ -411,3 +411,22 @@ def test_far_row_prefills_take_the_hopper_kernel(data: st.DataObject) -> None:
 
     case = data.draw(far_row_cases(CupyBackend().capabilities(), dtype="bfloat16", queries="prefills"))
     assert choose_kernel(problem_of(case), sm90=True).spec.module == "paged_attention_wgmma"
+
+
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), fp8=st.booleans(), decode=st.booleans())
+def test_long_batches_split_on_the_kernel_of_their_kind(data: st.DataObject, fp8: bool, decode: bool) -> None:
+    """The long cells of decode batches reach the decode kernel on sm_90, those of a few queries a
+    sequence the CUDA-core kernel (the mma.sync one with fp8 caches), and the plan splits them: each
+    kernel's split-KV parts and merge are checked in a cell of its own."""
+    from pagedattn.backends.cupy.backend import CupyBackend
+    from pagedattn.conformance.scale import long_sequence_cases
+
+    case = data.draw(long_sequence_cases(CupyBackend().capabilities(), dtype="float16", fp8=fp8, decode=decode))
+    problem = problem_of(case)
+    assert decode == (problem.num_tokens == problem.num_seqs) and problem.q_lens.min() >= (1 if decode else 2)
+    want = "paged_attention_decode" if decode else "paged_attention_mma" if fp8 else "paged_attention"
+    choice = choose_kernel(problem, sm90=True)
+    assert choice.spec.module == want
+    h200_sms = 132
+    assert build_work(problem, choice, slots=split_slots(problem, choice, 2 * h200_sms, h200_sms)).num_partials > 0
