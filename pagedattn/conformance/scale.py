@@ -100,6 +100,7 @@ from pagedattn.spec.dtypes import FP8_DTYPES, QUERY_DTYPES, numpy_dtype
 from pagedattn.spec.pools import INT32_OFFSET_LIMIT, UINT32_OFFSET_LIMIT, blocks_past, lazy_cache
 
 __all__ = [
+    "BATCH_KINDS",
     "FAR_BYTE_LIMIT",
     "FAR_MERGE_SEED",
     "FAR_PARTIAL_KEYS",
@@ -161,6 +162,7 @@ __all__ = [
     "WIDE_MERGE_HEADS",
     "WIDE_MERGE_HEAD_DIMS",
     "ScaleLimits",
+    "batch_kind_requires",
     "far_copy_blocks_cases",
     "far_layer_view_cases",
     "far_merge_row_cases",
@@ -234,6 +236,30 @@ SCALE_LIMITS: dict[str, ScaleLimits] = {
 #: Bound on ``queries x q_heads x keys x head_dim`` of a long sequence: the spec's float64
 #: gather for one sequence holds that many values (2**23: 64 MiB).
 SPEC_ELEMENTS = 2**23
+#: The batch kinds of the scale cells that come one cell per kind: decode (one query a sequence), and
+#: a few queries a sequence (varlen; 2 and up, as one query a sequence is a batch a backend may take
+#: as decode). GPU backends run each kind on kernels of their own (cupy on sm_90: its decode kernel;
+#: its CUDA-core kernel, or its mma.sync one for fp8 caches), and a cell of one or two examples
+#: that draws the kind reaches one of them only: its shrink target is decode.
+BATCH_KINDS: tuple[str, ...] = ("decode", "queries")
+
+
+def batch_kind_requires(batch: str, requires: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``requires`` of a cell of ``batch`` (one of :data:`BATCH_KINDS`): varlen batches besides, for a
+    few queries a sequence."""
+    requires = requires or {}
+    if batch == "decode":
+        return requires
+    return {**requires, "features": (*requires.get("features", ()), "varlen")}
+
+
+def _is_decode(draw: st.DrawFn, caps: Capabilities, decode: bool | None) -> bool:
+    """Whether a case is decode: ``decode`` where given, else drawn (a few queries only with varlen)."""
+    if decode is not None:
+        return decode
+    return not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+
+
 #: Block sizes that are no power of two, drawn for backends that accept any block size.
 ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
 #: Value patterns of the long cells. "trend": scores ramp by about +-2 along the sequence with
@@ -573,8 +599,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long <= SPEC_ELEMENTS)
     head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
     fewest_queries = 2 if decode is False else 1
-    if decode is None:
-        decode = not (caps.supports("varlen") and (ragged or draw(st.booleans(), label="varlen")))
+    decode = not caps.supports("varlen") if ragged else _is_decode(draw, caps, decode)
     budget = SPEC_ELEMENTS // (num_q_heads * head_dim)  # queries x keys of one sequence
     most_queries = max(2 if ragged else fewest_queries, min(LONG_MAX_QUERIES, budget // limits.min_long))
     q_len = 1 if decode else most_queries if ragged else draw(st.integers(fewest_queries, most_queries), label="q_len")
@@ -653,23 +678,24 @@ def _with_short_sequences(draw: st.DrawFn, lens: list[int], block_size: int, mos
 
 
 def very_long_sequence_cases(capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,
-                             fp8: bool = False) -> st.SearchStrategy[AttentionCase]:
+                             fp8: bool = False, decode: bool | None = None) -> st.SearchStrategy[AttentionCase]:
     """Return a strategy for one sequence of :data:`VERY_LONG_KEYS` to :data:`VERY_LONG_MAX` keys
     on one KV head: :func:`long_sequence_cases` past the lengths where 16-bit positions wrap and
     where a merge of a fixed number of split parts runs out (the shrink target: 76,460 keys);
-    with ``fp8``, fp8 caches and scales (``v_scale`` never 1)."""
-    return long_sequence_cases(capabilities, dtype=dtype, limits=_very_long_limits(limits), max_kv_heads=1, fp8=fp8)
+    with ``fp8``, fp8 caches and scales (``v_scale`` never 1); ``decode`` as there."""
+    return long_sequence_cases(capabilities, dtype=dtype, limits=_very_long_limits(limits), max_kv_heads=1, fp8=fp8,
+                               decode=decode)
 
 
-def very_long_window_sequence_cases(capabilities: Capabilities, *, dtype: str,
-                                    limits: ScaleLimits | None = None) -> st.SearchStrategy[AttentionCase]:
+def very_long_window_sequence_cases(capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,
+                                    decode: bool | None = None) -> st.SearchStrategy[AttentionCase]:
     """Return a strategy for :func:`very_long_sequence_cases` under a sliding window of
     :data:`LONG_WINDOW_MIN` to :data:`VERY_LONG_MAX_WINDOW` keys, softcap and ALiBi each sometimes
     (the shrink target: 76,460 keys, a window of 100, neither): every query position is past
     32,767 (the shrink target's past 65,535), so a window's test on positions held in 16 bits
-    passes keys far outside it."""
+    passes keys far outside it. ``decode`` as in :func:`long_sequence_cases`."""
     return long_sequence_cases(capabilities, dtype=dtype, limits=_very_long_limits(limits), max_kv_heads=1,
-                               window=True, max_window=VERY_LONG_MAX_WINDOW, window_alibi=False)
+                               window=True, max_window=VERY_LONG_MAX_WINDOW, window_alibi=False, decode=decode)
 
 
 def _very_long_limits(limits: ScaleLimits | None) -> ScaleLimits:
@@ -678,15 +704,17 @@ def _very_long_limits(limits: ScaleLimits | None) -> ScaleLimits:
                                                max_batch_keys=VERY_LONG_MAX)
 
 
-def million_key_sequence_cases(capabilities: Capabilities, *, dtype: str,
-                               limits: ScaleLimits | None = None) -> st.SearchStrategy[AttentionCase]:
+def million_key_sequence_cases(capabilities: Capabilities, *, dtype: str, limits: ScaleLimits | None = None,
+                               decode: bool | None = None) -> st.SearchStrategy[AttentionCase]:
     """Return a strategy for one sequence of :data:`MILLION_KEYS` to :data:`MILLION_MAX` keys on one
     KV head: :func:`long_sequence_cases` past what a plan, merge or table index sized for a
     131,072-key context holds (the shrink target: 1,223,340 keys). One or two query heads: the
-    spec's float64 of a million keys per query head (0.6 GB at head_dim 64) stays a few GB."""
+    spec's float64 of a million keys per query head (0.6 GB at head_dim 64) stays a few GB.
+    ``decode`` as in :func:`long_sequence_cases`."""
     limits = (limits or scale_limits())._replace(min_long=MILLION_KEYS, max_long=MILLION_MAX, max_long_seqs=1,
                                                  max_batch_keys=MILLION_MAX)
-    return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1, groups=(1, 2))
+    return long_sequence_cases(capabilities, dtype=dtype, limits=limits, max_kv_heads=1, groups=(1, 2),
+                               decode=decode)
 
 
 # -- a sequence past 2**31 bytes of keys and values ------------------------------------------
@@ -727,7 +755,8 @@ def kv_bytes_wrap_keys(head_dim: int, dtype: str) -> int:
 
 @st.composite
 def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                              limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
+                              limits: ScaleLimits | None = None, fp8: bool = False,
+                              decode: bool | None = None) -> AttentionCase:
     """Return a strategy for one sequence whose keys and values of one KV head pass
     :data:`KV_BYTES_LIMIT` bytes (:func:`kv_bytes_wrap_keys`: 4,194,304 keys at head_dim 128 in 16 bits)
     by 1/64 to 1/8 of that, on a pool of a few thousand blocks.
@@ -743,7 +772,8 @@ def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     repeats hide from out); garbage in the unused blocks and table entries; no ALiBi or window
     (scores that depend on a key's position differ between a block's places). With ``fp8``, one of
     the backend's fp8 cache dtypes and scales (``v_scale`` never 1), one byte an element: 8,388,608
-    keys at head_dim 128."""
+    keys at head_dim 128. ``decode`` True or False fixes the batch's kind (decode, or 2 or 3 queries);
+    None draws it."""
     del limits  # one size for every profile: the limit is a 32-bit integer's
     caps = capabilities
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
@@ -772,8 +802,9 @@ def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
         sign = np.where(np.isin(ids[:-spare], after), 1.0, -1.0)[:, None, None, None]
         cache[ids[:-spare]] = ((noise + sign * half_gap if which == 0 else noise - sign) / scale).astype(cache.dtype)
         caches.append(cache)
-    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
-    q_len = 1 if decode else draw(st.integers(1, 3), label="q_len")
+    fewest_queries = 2 if decode is False else 1
+    decode = _is_decode(draw, caps, decode)
+    q_len = 1 if decode else draw(st.integers(fewest_queries, 3), label="q_len")
     query = (1.0 + 0.1 * rng.standard_normal((q_len, group, head_dim))).astype(numpy_dtype(dtype))
     options: dict[str, Any] = {"return_lse": True} if caps.supports("lse") else {}
     options.update(scales)
@@ -847,8 +878,7 @@ def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int,
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
     # two blocks at least: a row sees keys of two far blocks, so keys read from the wrong place change it
     lens = [draw(st.integers(block_size + 1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
-    if decode is None:
-        decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
+    decode = _is_decode(draw, caps, decode)
     # two queries or three: a varlen batch of one query a sequence is one a backend may take as decode
     q_lens = None if decode else [draw(st.integers(2, 3), label=f"q_len[{s}]") for s in range(num_seqs)]
     return kv_layout, group, lens, q_lens
@@ -1466,14 +1496,15 @@ def _normal_caches(rng: np.random.Generator, pool: Any, block_size: int, lens: l
 
 @st.composite
 def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                     limits: ScaleLimits | None = None) -> AttentionCase:
+                     limits: ScaleLimits | None = None, decode: bool | None = None) -> AttentionCase:
     """Return a strategy for attention with 12 to 128 query heads per KV head (:data:`WIDE_GROUPS`).
 
     1 or 2 KV heads; decode, or a few queries per sequence; 1 to 3 sequences of up to
     ``limits.odd_max_len`` keys (their product with the heads bounded by :data:`SPEC_ELEMENTS`);
     the smallest declared head_dim or another; lse, ALiBi (one slope per query head) and
     softcap where declared, each sometimes. A kernel that holds a group in one tile of rows
-    must cut wider groups into tiles and give each query head its own row.
+    must cut wider groups into tiles and give each query head its own row. ``decode`` True or
+    False fixes the batch's kind (decode, or 2 to 5 queries a sequence); None draws it.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -1485,8 +1516,9 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     smallest = min(caps.head_dims or (16,))
     dims = head_dims(caps).filter(lambda d: num_q_heads * d * 64 <= SPEC_ELEMENTS)
     head_dim = draw(st.one_of(st.just(smallest), dims), label="head_dim")
-    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
-    q_len = 1 if decode else draw(st.integers(1, 5), label="q_len")
+    fewest_queries = 2 if decode is False else 1
+    decode = _is_decode(draw, caps, decode)
+    q_len = 1 if decode else draw(st.integers(fewest_queries, 5), label="q_len")
     top = max(block_size + 1, min(limits.odd_max_len, SPEC_ELEMENTS // (num_q_heads * head_dim * q_len)))
     num_seqs = draw(st.integers(1, 3), label="num_seqs")
     edges = st.sampled_from((block_size + 1, 1, block_size, top))
@@ -1557,14 +1589,16 @@ def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
 
 @st.composite
 def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                      limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
+                      limits: ScaleLimits | None = None, fp8: bool = False,
+                      decode: bool | None = None) -> AttentionCase:
     """Return a strategy for a batch of at least :data:`LARGE_BATCH_SEQS` sequences (and more pairs).
 
     1, 2 or 4 KV heads with GQA 1, 4 or 8; short sequences (1 to :data:`LARGE_BATCH_MAX_LEN`
     keys, block edges among them) in an interleaved or shuffled pool; decode, or a mixed batch
     where some sequences take a few queries. A kernel whose grid, or persistent work list,
     covers one wave of CTAs must still reach the last pair. With ``fp8``, fp8 caches and scales
-    (``v_scale`` never 1).
+    (``v_scale`` never 1). ``decode`` True or False fixes the batch's kind (decode, or mixed); None
+    draws it.
     """
     del limits  # one size for every profile: the threshold is the GPU's, not the profile's
     caps = capabilities
@@ -1579,7 +1613,7 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
     lens = np.where(rng.random(num_seqs) < 0.25, rng.choice(edges, num_seqs),
                     rng.integers(1, LARGE_BATCH_MAX_LEN + 1, num_seqs)).astype(int)
     lens[-1] = draw(st.sampled_from(tuple(edges)), label="last_seq_len")  # the last pair: past every wave
-    mixed = caps.supports("varlen") and draw(st.booleans(), label="mixed")
+    mixed = not _is_decode(draw, caps, decode)
     q_lens = None
     if mixed:  # a quarter of the sequences take up to 4 queries (chunked prefill beside decode)
         q_lens = np.where(rng.random(num_seqs) < 0.25, np.minimum(lens, rng.integers(1, 5, num_seqs)), 1).tolist()

@@ -27,8 +27,10 @@ import pytest
 from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
+    BATCH_KINDS,
     LONG_TAIL_KINDS,
     SPLIT_BATCH_PAIRS,
+    batch_kind_requires,
     kv_bytes_past_int32_cases,
     large_batch_cases,
     long_batch_cases,
@@ -143,13 +145,16 @@ def test_long_tails_in_a_full_batch_match_spec(request, backend):
                    requires={"features": ("fp8",), "many_programs": True})
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
-def test_wide_groups_match_spec(request, backend, dtype):
+def test_wide_groups_match_spec(request, backend, dtype, batch):
     """12 to 128 query heads per KV head (wider than one tile of rows; 96, 71 and others no power of
-    two), decode and a few queries, within the error model; inputs untouched."""
+    two), one cell of decode and one of a few queries a sequence, within the error model; inputs
+    untouched."""
     limits = scale_limits()
-    run_scale_cell(request, backend, wide_group_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="wide_groups", max_examples=limits.wide_examples)
+    run_scale_cell(request, backend, functools.partial(wide_group_cases, decode=batch == "decode"),
+                   checks.matches_spec, limits, dtype=dtype, feature="wide_groups",
+                   max_examples=limits.wide_examples, cell={"batch": batch}, requires=batch_kind_requires(batch))
 
 
 #: The dtype of the large-batch and many-token cells: how work is spread over CTAs does not depend
@@ -194,25 +199,31 @@ def test_split_batches_match_spec(request, backend, fp8):
                    requires={"features": ("fp8",) if fp8 else (), "launch_limits": True}, shrink=False)
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
-def test_large_batches_match_spec(request, backend, dtype):
-    """More than 4,224 short sequences (more than one wave of CTAs of any size on the GPU), decode
-    or mixed, within the error model; inputs untouched. A backend run in an
-    interpreter (no waves: one program at a time) is unsupported here."""
+def test_large_batches_match_spec(request, backend, dtype, batch):
+    """More than 4,224 short sequences (more than one wave of CTAs of any size on the GPU), one cell
+    of decode and one of mixed batches (a quarter of the sequences with up to 4 queries), within
+    the error model; inputs untouched. A backend run in an interpreter (no waves: one program at a
+    time) is unsupported here."""
     limits = scale_limits()
-    run_scale_cell(request, backend, large_batch_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="large_batch", max_examples=limits.batch_examples, requires={"launch_limits": True})
+    run_scale_cell(request, backend, functools.partial(large_batch_cases, decode=batch == "decode"),
+                   checks.matches_spec, limits, dtype=dtype, feature="large_batch",
+                   max_examples=limits.batch_examples, cell={"batch": batch},
+                   requires=batch_kind_requires(batch, {"launch_limits": True}))
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
-def test_large_batches_with_fp8_caches_match_spec(request, backend, dtype):
+def test_large_batches_with_fp8_caches_match_spec(request, backend, dtype, batch):
     """The large batches with fp8 caches and scales: the waves (or persistent work list) of the
-    fp8 decode paths, within the error model; inputs untouched. A backend run in an interpreter
-    is unsupported here."""
+    fp8 paths, decode and mixed, within the error model; inputs untouched. A backend run in an
+    interpreter is unsupported here."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(large_batch_cases, fp8=True), checks.matches_spec, limits,
-                   dtype=dtype, feature="large_batch_fp8", max_examples=limits.batch_examples,
-                   requires={"features": ("fp8",), "launch_limits": True})
+    run_scale_cell(request, backend, functools.partial(large_batch_cases, fp8=True, decode=batch == "decode"),
+                   checks.matches_spec, limits, dtype=dtype, feature="large_batch_fp8",
+                   max_examples=limits.batch_examples, cell={"batch": batch},
+                   requires=batch_kind_requires(batch, {"features": ("fp8",), "launch_limits": True}))
 
 
 def test_shared_prefix_batches_match_spec(request, backend):
@@ -299,73 +310,89 @@ VERY_LONG_DTYPES = ("float16",)
 KV_BYTES_DTYPES = ("float32", "bfloat16", "float16")
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
-def test_very_long_sequences_match_spec(request, backend, dtype):
+def test_very_long_sequences_match_spec(request, backend, dtype, batch):
     """One sequence of 65,537 to 131,072 keys on one KV head (positions past 16 bits; split plans
-    of more parts than 64), decode or a few queries, within the error model; inputs untouched."""
+    of more parts than 64), one cell of decode and one of a few queries, within the error model;
+    inputs untouched. This and the very long, million-key and 2**31-byte cells below come one per
+    batch kind (:data:`~pagedattn.conformance.scale.BATCH_KINDS`)."""
     limits = scale_limits()
-    run_scale_cell(request, backend, very_long_sequence_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="very_long_sequences", max_examples=limits.batch_examples)
+    run_scale_cell(request, backend, functools.partial(very_long_sequence_cases, decode=batch == "decode"),
+                   checks.matches_spec, limits, dtype=dtype, feature="very_long_sequences",
+                   max_examples=limits.batch_examples, cell={"batch": batch}, requires=batch_kind_requires(batch))
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
-def test_very_long_sequences_with_fp8_caches_match_spec(request, backend, dtype):
+def test_very_long_sequences_with_fp8_caches_match_spec(request, backend, dtype, batch):
     """The very long sequence with fp8 caches and scales (v_scale never 1): the fp8 paths' split
     plans and merges of more than 65,536 keys (a backend may split them finer than its 16-bit
     caches), within the error model; inputs untouched. In an interpreter (a tile at a time, every
     key) only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(very_long_sequence_cases, fp8=True), checks.matches_spec,
-                   limits, dtype=dtype, feature="very_long_sequences_fp8", max_examples=limits.batch_examples,
-                   requires={"features": ("fp8",), "many_programs": True})
+    run_scale_cell(request, backend, functools.partial(very_long_sequence_cases, fp8=True, decode=batch == "decode"),
+                   checks.matches_spec, limits, dtype=dtype, feature="very_long_sequences_fp8",
+                   max_examples=limits.batch_examples, cell={"batch": batch},
+                   requires=batch_kind_requires(batch, {"features": ("fp8",), "many_programs": True}))
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
-def test_very_long_sequences_with_a_window_match_spec(request, backend, dtype):
+def test_very_long_sequences_with_a_window_match_spec(request, backend, dtype, batch):
     """The very long sequence under a sliding window of 100 to 4,096 keys (query positions past
     32,767, where a window's test on 16-bit positions passes keys far outside it), softcap and
     ALiBi each sometimes, within the error model; inputs untouched."""
     limits = scale_limits()
-    run_scale_cell(request, backend, very_long_window_sequence_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="very_long_sequences_window", max_examples=limits.batch_examples,
-                   requires={"features": ("sliding_window",)})
+    run_scale_cell(request, backend, functools.partial(very_long_window_sequence_cases, decode=batch == "decode"),
+                   checks.matches_spec, limits, dtype=dtype, feature="very_long_sequences_window",
+                   max_examples=limits.batch_examples, cell={"batch": batch},
+                   requires=batch_kind_requires(batch, {"features": ("sliding_window",)}))
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", VERY_LONG_DTYPES)
-def test_million_key_sequences_match_spec(request, backend, dtype):
+def test_million_key_sequences_match_spec(request, backend, dtype, batch):
     """One sequence of 1,048,577 to 1,310,720 keys on one KV head (a million-token model's context:
     more keys than a plan or merge sized for 131,072 holds, block-table columns past 65,536 at
     block size 16), decode or a few queries, within the error model; inputs untouched. In an
     interpreter (minutes of tiles) only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
-    run_scale_cell(request, backend, million_key_sequence_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="million_key_sequences", max_examples=limits.batch_examples,
-                   requires={"many_programs": True}, shrink=False)  # a shrink step costs the spec seconds
+    run_scale_cell(request, backend, functools.partial(million_key_sequence_cases, decode=batch == "decode"),
+                   checks.matches_spec, limits, dtype=dtype, feature="million_key_sequences",
+                   max_examples=limits.batch_examples, cell={"batch": batch},
+                   requires=batch_kind_requires(batch, {"many_programs": True}),
+                   shrink=False)  # a shrink step costs the spec seconds
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", KV_BYTES_DTYPES)
-def test_sequences_past_2_31_bytes_of_keys_and_values_match_spec(request, backend, dtype):
+def test_sequences_past_2_31_bytes_of_keys_and_values_match_spec(request, backend, dtype, batch):
     """One sequence whose keys and values of one KV head pass 2**31 bytes, where a size held in
     signed 32 bits wraps (4,194,304 keys at head_dim 128 in 16 bits; 1,048,576 at head_dim 256 in
     float32), its block table repeating a few dozen blocks; decode or a few queries, out and lse
     within the error model; inputs untouched. On a CPU the 16-bit dtypes (2 to 4 million keys) run
     only under PAGEDATTN_SIZE=large, and in an interpreter every dtype does."""
     limits = scale_limits()
-    run_scale_cell(request, backend, kv_bytes_past_int32_cases, checks.matches_spec_by_distinct_blocks,
-                   limits, dtype=dtype, feature="kv_bytes_past_int32", max_examples=limits.batch_examples,
-                   requires={"many_programs": True, "large_arrays": dtype != "float32"}, shrink=False)
+    run_scale_cell(request, backend, functools.partial(kv_bytes_past_int32_cases, decode=batch == "decode"),
+                   checks.matches_spec_by_distinct_blocks, limits, dtype=dtype, feature="kv_bytes_past_int32",
+                   max_examples=limits.batch_examples, cell={"batch": batch},
+                   requires=batch_kind_requires(batch, {"many_programs": True, "large_arrays": dtype != "float32"}),
+                   shrink=False)
 
 
-def test_sequences_past_2_31_bytes_of_fp8_keys_and_values_match_spec(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_sequences_past_2_31_bytes_of_fp8_keys_and_values_match_spec(request, backend, batch):
     """The sequence past 2**31 bytes with fp8 caches and scales (v_scale never 1) under bfloat16
     queries: one byte an element, 8,388,608 keys and more at head_dim 128 (the fp8 path's own sizes
     and plans); out and lse within the error model; inputs untouched. On a CPU and in an
     interpreter only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(kv_bytes_past_int32_cases, fp8=True),
+    run_scale_cell(request, backend, functools.partial(kv_bytes_past_int32_cases, fp8=True, decode=batch == "decode"),
                    checks.matches_spec_by_distinct_blocks, limits, dtype="bfloat16",
-                   feature="kv_bytes_past_int32_fp8", max_examples=limits.batch_examples,
-                   requires={"features": ("fp8",), "many_programs": True, "large_arrays": True}, shrink=False)
+                   feature="kv_bytes_past_int32_fp8", max_examples=limits.batch_examples, cell={"batch": batch},
+                   requires=batch_kind_requires(batch, {"features": ("fp8",), "many_programs": True,
+                                                        "large_arrays": True}), shrink=False)
 
 
 def test_copy_blocks_of_many_pairs(request, backend):

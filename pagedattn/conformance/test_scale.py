@@ -29,6 +29,7 @@ from pagedattn.backends.interface import Backend
 from pagedattn.conformance import checks
 from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
+    BATCH_KINDS,
     FAR_BYTE_LIMIT,
     LONG_GROUPS,
     LONG_HEAD_NEEDLE_KINDS,
@@ -36,6 +37,7 @@ from pagedattn.conformance.scale import (
     LONG_TAIL_KINDS,
     LONG_VALUE_KINDS,
     LONG_WIDE_GROUPS,
+    batch_kind_requires,
     far_copy_blocks_cases,
     far_layer_view_cases,
     far_merge_row_cases,
@@ -68,20 +70,6 @@ pytestmark = pytest.mark.pagedattn_conformance
 #: 16-bit dtypes of the far-pool cells (a pool past 2**31 elements is 4 GiB of address space each)
 #: and of the long cells with fp8 caches (fp8 caches hold keys of 16-bit queries).
 FAR_DTYPES = ("float16", "bfloat16")
-#: The far-pool cells' short batches, one cell each: decode, and a few queries a sequence (varlen).
-#: GPU backends run them on kernels of their own (cupy on sm_90: its decode kernel; its CUDA-core
-#: kernel, or its mma.sync one for fp8 caches), and one example a cell would reach one of them only.
-FAR_BATCHES = ("decode", "queries")
-#: The long cells' batches, one cell each: decode, and 2 to 4 queries a sequence (varlen). The same
-#: split plans run on other kernels for each (cupy on sm_90: its decode kernel; its CUDA-core kernel,
-#: or its mma.sync one for fp8 caches), and the one example a cell draws under ``quick`` is decode.
-LONG_BATCHES = FAR_BATCHES
-
-
-def _far_batch_requires(batch: str, requires: dict[str, Any]) -> dict[str, Any]:
-    """``requires`` of a far-pool or long cell of ``batch``: varlen batches besides, for a few queries a
-    sequence."""
-    return {**requires, "features": (*requires.get("features", ()), "varlen")} if batch == "queries" else requires
 
 
 def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
@@ -94,8 +82,8 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
     window, of value patterns ``kinds``, of GQA ratios ``groups`` on up to ``max_kv_heads`` KV
     heads, beside up to ``short_seqs`` short sequences, with ``ragged`` query counts, of one
-    ``batch`` kind of :data:`LONG_BATCHES` or either), held to ``check`` (the spec's answer unless
-    given), in ``examples(long_examples)`` examples."""
+    ``batch`` kind of :data:`~pagedattn.conformance.scale.BATCH_KINDS` or either), held to
+    ``check`` (the spec's answer unless given), in ``examples(long_examples)`` examples."""
     limits = scale_limits()
     cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups,
                     short_seqs=short_seqs, max_kv_heads=max_kv_heads, ragged=ragged,
@@ -103,21 +91,22 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
     cell: dict[str, Any] = {"max_keys": limits.max_long}
     if batch is not None:
         cell["batch"] = batch
-        requires = _far_batch_requires(batch, requires or {})
+        requires = batch_kind_requires(batch, requires)
     run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
                    max_examples=examples(limits.long_examples), cell=cell, requires=requires)
 
 
-@pytest.mark.parametrize("batch", LONG_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)  # the profile is loaded before collection
 def test_long_sequences_match_spec(request, backend, dtype, batch):
     """A small batch of long sequences (thousands of keys: split-KV plans, long 16-bit rows) within
     the error model of exact attention; inputs untouched. This and the long cells below come one
-    per batch kind (:data:`LONG_BATCHES`); a backend without varlen batches has no ``queries`` cell."""
+    per batch kind (:data:`~pagedattn.conformance.scale.BATCH_KINDS`); a backend without varlen
+    batches has no ``queries`` cell."""
     _run_long_cell(request, backend, dtype, "long_sequences", batch=batch)
 
 
-@pytest.mark.parametrize("batch", LONG_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
 def test_long_sequences_with_a_window_match_spec(request, backend, dtype, batch):
     """The long-sequence batches under a sliding window of at most a quarter of a sequence (with
@@ -127,7 +116,7 @@ def test_long_sequences_with_a_window_match_spec(request, backend, dtype, batch)
                    window=True, batch=batch)
 
 
-@pytest.mark.parametrize("batch", LONG_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype, batch):
     """The long-sequence batches with fp8 caches and scales (v_scale never 1): split-KV plans
@@ -140,7 +129,7 @@ def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype, batc
 WIDE_LONG_KV_HEADS = 2
 
 
-@pytest.mark.parametrize("batch", LONG_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
 def test_long_sequences_of_wide_groups_match_spec(request, backend, dtype, batch):
     """The long-sequence batches at 12 to 32 query heads a KV head: split plans whose parts hold a
@@ -149,7 +138,7 @@ def test_long_sequences_of_wide_groups_match_spec(request, backend, dtype, batch
                    max_kv_heads=WIDE_LONG_KV_HEADS, batch=batch)
 
 
-@pytest.mark.parametrize("batch", LONG_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_long_sequences_of_wide_groups_with_fp8_caches_match_spec(request, backend, dtype, batch):
     """The long batches of wide groups with fp8 caches and scales (v_scale never 1): the fp8
@@ -163,7 +152,7 @@ def test_long_sequences_of_wide_groups_with_fp8_caches_match_spec(request, backe
 MIXED_SHORT_SEQS = 2
 
 
-@pytest.mark.parametrize("batch", LONG_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", scale_limits().long_dtypes)
 def test_mixed_length_batches_match_spec(request, backend, dtype, batch):
     """Long sequences beside short ones in one small batch, a short one first: a plan that splits
@@ -377,7 +366,7 @@ def test_merges_of_many_wide_heads_match_exact_merge(request, backend, dtype):
                    feature="wide_merges", max_examples=limits.odd_examples, requires={"features": ("merge_states",)})
 
 
-@pytest.mark.parametrize("batch", FAR_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_far_pool_attention_matches_spec(request, backend, dtype, batch):
     """Attention on caches past 2**31 elements, every block in use past element 2**31 (the last
@@ -387,7 +376,7 @@ def test_far_pool_attention_matches_spec(request, backend, dtype, batch):
     run_scale_cell(request, backend, partial(far_pool_cases, decode=batch == "decode"), checks.far_pool_matches_spec,
                    limits, dtype=dtype, feature="far_pool", max_examples=limits.far_examples,
                    cell={"pool_elements": limits.pool_elements, "batch": batch},
-                   requires=_far_batch_requires(batch, {"pool_elements": limits.pool_elements}))
+                   requires=batch_kind_requires(batch, {"pool_elements": limits.pool_elements}))
 
 
 #: The block sizes of the far-pool cell of small and large blocks: the small- and large-block cells'.
@@ -422,7 +411,7 @@ def test_far_pool_long_prefills_match_spec(request, backend, dtype):
                    requires={"features": ("varlen",), "pool_elements": limits.pool_elements})
 
 
-@pytest.mark.parametrize("batch", FAR_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype, batch):
     """The far-pool attention cases with fp8 caches and scales, every block in use past byte 2**32
@@ -434,10 +423,10 @@ def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype
     run_scale_cell(request, backend, partial(far_pool_cases, fp8=True, decode=batch == "decode"),
                    checks.far_pool_matches_spec, limits, dtype=dtype, feature="far_pool_fp8",
                    max_examples=limits.far_examples, cell={"pool_elements": pool_elements, "batch": batch},
-                   requires=_far_batch_requires(batch, {"features": ("fp8",), "pool_elements": pool_elements}))
+                   requires=batch_kind_requires(batch, {"features": ("fp8",), "pool_elements": pool_elements}))
 
 
-@pytest.mark.parametrize("batch", FAR_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_far_layer_views_match_spec(request, backend, dtype, batch):
     """Attention on K/V views of one layer of a pool past 2**32 elements, each view under 2**31,
@@ -449,11 +438,11 @@ def test_far_layer_views_match_spec(request, backend, dtype, batch):
     run_scale_cell(request, backend, partial(far_layer_view_cases, decode=batch == "decode"), checks.matches_spec,
                    limits, dtype=dtype, feature="far_layer_view", max_examples=limits.far_examples,
                    cell={"pool_elements": pool_elements, "batch": batch},
-                   requires=_far_batch_requires(batch, {"features": ("strided_caches",),
+                   requires=batch_kind_requires(batch, {"features": ("strided_caches",),
                                                         "pool_elements": pool_elements}))
 
 
-@pytest.mark.parametrize("batch", FAR_BATCHES)
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_far_table_rows_match_spec(request, backend, dtype, batch):
     """Attention whose block table is a view of an engine's table of more than 2**32 entries, every
@@ -465,7 +454,7 @@ def test_far_table_rows_match_spec(request, backend, dtype, batch):
     limits = scale_limits()
     run_scale_cell(request, backend, partial(far_table_cases, decode=batch == "decode"), checks.matches_spec,
                    limits, dtype=dtype, feature="far_table", max_examples=limits.far_examples,
-                   cell={"batch": batch}, requires=_far_batch_requires(batch, {"many_programs": True}))
+                   cell={"batch": batch}, requires=batch_kind_requires(batch, {"many_programs": True}))
 
 
 #: The far-pool cells of the cache operations: each operation's cases and check.
