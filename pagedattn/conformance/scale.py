@@ -240,7 +240,7 @@ SPEC_ELEMENTS = 2**23
 #: a few queries a sequence (varlen; 2 and up, as one query a sequence is a batch a backend may take
 #: as decode). GPU backends run each kind on kernels of their own (cupy on sm_90: its decode kernel;
 #: its CUDA-core kernel, or its mma.sync one for fp8 caches), and a cell of one or two examples
-#: that draws the kind reaches one of them only: its shrink target is decode.
+#: that draws the kind reaches one of them only.
 BATCH_KINDS: tuple[str, ...] = ("decode", "queries")
 
 
