@@ -224,36 +224,41 @@ def test_long_runs_hold_no_memory(request, backend):
 TAIL_DTYPES = ("float16", "bfloat16")
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", TAIL_DTYPES)
-def test_long_tails_match_spec(request, backend, dtype):
+def test_long_tails_match_spec(request, backend, dtype, batch):
     """The long-sequence batches with a sink: each sequence's first key scores 8 above the rest, whose
     weights are each under 2**-10 of its own and together hold half or more of a row's mass (kernels
     that drop weights that small are right only on short rows); within the error model."""
-    _run_long_cell(request, backend, dtype, "long_tails", kinds=LONG_TAIL_KINDS)
+    _run_long_cell(request, backend, dtype, "long_tails", kinds=LONG_TAIL_KINDS, batch=batch)
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", TAIL_DTYPES)
-def test_long_tails_with_fp8_caches_match_spec(request, backend, dtype):
+def test_long_tails_with_fp8_caches_match_spec(request, backend, dtype, batch):
     """The long-tail batches with fp8 caches and scales: fp8 paths that take P in fp8 for the P V
     product flush the small weights; within the error model."""
     _run_long_cell(request, backend, dtype, "long_tails_fp8", requires={"features": ("fp8",)}, fp8=True,
-                   kinds=LONG_TAIL_KINDS)
+                   kinds=LONG_TAIL_KINDS, batch=batch)
 
 
-def test_long_needles_match_spec(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_long_needles_match_spec(request, backend, batch):
     """The long-sequence batches with two needles past the first half of each sequence, scoring 100
     above every other key: a split plan's later part has an lse 100 above the earlier parts', past
     what float32's exp holds, which a merge must shift by the largest before exponentiating;
     within the error model (float16 queries: the overflow is float32's, whatever the query's dtype)."""
-    _run_long_cell(request, backend, "float16", "long_needles", kinds=LONG_NEEDLE_KINDS, examples=few_long_examples)
+    _run_long_cell(request, backend, "float16", "long_needles", kinds=LONG_NEEDLE_KINDS, examples=few_long_examples,
+                   batch=batch)
 
 
 #: The caches of the cell of one-head needles: the query's dtype (float16), or fp8 under bfloat16 queries.
 HEAD_NEEDLE_CACHES = ("same", "fp8")
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("cache", HEAD_NEEDLE_CACHES)
-def test_long_needles_of_single_heads_match_spec(request, backend, cache):
+def test_long_needles_of_single_heads_match_spec(request, backend, cache, batch):
     """The long batches of wide groups where every score is 0 but one key a query head, its
     needle, which scores 16 for that head alone: a step where one row of a tile raises its running
     max and no other must still rescale that row's O (a rescale decided over some of the tile's
@@ -261,24 +266,26 @@ def test_long_needles_of_single_heads_match_spec(request, backend, cache):
     fp8 = cache == "fp8"
     _run_long_cell(request, backend, "bfloat16" if fp8 else "float16", f"long_head_needles_{cache}",
                    requires={"features": ("fp8",)} if fp8 else None, fp8=fp8, kinds=LONG_HEAD_NEEDLE_KINDS,
-                   groups=LONG_WIDE_GROUPS, max_kv_heads=WIDE_LONG_KV_HEADS, examples=few_long_examples)
+                   groups=LONG_WIDE_GROUPS, max_kv_heads=WIDE_LONG_KV_HEADS, examples=few_long_examples, batch=batch)
 
 
-def test_long_sequences_with_non_finite_scores_propagate(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_long_sequences_with_non_finite_scores_propagate(request, backend, batch):
     """The long-sequence batches with NaN or inf in a query or in a key every query of its sequence
     sees: one split part's max and lse are not finite, and the merge carries that to the row's out
     and lse as IEEE arithmetic does (never weighed as an empty part)."""
     _run_long_cell(request, backend, "float16", "long_nonfinite", check=checks.nonfinite_scores_propagate,
-                   examples=few_long_examples)
+                   examples=few_long_examples, batch=batch)
 
 
-def test_long_rows_of_minus_inf_scores_are_empty(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_long_rows_of_minus_inf_scores_are_empty(request, backend, batch):
     """The long-sequence batches with one row of each sequence whose every score is -inf (its query
     -inf in one dim, every key of the sequence 1 there): each part of a split plan is empty, and
     the row gets out 0 and lse -inf, as a row without keys; a merge of parts that are all empty
     must not make it exp(-inf + inf) = NaN."""
     _run_long_cell(request, backend, "float16", "long_empty_rows", check=checks.minus_inf_rows_are_empty,
-                   examples=few_long_examples)
+                   examples=few_long_examples, batch=batch)
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
