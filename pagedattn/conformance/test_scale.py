@@ -184,39 +184,44 @@ def few_long_examples(long_examples: int) -> int:
     return max(1, long_examples // 2)
 
 
-def test_long_plans_serve_many_runs(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_long_plans_serve_many_runs(request, backend, batch):
     """A split plan of the long-sequence batches used as an engine uses it: beside a second plan,
     run on the next layer's query and caches, then on the first arrays again. Every run within
     the error model; an earlier run's out and lse kept; the same arrays give the same bits (a
     merge that adds the parts in the order they finish does not)."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_plans", check=checks.plan_serves_many_runs,
-                   examples=few_long_examples, groups=PLAN_GROUPS)
+                   examples=few_long_examples, groups=PLAN_GROUPS, batch=batch)
 
 
-def test_long_captured_runs_replay_new_contents(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_long_captured_runs_replay_new_contents(request, backend, batch):
     """A split plan of the long-sequence batches captured in a CUDA graph, replayed after the next
     layer's query and caches are written into its arrays: the bits of an eager run. Unsupported
     off CUDA and for plans that are not capturable."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_replays", requires={"device": "cuda"},
-                   check=checks.replay_matches_eager, examples=few_long_examples, groups=PLAN_GROUPS)
+                   check=checks.replay_matches_eager, examples=few_long_examples, groups=PLAN_GROUPS, batch=batch)
 
 
-def test_long_runs_follow_the_callers_stream(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_long_runs_follow_the_callers_stream(request, backend, batch):
     """A split plan of the long-sequence batches run on a side stream of torch's, behind a delay and
     after the next layer's query and caches are written into its arrays there: the bits of an eager
     run. Every launch of a split run (the parts, the merge) goes on the caller's stream; the small
     cases of the plan cell never split. Unsupported off CUDA and for backends that do not take
     torch CUDA tensors."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_streams", requires={"device": "cuda"},
-                   check=checks.run_follows_callers_stream, examples=few_long_examples, groups=PLAN_GROUPS)
+                   check=checks.run_follows_callers_stream, examples=few_long_examples, groups=PLAN_GROUPS,
+                   batch=batch)
 
 
-def test_long_runs_hold_no_memory(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_long_runs_hold_no_memory(request, backend, batch):
     """A split plan of the long-sequence batches run step after step on arrays allocated anew and
     dropped after each step: the step's arrays freed, and the memory in use grows by less than one
     run's out and lse (a split run that allocates its partials and never frees them fails)."""
     _run_long_cell(request, backend, PLAN_DTYPE, "long_memory", check=checks.runs_hold_no_memory,
-                   examples=few_long_examples, groups=PLAN_GROUPS)
+                   examples=few_long_examples, groups=PLAN_GROUPS, batch=batch)
 
 
 #: dtypes of the long-tail cells: the 16-bit ones (a float32 kernel that drops weights of 2**-10 is
