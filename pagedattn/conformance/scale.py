@@ -1207,12 +1207,14 @@ def _odd_head_dims(caps: Capabilities) -> tuple[int, ...]:
 
 @st.composite
 def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                   limits: ScaleLimits | None = None) -> AttentionCase:
+                   limits: ScaleLimits | None = None, decode: bool | None = None) -> AttentionCase:
     """Return a strategy for attention where every size the backend lets vary is no power of two.
 
     3, 5 or 6 KV heads with GQA ratios 1, 3, 5, 6, 7; a head_dim and a block size that are no
     power of two where declared (any: 48, 72, 80, 96 and 24, 40, 48); 1, 3 or 5 sequences of
-    odd lengths up to ``limits.odd_max_len``; an odd ``num_blocks``; odd query counts.
+    odd lengths up to ``limits.odd_max_len``; an odd ``num_blocks``; odd query counts. ``decode``
+    True or False fixes the batch's kind (decode, or 3, 5 or 7 queries a sequence where it holds as
+    many keys); None draws it.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -1227,8 +1229,9 @@ def odd_size_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     odd_lengths = st.integers(0, (limits.odd_max_len - 1) // 2).map(lambda k: 2 * k + 1)
     lens = [draw(st.one_of(st.sampled_from((1, block_size + 1, 3 * block_size - 1)), odd_lengths),
                  label=f"seq_lens[{s}]") for s in range(num_seqs)]
-    decode = not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
-    q_lens = None if decode else [min(n, draw(st.sampled_from((1, 3, 5, 7)), label=f"q_len[{s}]"))
+    q_counts = (3, 5, 7) if decode is False else (1, 3, 5, 7)
+    decode = _is_decode(draw, caps, decode)
+    q_lens = None if decode else [min(n, draw(st.sampled_from(q_counts), label=f"q_len[{s}]"))
                                   for s, n in enumerate(lens)]
     pool = draw(block_tables(np.array(lens), block_size, ("shuffled", "interleaved", "reversed")), label="pool")
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
@@ -1636,14 +1639,16 @@ def large_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str
 
 @st.composite
 def shared_prefix_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                              limits: ScaleLimits | None = None, prefixes: int = 1) -> AttentionCase:
+                              limits: ScaleLimits | None = None, prefixes: int = 1,
+                              decode: bool | None = None) -> AttentionCase:
     """Return a strategy for :data:`SHARED_PREFIX_SEQS` sequences in ``prefixes`` groups, each
     group's sequences sharing the physical blocks of a prefix of :data:`SHARED_PREFIX_KEYS` keys
     (whole blocks, as prefix caching shares them), then :data:`SHARED_PREFIX_SUFFIX` keys each in
     blocks of their own (200 first), shuffled in the pool; values of :func:`_shared_prefix_values`.
     Every query lies in its sequence's suffix: decode, or a mixed batch where some sequences take
-    a few queries. The first two sequences are in the first group. GQA 4 or 8 (a prefix pass's
-    rows are tokens x query heads); lse, ALiBi and softcap each sometimes.
+    a few queries (the first sequence two where its suffix holds them). The first two sequences are in the first
+    group. GQA 4 or 8 (a prefix pass's rows are tokens x query heads); lse, ALiBi and softcap
+    each sometimes. ``decode`` True or False fixes the batch's kind (decode, or mixed); None draws it.
     """
     del limits  # one size for every profile: the thresholds are an engine's, not the profile's
     caps = capabilities
@@ -1660,11 +1665,12 @@ def shared_prefix_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     low, high = SHARED_PREFIX_SUFFIX  # the longest first: a suffix weighs about as much as the prefix
     suffixes = [high - draw(st.integers(0, high - low), label=f"suffix_shortfall[{s}]") for s in range(num_seqs)]
     lens = [prefix_blocks[g] * block_size + n for g, n in zip(group.tolist(), suffixes, strict=True)]
-    mixed = caps.supports("varlen") and draw(st.booleans(), label="mixed")
+    mixed = not _is_decode(draw, caps, decode)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     q_lens = None
-    if mixed:  # a quarter of the sequences take up to 4 queries, all in their suffix
+    if mixed:  # a quarter of the sequences take up to 4 queries, all in their suffix; the first 2 or more
         q_lens = np.where(rng.random(num_seqs) < 0.25, np.minimum(suffixes, rng.integers(1, 5, num_seqs)), 1).tolist()
+        q_lens[0] = max(q_lens[0], min(2, suffixes[0]))
     own = [-(-n // block_size) for n in suffixes]
     num_blocks = sum(prefix_blocks) + sum(own) + draw(st.integers(0, 3), label="spare_blocks")
     ids = rng.permutation(num_blocks)

@@ -226,25 +226,28 @@ def test_large_batches_with_fp8_caches_match_spec(request, backend, dtype, batch
                    requires=batch_kind_requires(batch, {"features": ("fp8",), "launch_limits": True}))
 
 
-def test_shared_prefix_batches_match_spec(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_shared_prefix_batches_match_spec(request, backend, batch):
     """16 to 128 sequences sharing the blocks of a prefix of 256 to 2,048 keys, every query in its
     sequence's own blocks: the batches for which engines take a cascade path (the prefix once for
     every sequence, merged with each suffix), within the error model; inputs untouched."""
-    _run_shared_prefix_cell(request, backend, 1)
+    _run_shared_prefix_cell(request, backend, 1, batch)
 
 
-def test_two_shared_prefix_batches_match_spec(request, backend):
+@pytest.mark.parametrize("batch", BATCH_KINDS)
+def test_two_shared_prefix_batches_match_spec(request, backend, batch):
     """The shared-prefix batches in two groups, each sharing a prefix of its own (the first two
     sequences in the first): a batch with no prefix common to all, which a cascade path must not
     take as one."""
-    _run_shared_prefix_cell(request, backend, 2)
+    _run_shared_prefix_cell(request, backend, 2, batch)
 
 
-def _run_shared_prefix_cell(request, backend, prefixes: int) -> None:
+def _run_shared_prefix_cell(request, backend, prefixes: int, batch: str) -> None:
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(shared_prefix_batch_cases, prefixes=prefixes),
-                   checks.matches_spec, limits, dtype="bfloat16", feature=f"shared_prefix_x{prefixes}",
-                   max_examples=limits.batch_examples)
+    cases = functools.partial(shared_prefix_batch_cases, prefixes=prefixes, decode=batch == "decode")
+    run_scale_cell(request, backend, cases, checks.matches_spec, limits, dtype="bfloat16",
+                   feature=f"shared_prefix_x{prefixes}", max_examples=limits.batch_examples, cell={"batch": batch},
+                   requires=batch_kind_requires(batch))
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)

@@ -293,13 +293,16 @@ def test_long_rows_of_minus_inf_scores_are_empty(request, backend, batch):
                    examples=few_long_examples, batch=batch)
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
-def test_odd_sizes_match_spec(request, backend, dtype):
+def test_odd_sizes_match_spec(request, backend, dtype, batch):
     """Head counts, GQA ratios, head_dim, block_size, num_blocks, lengths and batch sizes that are
-    no power of two, wherever the backend allows them, within the error model."""
+    no power of two, wherever the backend allows them, within the error model; one cell of decode,
+    one of odd query counts."""
     limits = scale_limits()
-    run_scale_cell(request, backend, odd_size_cases, checks.matches_spec, limits, dtype=dtype,
-                   feature="odd_sizes", max_examples=limits.odd_examples)
+    run_scale_cell(request, backend, partial(odd_size_cases, decode=batch == "decode"), checks.matches_spec,
+                   limits, dtype=dtype, feature="odd_sizes", max_examples=limits.odd_examples,
+                   cell={"batch": batch}, requires=batch_kind_requires(batch))
 
 
 #: The dtypes of the large-block and large-head cells: where a page or a head is cut into tiles does
@@ -396,18 +399,20 @@ FAR_BLOCK_SIZES: dict[str, Callable[[Capabilities], tuple[int, ...]]] = {
     "small": small_block_sizes, "large": large_block_sizes}
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("blocks", FAR_BLOCK_SIZES)
-def test_far_pools_of_small_and_large_blocks_match_spec(request, backend, blocks):
+def test_far_pools_of_small_and_large_blocks_match_spec(request, backend, blocks, batch):
     """The far-pool attention cases in blocks of fewer than 16 slots (one slot first) or of 128
     and more (512 first): paths of their own (a token-level page table, a page of several key
-    tiles) address the pool past element 2**31 in code of their own. A backend that declares no
-    such block size is unsupported here."""
+    tiles) address the pool past element 2**31 in code of their own; one cell of decode, one of a
+    few queries a sequence. A backend that declares no such block size is unsupported here."""
     limits = scale_limits()
     sizes = FAR_BLOCK_SIZES[blocks](backend.capabilities())
-    run_scale_cell(request, backend, partial(far_pool_cases, block_sizes=sizes), checks.far_pool_matches_spec, limits,
-                   dtype="float16", feature="far_pool", max_examples=limits.far_examples,
-                   cell={"pool_elements": limits.pool_elements, "blocks": blocks},
-                   requires={"block_size": sizes[0], "pool_elements": limits.pool_elements})
+    run_scale_cell(request, backend, partial(far_pool_cases, block_sizes=sizes, decode=batch == "decode"),
+                   checks.far_pool_matches_spec, limits, dtype="float16", feature="far_pool",
+                   max_examples=limits.far_examples,
+                   cell={"pool_elements": limits.pool_elements, "blocks": blocks, "batch": batch},
+                   requires=batch_kind_requires(batch, {"block_size": sizes[0], "pool_elements": limits.pool_elements}))
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
