@@ -131,8 +131,9 @@ def test_long_sequences_with_fp8_caches_under_a_window_match_spec(request, backe
     """The windowed long batches with fp8 caches and scales: the fp8 paths' split plans whose parts
     may see no key, with ALiBi where declared and softcap sometimes, within the error model; inputs
     untouched. Kernels of their own take fp8 caches under a window for a few queries a sequence
-    (flashinfer issue 3864: a speculative verify of bfloat16 queries on fp8 caches, right without
-    the window and on fp8 queries, mis-computed rows once a sequence passed the window)."""
+    (flashinfer-ai/flashinfer issue 3864: a speculative verify of bfloat16 queries on fp8 caches,
+    right without the window and on fp8 queries, mis-computed rows once a sequence passed the
+    window)."""
     _run_long_cell(request, backend, dtype, "long_sequences_window_fp8",
                    requires={"features": ("fp8", "sliding_window")}, fp8=True, window=True, batch=batch)
 
