@@ -88,6 +88,11 @@ def drawn(strategy, count: int) -> list:
     return found[:count]
 
 
+def assert_batch_kind(problem, batch: str) -> None:  # type: ignore[no-untyped-def]
+    """``problem`` is of ``batch``: decode, or a varlen batch with 2 queries or more in some sequence."""
+    assert problem.is_decode == (batch == "decode") and (batch == "decode" or int(problem.q_lens.max()) >= 2)
+
+
 def rss_mib() -> float:
     with open("/proc/self/status") as status:
         line = next(line for line in status if line.startswith("VmRSS:"))
@@ -121,17 +126,20 @@ LONG_CELLS = {"long": ({"dtype": "float16"}, int),
                              test_scale.few_long_examples)}
 
 
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
 @pytest.mark.parametrize("profile", ["quick", "ci"])
 @pytest.mark.parametrize("cell", sorted(LONG_CELLS))
-def test_long_cases_reach_split_plans_of_triton_and_cupy(profile, cell):
+def test_long_cases_reach_split_plans_of_triton_and_cupy(profile, cell, batch):
     from pagedattn.backends.cupy.planning import build_work
 
     limits = scale.scale_limits(profile)
     for caps in (ANY, DECLARED):
         drawing, examples = LONG_CELLS[cell]
-        cases = drawn(scale.long_sequence_cases(caps, limits=limits, **drawing), examples(limits.long_examples))
+        strategy = scale.long_sequence_cases(caps, limits=limits, decode=batch == "decode", **drawing)
+        cases = drawn(strategy, examples(limits.long_examples))
         for index, case in enumerate(cases):
             problem = checks.problem_of(case)
+            assert problem.is_decode == (batch == "decode") and problem.q_lens.min() >= (batch != "decode") + 1
             assert problem.seq_lens.min() >= limits.min_long
             assert int(problem.seq_lens.max()) % problem.block_size or len(problem.seq_lens) > 1
             # the H200 splits every case; the interpreter's 4 "SMs" are filled by a batch of a few heads,
@@ -763,10 +771,14 @@ def test_a_backend_capped_below_the_large_head_dims_is_unsupported_before_any_dr
 
 # -- wide groups and large batches ------------------------------------------------------------
 
-def test_wide_group_cases_cut_a_group_into_several_tiles_of_triton_and_cupy():
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
+def test_wide_group_cases_cut_a_group_into_several_tiles_of_triton_and_cupy(batch):
     from pagedattn.backends.cupy.planning import build_work
 
-    cases = drawn(scale.wide_group_cases(DECLARED, dtype="bfloat16", limits=scale.scale_limits("quick")), 6)
+    cases = drawn(scale.wide_group_cases(DECLARED, dtype="bfloat16", limits=scale.scale_limits("quick"),
+                                         decode=batch == "decode"), 6)
+    for case in cases:
+        assert_batch_kind(checks.problem_of(case), batch)
     assert all(checks.problem_of(case).group_size >= 12 for case in cases)
     assert len({checks.problem_of(case).group_size for case in cases}) > 1
     problem = checks.problem_of(cases[0])  # the shrink target: past a 16-row and a 64-row tile
@@ -778,9 +790,13 @@ def test_wide_group_cases_cut_a_group_into_several_tiles_of_triton_and_cupy():
     assert len(set(work.items[:, 4].tolist())) > 1  # cupy's items start at more than one query head of a group
 
 
-def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy():
-    for case in drawn(scale.large_batch_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 3):
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
+def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy(batch):
+    cases = scale.large_batch_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick"),
+                                    decode=batch == "decode")
+    for case in drawn(cases, 3):
         problem = checks.problem_of(case)
+        assert_batch_kind(problem, batch)
         assert problem.num_seqs > scale.MAX_RESIDENT_CTAS  # one CTA per sequence: more than one wave
         assert int(problem.seq_lens.max()) <= scale.LARGE_BATCH_MAX_LEN
         tiles, programs, _ = triton_grid(problem)
@@ -813,12 +829,15 @@ def test_large_batch_fp8_cases_hold_fp8_caches_past_one_wave_of_cupy():
         assert h200_cupy_work(problem).items.shape[0] > 2 * H200_CUPY_DECODE_SLOTS
 
 
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
 @pytest.mark.parametrize("prefixes", [1, 2])
-def test_shared_prefix_cases_share_the_blocks_of_a_long_prefix_before_every_query(prefixes):
+def test_shared_prefix_cases_share_the_blocks_of_a_long_prefix_before_every_query(prefixes, batch):
     from pagedattn.conformance.mutants.scale import CASCADE_MIN_KEYS, CASCADE_MIN_SEQS, CascadeKernelBackend
 
-    for case in drawn(scale.shared_prefix_batch_cases(ANY, dtype="bfloat16", prefixes=prefixes), 3):
+    cases = scale.shared_prefix_batch_cases(ANY, dtype="bfloat16", prefixes=prefixes, decode=batch == "decode")
+    for case in drawn(cases, 3):
         problem = checks.problem_of(case)
+        assert_batch_kind(problem, batch)
         tables, bs = problem.block_tables, problem.block_size
         assert problem.num_seqs >= 2 * CASCADE_MIN_SEQS and problem.num_q_heads >= 4
         shared = CascadeKernelBackend().shared_blocks(problem)  # leading blocks alike in every row
@@ -945,14 +964,17 @@ def test_non_causal_long_prefill_cases_take_several_query_tiles_without_the_mask
         assert int(problem.q_lens.max()) > 2 * tiles.block_q  # several of triton's query tiles
 
 
-def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_triton_and_cupy():
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
+def test_very_long_cases_pass_16_bit_positions_and_fill_the_split_plans_of_triton_and_cupy(batch):
     from pagedattn.backends.triton.launch_config import MAX_SPLITS
     from pagedattn.conformance.mutants.scale import MERGE_MAX_PARTS, PART_KEYS, UINT16_POSITIONS
 
     for profile in ("quick", "ci"):
         limits = scale.scale_limits(profile)
-        (case,) = drawn(scale.very_long_sequence_cases(DECLARED, dtype="float16", limits=limits), 1)
+        (case,) = drawn(scale.very_long_sequence_cases(DECLARED, dtype="float16", limits=limits,
+                                                       decode=batch == "decode"), 1)
         problem = checks.problem_of(case)
+        assert_batch_kind(problem, batch)
         length = int(problem.seq_lens[0])
         assert problem.num_seqs == 1 and problem.num_kv_heads == 1
         assert length > UINT16_POSITIONS and length % problem.block_size  # a partial last block
@@ -994,12 +1016,15 @@ def test_very_long_fp8_cases_take_cupys_fp8_plan_past_the_parts_of_its_16_bit_pl
     assert fp8_parts > same_parts > MERGE_MAX_PARTS  # the fp8 plan splits finer
 
 
-def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_triton_and_cupy():
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
+def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_triton_and_cupy(batch):
     from pagedattn.backends.triton.launch_config import MAX_SPLITS
     from pagedattn.conformance.mutants.scale import MERGE_MAX_KEYS, PART_KEYS
 
-    (case,) = drawn(scale.million_key_sequence_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick")), 1)
+    (case,) = drawn(scale.million_key_sequence_cases(DECLARED, dtype="float16", limits=scale.scale_limits("quick"),
+                                                     decode=batch == "decode"), 1)
     problem = checks.problem_of(case)
+    assert_batch_kind(problem, batch)
     length = int(problem.seq_lens[0])
     assert problem.num_seqs == 1 and problem.num_kv_heads == 1 and problem.num_q_heads <= 2  # the spec's memory
     assert length > 2**20 and length % problem.block_size  # a partial last block
@@ -1010,15 +1035,18 @@ def test_million_key_cases_pass_a_128k_context_and_fill_the_split_plans_of_trito
     assert int(work.merges[:, 6].max()) > MERGE_MAX_KEYS // PART_KEYS, work.merges  # more parts than 131,072 keys'
 
 
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
 @pytest.mark.parametrize(("dtype", "fp8", "head_dim", "wrap"),
                          [("bfloat16", False, 128, 2**22), ("float32", False, 256, 2**20),
                           ("bfloat16", True, 128, 2**23)])
-def test_kv_bytes_cases_pass_2_31_bytes_of_one_heads_keys_and_values_on_a_small_pool(dtype, fp8, head_dim, wrap):
+def test_kv_bytes_cases_pass_2_31_bytes_of_one_heads_keys_and_values_on_a_small_pool(dtype, fp8, head_dim, wrap,
+                                                                                     batch):
     """The shrink target: FlashAttention's wrap at 4,194,304 keys of head_dim 128 in 16 bits (8,388,608
     in fp8), the fewest keys (float32, head_dim 256) for a CPU; the keys past the wrap in blocks of
     their own, weighing a share of the row that moves out by whole units when dropped."""
-    (case,) = drawn(scale.kv_bytes_past_int32_cases(DECLARED, dtype=dtype, fp8=fp8), 1)
+    (case,) = drawn(scale.kv_bytes_past_int32_cases(DECLARED, dtype=dtype, fp8=fp8, decode=batch == "decode"), 1)
     problem = checks.problem_of(case)
+    assert_batch_kind(problem, batch)
     assert (problem.cache_dtype in FP8_DTYPES and problem.v_scale != 1) if fp8 else problem.cache_dtype == dtype
     assert scale.kv_bytes_wrap_keys(head_dim, problem.cache_dtype) == wrap
     length, bs = int(problem.seq_lens[0]), problem.block_size
