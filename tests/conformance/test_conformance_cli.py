@@ -53,7 +53,7 @@ def test_every_check_a_cell_runs_can_be_replayed():
 def test_a_long_plan_failure_is_saved_and_replayed(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = cli.main(["--backend", "mutant:SplitPlanBindsFirstRunArrays", "--profile", "quick", "--out", str(tmp_path),
-                     "-k", "test_long_plans_serve_many_runs"])
+                     "-k", "test_long_plans_serve_many_runs and decode"])
     assert code == 1
     [case] = sorted((tmp_path / "cases").glob("*.npz"))
     capsys.readouterr()
