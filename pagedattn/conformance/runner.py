@@ -266,12 +266,19 @@ FIRST_FAILURE_UNSHRUNK: dict[str, Any] = {**FIRST_FAILURE, "phases": tuple(
 def run_scale_cell(request: Any, backend: Backend, cases: Callable[..., Any],
                    check: Callable[[Backend, Any], float], limits: ScaleLimits, *, dtype: str, feature: str,
                    max_examples: int, cell: dict[str, Any] | None = None,
-                   requires: dict[str, Any] | None = None, shrink: bool = True) -> None:
+                   requires: dict[str, Any] | None = None, shrink: bool = True, batch: str | None = None) -> None:
     """A scale cell: ``check`` on ``cases(capabilities, dtype=, limits=)`` (a strategy of
     :mod:`pagedattn.conformance.scale`), stopping at the first failure (shrunk unless ``shrink``
     is false); ``cell`` and ``requires`` add to the cell's record and to what it requires beyond
-    ``dtype``. The device memory the cell's large arrays leave cached goes back to the driver at
-    the end."""
+    ``dtype``. With ``batch`` (one of :data:`~pagedattn.conformance.scale.BATCH_KINDS`), the cases
+    are of that kind only (``cases(..., decode=)``), the cell's record names it, and a few queries
+    a sequence require varlen batches. The device memory the cell's large arrays leave cached goes
+    back to the driver at the end."""
+    if batch is not None:
+        cases = functools.partial(cases, decode=batch == "decode")
+        cell = {**(cell or {}), "batch": batch}
+        if batch != "decode":
+            requires = {**(requires or {}), "features": (*(requires or {}).get("features", ()), "varlen")}
     try:
         run_property(
             request, backend, lambda: cases(backend.capabilities(), dtype=dtype, limits=limits), check,

@@ -162,7 +162,6 @@ __all__ = [
     "WIDE_MERGE_HEADS",
     "WIDE_MERGE_HEAD_DIMS",
     "ScaleLimits",
-    "batch_kind_requires",
     "far_copy_blocks_cases",
     "far_layer_view_cases",
     "far_merge_row_cases",
@@ -242,15 +241,6 @@ SPEC_ELEMENTS = 2**23
 #: its CUDA-core kernel, or its mma.sync one for fp8 caches), and a cell of one or two examples
 #: that draws the kind reaches one of them only.
 BATCH_KINDS: tuple[str, ...] = ("decode", "queries")
-
-
-def batch_kind_requires(batch: str, requires: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``requires`` of a cell of ``batch`` (one of :data:`BATCH_KINDS`): varlen batches besides, for a
-    few queries a sequence."""
-    requires = requires or {}
-    if batch == "decode":
-        return requires
-    return {**requires, "features": (*requires.get("features", ()), "varlen")}
 
 
 def _is_decode(draw: st.DrawFn, caps: Capabilities, decode: bool | None) -> bool:

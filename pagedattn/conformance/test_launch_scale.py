@@ -30,7 +30,6 @@ from pagedattn.conformance.scale import (
     BATCH_KINDS,
     LONG_TAIL_KINDS,
     SPLIT_BATCH_PAIRS,
-    batch_kind_requires,
     kv_bytes_past_int32_cases,
     large_batch_cases,
     long_batch_cases,
@@ -152,9 +151,9 @@ def test_wide_groups_match_spec(request, backend, dtype, batch):
     two), one cell of decode and one of a few queries a sequence, within the error model; inputs
     untouched."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(wide_group_cases, decode=batch == "decode"),
+    run_scale_cell(request, backend, wide_group_cases,
                    checks.matches_spec, limits, dtype=dtype, feature="wide_groups",
-                   max_examples=limits.wide_examples, cell={"batch": batch}, requires=batch_kind_requires(batch))
+                   max_examples=limits.wide_examples, batch=batch)
 
 
 #: The dtype of the large-batch and many-token cells: how work is spread over CTAs does not depend
@@ -207,10 +206,10 @@ def test_large_batches_match_spec(request, backend, dtype, batch):
     the error model; inputs untouched. A backend run in an interpreter (no waves: one program at a
     time) is unsupported here."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(large_batch_cases, decode=batch == "decode"),
+    run_scale_cell(request, backend, large_batch_cases,
                    checks.matches_spec, limits, dtype=dtype, feature="large_batch",
-                   max_examples=limits.batch_examples, cell={"batch": batch},
-                   requires=batch_kind_requires(batch, {"launch_limits": True}))
+                   max_examples=limits.batch_examples,
+                   requires={"launch_limits": True}, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -220,10 +219,10 @@ def test_large_batches_with_fp8_caches_match_spec(request, backend, dtype, batch
     fp8 paths, decode and mixed, within the error model; inputs untouched. A backend run in an
     interpreter is unsupported here."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(large_batch_cases, fp8=True, decode=batch == "decode"),
+    run_scale_cell(request, backend, functools.partial(large_batch_cases, fp8=True),
                    checks.matches_spec, limits, dtype=dtype, feature="large_batch_fp8",
-                   max_examples=limits.batch_examples, cell={"batch": batch},
-                   requires=batch_kind_requires(batch, {"features": ("fp8",), "launch_limits": True}))
+                   max_examples=limits.batch_examples,
+                   requires={"features": ("fp8",), "launch_limits": True}, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -244,10 +243,9 @@ def test_two_shared_prefix_batches_match_spec(request, backend, batch):
 
 def _run_shared_prefix_cell(request, backend, prefixes: int, batch: str) -> None:
     limits = scale_limits()
-    cases = functools.partial(shared_prefix_batch_cases, prefixes=prefixes, decode=batch == "decode")
-    run_scale_cell(request, backend, cases, checks.matches_spec, limits, dtype="bfloat16",
-                   feature=f"shared_prefix_x{prefixes}", max_examples=limits.batch_examples, cell={"batch": batch},
-                   requires=batch_kind_requires(batch))
+    run_scale_cell(request, backend, functools.partial(shared_prefix_batch_cases, prefixes=prefixes),
+                   checks.matches_spec, limits, dtype="bfloat16", feature=f"shared_prefix_x{prefixes}",
+                   max_examples=limits.batch_examples, batch=batch)
 
 
 @pytest.mark.parametrize("dtype", LARGE_BATCH_DTYPES)
@@ -321,9 +319,9 @@ def test_very_long_sequences_match_spec(request, backend, dtype, batch):
     inputs untouched. This and the very long, million-key and 2**31-byte cells below come one per
     batch kind (:data:`~pagedattn.conformance.scale.BATCH_KINDS`)."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(very_long_sequence_cases, decode=batch == "decode"),
+    run_scale_cell(request, backend, very_long_sequence_cases,
                    checks.matches_spec, limits, dtype=dtype, feature="very_long_sequences",
-                   max_examples=limits.batch_examples, cell={"batch": batch}, requires=batch_kind_requires(batch))
+                   max_examples=limits.batch_examples, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -334,10 +332,10 @@ def test_very_long_sequences_with_fp8_caches_match_spec(request, backend, dtype,
     caches), within the error model; inputs untouched. In an interpreter (a tile at a time, every
     key) only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(very_long_sequence_cases, fp8=True, decode=batch == "decode"),
+    run_scale_cell(request, backend, functools.partial(very_long_sequence_cases, fp8=True),
                    checks.matches_spec, limits, dtype=dtype, feature="very_long_sequences_fp8",
-                   max_examples=limits.batch_examples, cell={"batch": batch},
-                   requires=batch_kind_requires(batch, {"features": ("fp8",), "many_programs": True}))
+                   max_examples=limits.batch_examples,
+                   requires={"features": ("fp8",), "many_programs": True}, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -347,10 +345,10 @@ def test_very_long_sequences_with_a_window_match_spec(request, backend, dtype, b
     32,767, where a window's test on 16-bit positions passes keys far outside it), softcap and
     ALiBi each sometimes, within the error model; inputs untouched."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(very_long_window_sequence_cases, decode=batch == "decode"),
+    run_scale_cell(request, backend, very_long_window_sequence_cases,
                    checks.matches_spec, limits, dtype=dtype, feature="very_long_sequences_window",
-                   max_examples=limits.batch_examples, cell={"batch": batch},
-                   requires=batch_kind_requires(batch, {"features": ("sliding_window",)}))
+                   max_examples=limits.batch_examples,
+                   requires={"features": ("sliding_window",)}, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -361,11 +359,11 @@ def test_million_key_sequences_match_spec(request, backend, dtype, batch):
     block size 16), decode or a few queries, within the error model; inputs untouched. In an
     interpreter (minutes of tiles) only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(million_key_sequence_cases, decode=batch == "decode"),
+    run_scale_cell(request, backend, million_key_sequence_cases,
                    checks.matches_spec, limits, dtype=dtype, feature="million_key_sequences",
-                   max_examples=limits.batch_examples, cell={"batch": batch},
-                   requires=batch_kind_requires(batch, {"many_programs": True}),
-                   shrink=False)  # a shrink step costs the spec seconds
+                   max_examples=limits.batch_examples,
+                   requires={"many_programs": True},
+                   shrink=False, batch=batch)  # a shrink step costs the spec seconds
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -377,11 +375,11 @@ def test_sequences_past_2_31_bytes_of_keys_and_values_match_spec(request, backen
     within the error model; inputs untouched. On a CPU the 16-bit dtypes (2 to 4 million keys) run
     only under PAGEDATTN_SIZE=large, and in an interpreter every dtype does."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(kv_bytes_past_int32_cases, decode=batch == "decode"),
+    run_scale_cell(request, backend, kv_bytes_past_int32_cases,
                    checks.matches_spec_by_distinct_blocks, limits, dtype=dtype, feature="kv_bytes_past_int32",
-                   max_examples=limits.batch_examples, cell={"batch": batch},
-                   requires=batch_kind_requires(batch, {"many_programs": True, "large_arrays": dtype != "float32"}),
-                   shrink=False)
+                   max_examples=limits.batch_examples,
+                   requires={"many_programs": True, "large_arrays": dtype != "float32"},
+                   shrink=False, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -391,11 +389,11 @@ def test_sequences_past_2_31_bytes_of_fp8_keys_and_values_match_spec(request, ba
     and plans); out and lse within the error model; inputs untouched. On a CPU and in an
     interpreter only under PAGEDATTN_SIZE=large."""
     limits = scale_limits()
-    run_scale_cell(request, backend, functools.partial(kv_bytes_past_int32_cases, fp8=True, decode=batch == "decode"),
+    run_scale_cell(request, backend, functools.partial(kv_bytes_past_int32_cases, fp8=True),
                    checks.matches_spec_by_distinct_blocks, limits, dtype="bfloat16",
-                   feature="kv_bytes_past_int32_fp8", max_examples=limits.batch_examples, cell={"batch": batch},
-                   requires=batch_kind_requires(batch, {"features": ("fp8",), "many_programs": True,
-                                                        "large_arrays": True}), shrink=False)
+                   feature="kv_bytes_past_int32_fp8", max_examples=limits.batch_examples,
+                   requires={"features": ("fp8",), "many_programs": True, "large_arrays": True}, shrink=False,
+                   batch=batch)
 
 
 def test_copy_blocks_of_many_pairs(request, backend):

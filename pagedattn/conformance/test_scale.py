@@ -37,7 +37,6 @@ from pagedattn.conformance.scale import (
     LONG_TAIL_KINDS,
     LONG_VALUE_KINDS,
     LONG_WIDE_GROUPS,
-    batch_kind_requires,
     far_copy_blocks_cases,
     far_layer_view_cases,
     far_merge_row_cases,
@@ -86,14 +85,10 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
     ``check`` (the spec's answer unless given), in ``examples(long_examples)`` examples."""
     limits = scale_limits()
     cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups,
-                    short_seqs=short_seqs, max_kv_heads=max_kv_heads, ragged=ragged,
-                    decode=None if batch is None else batch == "decode")
-    cell: dict[str, Any] = {"max_keys": limits.max_long}
-    if batch is not None:
-        cell["batch"] = batch
-        requires = batch_kind_requires(batch, requires)
+                    short_seqs=short_seqs, max_kv_heads=max_kv_heads, ragged=ragged)
     run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
-                   max_examples=examples(limits.long_examples), cell=cell, requires=requires)
+                   max_examples=examples(limits.long_examples), cell={"max_keys": limits.max_long},
+                   requires=requires, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -313,9 +308,9 @@ def test_odd_sizes_match_spec(request, backend, dtype, batch):
     no power of two, wherever the backend allows them, within the error model; one cell of decode,
     one of odd query counts."""
     limits = scale_limits()
-    run_scale_cell(request, backend, partial(odd_size_cases, decode=batch == "decode"), checks.matches_spec,
+    run_scale_cell(request, backend, odd_size_cases, checks.matches_spec,
                    limits, dtype=dtype, feature="odd_sizes", max_examples=limits.odd_examples,
-                   cell={"batch": batch}, requires=batch_kind_requires(batch))
+                   batch=batch)
 
 
 #: The dtypes of the large-block and large-head cells: where a page or a head is cut into tiles does
@@ -401,10 +396,10 @@ def test_far_pool_attention_matches_spec(request, backend, dtype, batch):
     block too), within the error model; the blocks in use unchanged. One cell of decode batches,
     one of a few queries a sequence (unsupported without varlen batches)."""
     limits = scale_limits()
-    run_scale_cell(request, backend, partial(far_pool_cases, decode=batch == "decode"), checks.far_pool_matches_spec,
+    run_scale_cell(request, backend, far_pool_cases, checks.far_pool_matches_spec,
                    limits, dtype=dtype, feature="far_pool", max_examples=limits.far_examples,
-                   cell={"pool_elements": limits.pool_elements, "batch": batch},
-                   requires=batch_kind_requires(batch, {"pool_elements": limits.pool_elements}))
+                   cell={"pool_elements": limits.pool_elements},
+                   requires={"pool_elements": limits.pool_elements}, batch=batch)
 
 
 #: The block sizes of the far-pool cell of small and large blocks: the small- and large-block cells'.
@@ -421,11 +416,11 @@ def test_far_pools_of_small_and_large_blocks_match_spec(request, backend, blocks
     few queries a sequence. A backend that declares no such block size is unsupported here."""
     limits = scale_limits()
     sizes = FAR_BLOCK_SIZES[blocks](backend.capabilities())
-    run_scale_cell(request, backend, partial(far_pool_cases, block_sizes=sizes, decode=batch == "decode"),
+    run_scale_cell(request, backend, partial(far_pool_cases, block_sizes=sizes),
                    checks.far_pool_matches_spec, limits, dtype="float16", feature="far_pool",
                    max_examples=limits.far_examples,
-                   cell={"pool_elements": limits.pool_elements, "blocks": blocks, "batch": batch},
-                   requires=batch_kind_requires(batch, {"block_size": sizes[0], "pool_elements": limits.pool_elements}))
+                   cell={"pool_elements": limits.pool_elements, "blocks": blocks},
+                   requires={"block_size": sizes[0], "pool_elements": limits.pool_elements}, batch=batch)
 
 
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
@@ -450,10 +445,10 @@ def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype
     batches, one of a few queries a sequence (unsupported without varlen batches)."""
     limits = scale_limits()
     pool_elements = max(limits.pool_elements, FAR_BYTE_LIMIT)
-    run_scale_cell(request, backend, partial(far_pool_cases, fp8=True, decode=batch == "decode"),
+    run_scale_cell(request, backend, partial(far_pool_cases, fp8=True),
                    checks.far_pool_matches_spec, limits, dtype=dtype, feature="far_pool_fp8",
-                   max_examples=limits.far_examples, cell={"pool_elements": pool_elements, "batch": batch},
-                   requires=batch_kind_requires(batch, {"features": ("fp8",), "pool_elements": pool_elements}))
+                   max_examples=limits.far_examples, cell={"pool_elements": pool_elements},
+                   requires={"features": ("fp8",), "pool_elements": pool_elements}, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -465,11 +460,10 @@ def test_far_layer_views_match_spec(request, backend, dtype, batch):
     (unsupported without varlen batches)."""
     limits = scale_limits()
     pool_elements = past_uint32_elements(limits)
-    run_scale_cell(request, backend, partial(far_layer_view_cases, decode=batch == "decode"), checks.matches_spec,
+    run_scale_cell(request, backend, far_layer_view_cases, checks.matches_spec,
                    limits, dtype=dtype, feature="far_layer_view", max_examples=limits.far_examples,
-                   cell={"pool_elements": pool_elements, "batch": batch},
-                   requires=batch_kind_requires(batch, {"features": ("strided_caches",),
-                                                        "pool_elements": pool_elements}))
+                   cell={"pool_elements": pool_elements},
+                   requires={"features": ("strided_caches",), "pool_elements": pool_elements}, batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
@@ -482,9 +476,9 @@ def test_far_table_rows_match_spec(request, backend, dtype, batch):
     its own. An interpreter, which runs the padding entries' programs one at a time (minutes), is
     unsupported here."""
     limits = scale_limits()
-    run_scale_cell(request, backend, partial(far_table_cases, decode=batch == "decode"), checks.matches_spec,
+    run_scale_cell(request, backend, far_table_cases, checks.matches_spec,
                    limits, dtype=dtype, feature="far_table", max_examples=limits.far_examples,
-                   cell={"batch": batch}, requires=batch_kind_requires(batch, {"many_programs": True}))
+                   requires={"many_programs": True}, batch=batch)
 
 
 #: The far-pool cells of the cache operations: each operation's cases and check.
