@@ -387,20 +387,6 @@ def test_far_pool_long_prefills_take_the_hopper_kernel(data: st.DataObject, dtyp
     assert choose_kernel(problem_of(case), sm90=True).spec.module == "paged_attention_wgmma"
 
 
-@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(data=st.data(), fp8=st.booleans(), decode=st.booleans())
-def test_far_pool_batches_take_the_kernel_of_their_kind(data: st.DataObject, fp8: bool, decode: bool) -> None:
-    """The far-pool cells of decode batches reach the decode kernel on sm_90, those of a few queries a
-    sequence the CUDA-core kernel (the mma.sync one with fp8 caches): each kernel's block offsets past
-    element 2**31 are checked in a cell of its own."""
-    from pagedattn.backends.cupy.backend import CupyBackend
-    from pagedattn.conformance.scale import far_pool_cases
-
-    case = data.draw(far_pool_cases(CupyBackend().capabilities(), dtype="float16", fp8=fp8, decode=decode))
-    want = "paged_attention_decode" if decode else "paged_attention_mma" if fp8 else "paged_attention"
-    assert choose_kernel(problem_of(case), sm90=True).spec.module == want
-
-
 @settings(max_examples=2, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_far_row_prefills_take_the_hopper_kernel(data: st.DataObject) -> None:
@@ -416,17 +402,18 @@ def test_far_row_prefills_take_the_hopper_kernel(data: st.DataObject) -> None:
 #: Scale strategies whose cells come one per batch kind, as their cells draw them (the costliest,
 #: million-key and 2**31-byte cases, left out: they take the very long ones' kernels; and the wide
 #: groups, which cupy runs on its CUDA-core kernel in decode too, past the decode kernel's 16 rows).
-BATCH_KIND_STRATEGIES = ("long_sequence_cases", "very_long_sequence_cases", "large_batch_cases")
+BATCH_KIND_STRATEGIES = ("far_pool_cases", "long_sequence_cases", "very_long_sequence_cases", "large_batch_cases")
 
 
-@settings(max_examples=3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), fp8=st.booleans(), decode=st.booleans())
 @pytest.mark.parametrize("strategy", BATCH_KIND_STRATEGIES)
 def test_scale_cells_of_each_batch_kind_take_the_kernel_of_their_kind(strategy: str, data: st.DataObject, fp8: bool,
                                                                      decode: bool) -> None:
     """The scale cells of decode batches reach the decode kernel on sm_90, those of a few queries a
     sequence the CUDA-core kernel (the mma.sync one with fp8 caches), and the long ones' plans split
-    them: each kernel's split-KV parts and merge, positions and waves are checked in a cell of its own."""
+    them: each kernel's block offsets past element 2**31, split-KV parts and merge, positions and
+    waves are checked in a cell of its own."""
     from pagedattn.backends.cupy.backend import CupyBackend
     from pagedattn.conformance import scale
 
