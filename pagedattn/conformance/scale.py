@@ -250,6 +250,12 @@ def _is_decode(draw: st.DrawFn, caps: Capabilities, decode: bool | None) -> bool
     return not (caps.supports("varlen") and draw(st.booleans(), label="varlen"))
 
 
+def _fewest_queries(decode: bool | None) -> int:
+    """The fewest queries a sequence of a case that is not decode: 2 where the cell asks for a
+    few queries (a batch of one query each a backend may treat as decode), else 1."""
+    return 2 if decode is False else 1
+
+
 #: Block sizes that are no power of two, drawn for backends that accept any block size.
 ODD_BLOCK_SIZES: tuple[int, ...] = (24, 40, 48)
 #: Value patterns of the long cells. "trend": scores ramp by about +-2 along the sequence with
@@ -588,7 +594,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     num_q_heads = num_kv_heads * group
     dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long <= SPEC_ELEMENTS)
     head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
-    fewest_queries = 2 if decode is False else 1
+    fewest_queries = _fewest_queries(decode)
     decode = not caps.supports("varlen") if ragged else _is_decode(draw, caps, decode)
     budget = SPEC_ELEMENTS // (num_q_heads * head_dim)  # queries x keys of one sequence
     most_queries = max(2 if ragged else fewest_queries, min(LONG_MAX_QUERIES, budget // limits.min_long))
@@ -792,7 +798,7 @@ def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
         sign = np.where(np.isin(ids[:-spare], after), 1.0, -1.0)[:, None, None, None]
         cache[ids[:-spare]] = ((noise + sign * half_gap if which == 0 else noise - sign) / scale).astype(cache.dtype)
         caches.append(cache)
-    fewest_queries = 2 if decode is False else 1
+    fewest_queries = _fewest_queries(decode)
     decode = _is_decode(draw, caps, decode)
     q_len = 1 if decode else draw(st.integers(fewest_queries, 3), label="q_len")
     query = (1.0 + 0.1 * rng.standard_normal((q_len, group, head_dim))).astype(numpy_dtype(dtype))
@@ -1509,7 +1515,7 @@ def wide_group_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     smallest = min(caps.head_dims or (16,))
     dims = head_dims(caps).filter(lambda d: num_q_heads * d * 64 <= SPEC_ELEMENTS)
     head_dim = draw(st.one_of(st.just(smallest), dims), label="head_dim")
-    fewest_queries = 2 if decode is False else 1
+    fewest_queries = _fewest_queries(decode)
     decode = _is_decode(draw, caps, decode)
     q_len = 1 if decode else draw(st.integers(fewest_queries, 5), label="q_len")
     top = max(block_size + 1, min(limits.odd_max_len, SPEC_ELEMENTS // (num_q_heads * head_dim * q_len)))
