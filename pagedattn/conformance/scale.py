@@ -137,6 +137,7 @@ __all__ = [
     "LONG_TAIL_KINDS",
     "LONG_VALUE_KINDS",
     "LONG_WIDE_GROUPS",
+    "LONG_WINDOW_EDGE_KINDS",
     "LONG_WINDOW_MIN",
     "MANY_PAIRS",
     "MANY_SEQUENCES",
@@ -299,6 +300,19 @@ NEEDLE_GAP = 100.0
 #: whose values lie near 1; split ranges and the streams within them do not hide it, as every
 #: part starts from scores that never rise.
 LONG_HEAD_NEEDLE_KINDS: tuple[str, ...] = ("head_needles",)
+#: The value pattern of the long cell of fp8 caches under a window, "window_edges": the query of
+#: "tail", every key scoring about -WINDOW_EDGE_GAP / 2 but those within WINDOW_EDGE_REACH keys of
+#: some query row's window edge (the first key it sees, p_q - W + 1, and the last it does not,
+#: p_q - W), which score +WINDOW_EDGE_GAP / 2 and hold standard normal values. A row's output is
+#: about the mean value of the edge keys inside its window, a handful: a kernel that moves a row's
+#: edge by one key (another row's edge, the window of a split part's first key, p >= p_q - W) moves
+#: that mean by a fraction of a unit, while the keys far from every edge, hundreds to thousands of
+#: them at e**-8 of an edge key's weight, still hold a share of the row's mass.
+LONG_WINDOW_EDGE_KINDS: tuple[str, ...] = ("window_edges",)
+#: The edge keys' score above every other key's (natural-log units), as the tail's sink.
+WINDOW_EDGE_GAP = 8.0
+#: Keys on either side of a row's window edge that score high, beyond its first unseen key.
+WINDOW_EDGE_REACH = 2
 #: The one-head needle's key in its head's dim: exact in every fp8 format, with any k_scale drawn.
 HEAD_NEEDLE_KEY = 8.0
 #: The one-head needle's query in its head's dim, in units of sqrt(head_dim): a score of
@@ -464,12 +478,14 @@ def _kv_layouts(capabilities: Capabilities) -> st.SearchStrategy[str]:
 
 
 def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: int,
-            head_dim: int, group: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+            head_dim: int, group: int = 1, *, q_lens: list[int] | None = None,
+            window: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """K, V float64 ``[L, Hkv, D]`` of each sequence for a kind of :data:`LONG_VALUE_KINDS`,
-    :data:`LONG_TAIL_KINDS`, :data:`LONG_NEEDLE_KINDS` or :data:`LONG_HEAD_NEEDLE_KINDS` (``group``
-    query heads a KV head)."""
+    :data:`LONG_TAIL_KINDS`, :data:`LONG_NEEDLE_KINDS`, :data:`LONG_HEAD_NEEDLE_KINDS` (``group``
+    query heads a KV head) or :data:`LONG_WINDOW_EDGE_KINDS` (the edges of ``window`` for the last
+    ``q_lens[s]`` positions of sequence ``s``, one each if not given)."""
     result = []
-    for length in lens:
+    for s, length in enumerate(lens):
         k = rng.standard_normal((length, num_kv_heads, head_dim))
         v = rng.standard_normal((length, num_kv_heads, head_dim))
         if kind == "trend":
@@ -487,6 +503,17 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
             for quarter in (2, 3):  # one needle in the third quarter, one in the last, before every query
                 end = min((quarter + 1) * length // 4, length - LONG_MAX_QUERIES)
                 k[rng.integers(quarter * length // 4, end)] = half_gap
+        elif kind == "window_edges":  # with the query of _query: the keys at its rows' window edges score high
+            if window is None:
+                raise ValueError("window_edges values need the window")
+            half_gap = WINDOW_EDGE_GAP / 2 / np.sqrt(head_dim)
+            k, v = 0.05 * k - half_gap, 0.1 * v
+            rows = q_lens[s] if q_lens is not None else 1
+            edges = np.arange(length - max(rows, 1), length) - window  # each row's last unseen key, p_q - W
+            near = np.arange(max(0, edges.min() - WINDOW_EDGE_REACH), max(0, edges.max() + WINDOW_EDGE_REACH + 2))
+            near = near[near < length]
+            k[near] = half_gap + 0.05 * rng.standard_normal((len(near), num_kv_heads, head_dim))
+            v[near] = rng.standard_normal((len(near), num_kv_heads, head_dim))
         elif kind == "head_needles":  # with the query of _query: one key a head scoring 16 for it alone, else 0
             owned = min(group, head_dim)
             k = np.zeros_like(k)
@@ -500,8 +527,8 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
 
 def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: str, group: int = 1) -> np.ndarray:
     """A query of ``shape`` (heads in groups of ``group`` per KV head) for K and V of ``kind``:
-    about 1 in every dim for "tail" and "needle" (so that every head and query gives the sink or
-    the needles their score); else standard normal, for "normal" each row (token, head) times its
+    about 1 in every dim for "tail", "needle" and "window_edges" (so that every head and query gives
+    the sink, the needles or the edges their score); else standard normal, for "normal" each row (token, head) times its
     own power of two from :data:`QUERY_ROW_EXPONENTS`, as a model's heads differ in scale (a kernel
     that scales rows, bfloat16 queries into float16's range, and undoes another row's scale meets
     rows whose largest elements differ in exponent); for "trend" every element of a row of one
@@ -514,7 +541,7 @@ def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: s
     second half's O unscaled; for "head_needles" standard normal but in the dims the group's heads
     own (:data:`LONG_HEAD_NEEDLE_KINDS`)."""
     query = rng.standard_normal(shape)
-    if kind in ("tail", "needle"):
+    if kind in ("tail", "needle", "window_edges"):
         query = 1.0 + 0.1 * query
     elif kind == "head_needles":
         owned = min(group, shape[-1])
@@ -635,6 +662,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
             # the steepest slopes (an 8-head model's first heads, from 1/2): a few keys' error in a
             # distance moves a score by whole units
             options["alibi_slopes"] = alibi_slopes(max(num_q_heads, LONG_ALIBI_HEADS))[:num_q_heads]
+            if value_kind in LONG_WINDOW_EDGE_KINDS:  # gentle slopes: a row's window edges keep their weight
+                options["alibi_slopes"] = (options["alibi_slopes"] / options["sliding_window"]).astype(np.float32)
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     options.update(scales)
     k_scale, v_scale = scales.get("k_scale", 1.0), scales.get("v_scale", 1.0)
@@ -644,7 +673,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     else:  # a short sequence may hold fewer keys than q_len (L = 0: no query)
         q_lens = _ragged_queries(draw, len(lens), q_len) if ragged else [min(q_len, n) for n in lens]
     query = _query(rng, value_kind, (sum(q_lens), num_q_heads, head_dim), dtype, group)
-    logical = _values(rng, value_kind, lens, num_kv_heads, head_dim, group)
+    logical = _values(rng, value_kind, lens, num_kv_heads, head_dim, group, q_lens=q_lens,
+                      window=options.get("sliding_window"))
     caches = fill_caches(rng, (pool.num_blocks, block_size, num_kv_heads, head_dim), pool.block_tables,
                          np.array(lens), logical, garbage, cache_dtype, k_scale, v_scale)
     labels = {"feature": "long_sequences", "values": value_kind, "garbage": garbage,

@@ -37,6 +37,7 @@ from pagedattn.conformance.scale import (
     LONG_TAIL_KINDS,
     LONG_VALUE_KINDS,
     LONG_WIDE_GROUPS,
+    LONG_WINDOW_EDGE_KINDS,
     far_copy_blocks_cases,
     far_layer_view_cases,
     far_merge_row_cases,
@@ -123,14 +124,17 @@ def test_long_sequences_with_fp8_caches_match_spec(request, backend, dtype, batc
 @pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("dtype", FAR_DTYPES)
 def test_long_sequences_with_fp8_caches_under_a_window_match_spec(request, backend, dtype, batch):
-    """The windowed long batches with fp8 caches and scales: the fp8 paths' split plans whose parts
-    may see no key, with ALiBi where declared and softcap sometimes, within the error model; inputs
-    untouched. Kernels of their own take fp8 caches under a window for a few queries a sequence
+    """The windowed long batches with fp8 caches and scales, of keys that score high only near
+    their rows' window edges (:data:`~pagedattn.conformance.scale.LONG_WINDOW_EDGE_KINDS`: an edge
+    one key off moves a row's output by a fraction of a unit): the fp8 paths' split plans whose
+    parts may see no key, with ALiBi where declared and softcap sometimes, within the error model;
+    inputs untouched. Kernels of their own take fp8 caches under a window for a few queries a sequence
     (flashinfer-ai/flashinfer issue 3864: a speculative verify of bfloat16 queries on fp8 caches,
     right without the window and on fp8 queries, mis-computed rows once a sequence passed the
     window)."""
     _run_long_cell(request, backend, dtype, "long_sequences_window_fp8",
-                   requires={"features": ("fp8", "sliding_window")}, fp8=True, window=True, batch=batch)
+                   requires={"features": ("fp8", "sliding_window")}, fp8=True, window=True,
+                   kinds=LONG_WINDOW_EDGE_KINDS, batch=batch)
 
 
 #: KV heads of the long cell of wide groups, at most: its query heads (up to 64) bound the spec's cost.

@@ -1197,6 +1197,27 @@ def test_long_needle_cases_put_each_rows_mass_on_two_late_keys_past_float32s_exp
             assert (top - np.take_along_axis(scores, rest, axis=-1).max(axis=-1) > exp_range).all()
 
 
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
+def test_window_edge_cases_move_every_rows_output_past_the_bound_when_its_window_edge_moves_one_key(batch):
+    from pagedattn.spec.error_model import tolerance
+    from pagedattn.spec.exact import exact_attention_problem
+
+    cases = scale.long_sequence_cases(NumpyBackend().capabilities(), dtype="float16", fp8=True, window=True,
+                                      limits=scale.scale_limits("quick"), kinds=scale.LONG_WINDOW_EDGE_KINDS,
+                                      decode=batch == "decode")
+    for case in drawn(cases, 3):
+        problem = checks.problem_of(case)
+        assert case.labels["values"] == "window_edges" and problem.is_decode == (batch == "decode")
+        exact = exact_attention_problem(problem, case.query, case.key_cache, case.value_cache)
+        tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype)
+        bound = tol.out_bound(exact.out, exact.value_scale, exact.score_scale, exact.num_visible)
+        window = int(problem.sliding_window)
+        for moved in (window - 1, window + 1):  # every row's edge one key in, one key out
+            other = exact_attention_problem(replace(problem, sliding_window=moved), case.query, case.key_cache,
+                                            case.value_cache)
+            assert (np.abs(other.out - exact.out) > bound).any(axis=-1).all()  # each row and head beyond it
+
+
 def test_long_tail_batches_fill_an_h200_without_split_kv_of_triton_and_cupy():
     for case in drawn(scale.long_tail_batch_cases(DECLARED, dtype="float16"), 2):
         problem = checks.problem_of(case)
