@@ -1286,6 +1286,25 @@ class WindowMaskIn16BitPositions(AddressedKernelBackend):
         return vis & (_int16(p)[None, :] > _int16(p_q)[:, None] - problem.sliding_window)
 
 
+class SplitWindowEdgeOfTheFirstQueryOnFp8(AddressedKernelBackend):
+    bug = ("the few-query kernel of fp8 caches (varlen batches of at most SHORT_QUERY_BATCH_ROWS queries a "
+           "sequence: speculative decoding's verify) takes, on a split sequence (SPLIT_MIN_KEYS keys or more in a "
+           "small batch), the sliding window's left edge of the sequence's first query for every query row: row i "
+           "sees the i keys left of its window too; unsplit sequences, decode, 16-bit caches and longer queries right")
+    models = ("flashinfer-ai/flashinfer issue 3864 (a speculative verify of bfloat16 queries on fp8 caches "
+              "mis-computed a few rows once a sequence passed the sliding window; right without the window, on "
+              "fp8 queries, and on one query a sequence)")
+    killed_by = "test_long_sequences_with_fp8_caches_under_a_window_match_spec"
+
+    def visible(self, p, p_q, length, problem):
+        split = length >= SPLIT_MIN_KEYS and problem.num_seqs <= SPLIT_MAX_SEQS
+        if (not split or problem.sliding_window is None or problem.cache_dtype not in FP8_DTYPES
+                or not is_short_query_batch(problem)):
+            return super().visible(p, p_q, length, problem)
+        vis = super().visible(p, p_q, length, replace(problem, sliding_window=None))
+        return vis & (p[None, :] > p_q[0] - problem.sliding_window)
+
+
 # -- many sequences sharing a long prefix: a cascade path ----------------------------------------
 
 #: Sequences, and keys of a prefix they all share, from which the cascade kernel takes its
