@@ -1286,7 +1286,30 @@ class WindowMaskIn16BitPositions(AddressedKernelBackend):
         return vis & (_int16(p)[None, :] > _int16(p_q)[:, None] - problem.sliding_window)
 
 
-class SplitWindowEdgeOfTheFirstQueryOnFp8(AddressedKernelBackend):
+class SplitWindowEdgeOfTheFirstQuery(AddressedKernelBackend):
+    bug = ("the few-query kernel (varlen batches of at most SHORT_QUERY_BATCH_ROWS queries a sequence: "
+           "speculative decoding's verify) takes, on a split sequence (SPLIT_MIN_KEYS keys or more in a small "
+           "batch) of 16-bit caches, the sliding window's left edge of the sequence's first query for every query "
+           "row: row i sees the i keys left of its window too; unsplit sequences, decode, fp8 caches and longer "
+           "queries right")
+    models = ("flashinfer-ai/flashinfer issue 3864 (a speculative verify that mis-computed a few rows once a "
+              "sequence passed the sliding window, and was right on one query a sequence), on 16-bit caches")
+    killed_by = "test_very_long_sequences_with_a_window_match_spec"
+
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        """Whether the faulty kernel runs ``problem``'s sequences: its cache dtype's."""
+        return problem.cache_dtype not in FP8_DTYPES
+
+    def visible(self, p, p_q, length, problem):
+        split = length >= SPLIT_MIN_KEYS and problem.num_seqs <= SPLIT_MAX_SEQS
+        if (not split or problem.sliding_window is None or not self.on_its_path(problem)
+                or not is_short_query_batch(problem)):
+            return super().visible(p, p_q, length, problem)
+        vis = super().visible(p, p_q, length, replace(problem, sliding_window=None))
+        return vis & (p[None, :] > p_q[0] - problem.sliding_window)
+
+
+class SplitWindowEdgeOfTheFirstQueryOnFp8(SplitWindowEdgeOfTheFirstQuery):
     bug = ("the few-query kernel of fp8 caches (varlen batches of at most SHORT_QUERY_BATCH_ROWS queries a "
            "sequence: speculative decoding's verify) takes, on a split sequence (SPLIT_MIN_KEYS keys or more in a "
            "small batch), the sliding window's left edge of the sequence's first query for every query row: row i "
@@ -1296,13 +1319,8 @@ class SplitWindowEdgeOfTheFirstQueryOnFp8(AddressedKernelBackend):
               "fp8 queries, and on one query a sequence)")
     killed_by = "test_long_sequences_with_fp8_caches_under_a_window_match_spec"
 
-    def visible(self, p, p_q, length, problem):
-        split = length >= SPLIT_MIN_KEYS and problem.num_seqs <= SPLIT_MAX_SEQS
-        if (not split or problem.sliding_window is None or problem.cache_dtype not in FP8_DTYPES
-                or not is_short_query_batch(problem)):
-            return super().visible(p, p_q, length, problem)
-        vis = super().visible(p, p_q, length, replace(problem, sliding_window=None))
-        return vis & (p[None, :] > p_q[0] - problem.sliding_window)
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        return problem.cache_dtype in FP8_DTYPES
 
 
 # -- many sequences sharing a long prefix: a cascade path ----------------------------------------
