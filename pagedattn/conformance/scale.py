@@ -136,6 +136,7 @@ __all__ = [
     "LONG_PREFILL_VALUE_KINDS",
     "LONG_TAIL_KINDS",
     "LONG_VALUE_KINDS",
+    "LONG_VERIFY_QUERIES",
     "LONG_WIDE_GROUPS",
     "LONG_WINDOW_EDGE_KINDS",
     "LONG_WINDOW_MIN",
@@ -320,6 +321,11 @@ HEAD_NEEDLE_KEY = 8.0
 HEAD_NEEDLE_QUERY = 2.0
 #: Queries a sequence of the long cells holds at most (its last positions: a decode of a few tokens).
 LONG_MAX_QUERIES = 4
+#: Queries a sequence of the long verify batches, at least and at most (its last positions): a
+#: speculative decoding's verify of 7 to 15 draft tokens (EAGLE's and MTP's 8 queries among them),
+#: past the few-query kernels' rows; from 8 queries a sequence cupy takes a batch to its tensor-core
+#: prefill kernels, as one partial query tile over a split range.
+LONG_VERIFY_QUERIES: tuple[int, int] = (8, 16)
 #: Long sequences of a mixed-length batch, at most, and keys of its short sequences, at most: a
 #: batch of at most four sequences, which kernels split, where the short ones fit in one part
 #: (a split plan leaves them whole, or gives them parts past their end that see no key).
@@ -583,7 +589,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
                         window: bool = False, max_window: int | None = None, window_alibi: bool = True,
                         max_kv_heads: int = 3, groups: tuple[int, ...] = LONG_GROUPS,
                         kinds: tuple[str, ...] = LONG_VALUE_KINDS, short_seqs: int = 0,
-                        ragged: bool = False, decode: bool | None = None) -> AttentionCase:
+                        ragged: bool = False, decode: bool | None = None,
+                        verify: bool = False) -> AttentionCase:
     """Return a strategy for a small batch of long sequences (:attr:`ScaleLimits.min_long` keys and up).
 
     1 to ``max_long_seqs`` sequences; decode (one query each: every key visible to it), or
@@ -610,7 +617,8 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     rows of a split sequence then do not start at its index times the batch's most queries, and
     its parts are not as many as another's. ``decode`` True or False fixes the batch's kind:
     decode, or 2 queries and up a sequence (one query a sequence being a batch a backend may take
-    as decode); None draws it.
+    as decode); None draws it. With ``verify`` (a backend with varlen), :data:`LONG_VERIFY_QUERIES`
+    queries a sequence, the heads and head_dim bounded for them.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -619,12 +627,13 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     num_kv_heads = draw(st.integers(1, max_kv_heads), label="num_kv_heads")
     group = draw(st.sampled_from(groups), label="gqa_ratio")
     num_q_heads = num_kv_heads * group
-    dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long <= SPEC_ELEMENTS)
+    rows = LONG_VERIFY_QUERIES[0] if verify else 1  # the fewest queries the budget must hold
+    dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long * rows <= SPEC_ELEMENTS)
     head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
-    fewest_queries = _fewest_queries(decode)
-    decode = not caps.supports("varlen") if ragged else _is_decode(draw, caps, decode)
+    fewest_queries, cap = LONG_VERIFY_QUERIES if verify else (_fewest_queries(decode), LONG_MAX_QUERIES)
+    decode = False if verify else not caps.supports("varlen") if ragged else _is_decode(draw, caps, decode)
     budget = SPEC_ELEMENTS // (num_q_heads * head_dim)  # queries x keys of one sequence
-    most_queries = max(2 if ragged else fewest_queries, min(LONG_MAX_QUERIES, budget // limits.min_long))
+    most_queries = max(2 if ragged else fewest_queries, min(cap, budget // limits.min_long))
     q_len = 1 if decode else most_queries if ragged else draw(st.integers(fewest_queries, most_queries), label="q_len")
     top = max(limits.min_long, min(limits.max_long, budget // q_len))
     most = min(limits.max_long_seqs, MIXED_LONG_SEQS) if short_seqs else limits.max_long_seqs

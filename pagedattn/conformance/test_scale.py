@@ -78,15 +78,16 @@ def _run_long_cell(request: Any, backend: Backend, dtype: str, feature: str, *,
                    check: Callable[[Backend, Any], float] = checks.matches_spec,
                    examples: Callable[[int], int] = int, groups: tuple[int, ...] = LONG_GROUPS,
                    short_seqs: int = 0, max_kv_heads: int = 3, ragged: bool = False,
-                   batch: str | None = None) -> None:
+                   batch: str | None = None, verify: bool = False) -> None:
     """A long-sequence cell: :func:`long_sequence_cases` of ``dtype`` (with fp8 caches, under a
     window, of value patterns ``kinds``, of GQA ratios ``groups`` on up to ``max_kv_heads`` KV
     heads, beside up to ``short_seqs`` short sequences, with ``ragged`` query counts, of one
-    ``batch`` kind of :data:`~pagedattn.conformance.scale.BATCH_KINDS` or either), held to
+    ``batch`` kind of :data:`~pagedattn.conformance.scale.BATCH_KINDS` or either, or ``verify``
+    batches of :data:`~pagedattn.conformance.scale.LONG_VERIFY_QUERIES` queries), held to
     ``check`` (the spec's answer unless given), in ``examples(long_examples)`` examples."""
     limits = scale_limits()
     cases = partial(long_sequence_cases, fp8=fp8, window=window, kinds=kinds, groups=groups,
-                    short_seqs=short_seqs, max_kv_heads=max_kv_heads, ragged=ragged)
+                    short_seqs=short_seqs, max_kv_heads=max_kv_heads, ragged=ragged, verify=verify)
     run_scale_cell(request, backend, cases, check, limits, dtype=dtype, feature=feature,
                    max_examples=examples(limits.long_examples), cell={"max_keys": limits.max_long},
                    requires=requires, batch=batch)
@@ -179,6 +180,22 @@ def test_long_speculative_batches_match_spec(request, backend, dtype):
     tokens verified): split plans of a varlen batch whose sequences' rows do not start at a
     multiple of the most queries, within the error model; inputs untouched."""
     _run_long_cell(request, backend, dtype, "long_speculative", requires={"features": ("varlen",)}, ragged=True)
+
+
+#: GQA ratios of the long verify cells: a group's rows times 16 queries fill a 64-row query tile at most.
+VERIFY_GROUPS = (1, 2, 4)
+
+
+@pytest.mark.parametrize("cache", ("16-bit", "fp8"))
+@pytest.mark.parametrize("dtype", FAR_DTYPES)
+def test_long_verify_batches_match_spec(request, backend, dtype, cache):
+    """Long sequences of one KV head with 8 to 16 queries each (a speculative decoding's verify of
+    7 to 15 draft tokens, :data:`~pagedattn.conformance.scale.LONG_VERIFY_QUERIES`), on 16-bit or
+    fp8 caches: split plans of one partial query tile, past the few-query kernels' rows, within
+    the error model; inputs untouched."""
+    fp8 = cache == "fp8"
+    _run_long_cell(request, backend, dtype, "long_verify", fp8=fp8, groups=VERIFY_GROUPS, max_kv_heads=1,
+                   requires={"features": ("varlen", "fp8") if fp8 else ("varlen",)}, verify=True)
 
 
 #: dtype of the long-plan cells: float32, whose output keeps the bits a merge's order changes (a
