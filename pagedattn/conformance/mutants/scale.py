@@ -208,6 +208,43 @@ def is_short_query_batch(problem: AttentionProblem) -> bool:
     return not problem.is_decode and int(problem.q_lens.max(initial=0)) <= SHORT_QUERY_BATCH_ROWS
 
 
+#: Queries a sequence, at most, of the batches :class:`SplitPartialsOf4RowsASequence` takes on its
+#: split path (a speculative verify); longer prefills take another.
+VERIFY_BATCH_ROWS = 16
+#: Query rows a sequence the split partials of :class:`SplitPartialsOf4RowsASequence` hold.
+SCRATCH_ROWS = 4
+
+
+class SplitPartialsOf4RowsASequence(AddressedKernelBackend):
+    bug = ("the split path of varlen batches of at most VERIFY_BATCH_ROWS queries a sequence (a speculative "
+           "verify) holds a part's partial m, l and O for SCRATCH_ROWS query rows a sequence: row j's are stored "
+           "at row j mod 4, so a sequence's rows past the 4th overwrite earlier rows' and the merge gives rows "
+           "j and j mod 4 the last writer's; decode, up to 4 queries a sequence and longer prefills right")
+    models = ("vllm-project/vllm PR 52879 (the split-KV path's softmax segments allocated per sequence and "
+              "indexed per query row: from 2 queries a sequence rows wrote past them; the fix sizes them per "
+              "query row, up to the width the path is gated on)")
+    killed_by = "test_long_verify_batches_match_spec"
+
+    def parts(self, blocks, length, problem):
+        self.verify = not problem.is_decode and int(problem.q_lens.max(initial=0)) <= VERIFY_BATCH_ROWS
+        return super().parts(blocks, length, problem)
+
+    def merge(self, states):
+        if len(states) > 1 and self.verify:
+            states = [tuple(_rows_mod(x, SCRATCH_ROWS) for x in state) for state in states]
+        return super().merge(states)
+
+
+def _rows_mod(x: np.ndarray, rows: int) -> np.ndarray:
+    """``x``'s rows as a scratch of ``rows`` rows holds them, written in order at row ``j mod rows``
+    and read back from there: each row gets the last row written to its slot."""
+    out = x.copy()
+    for slot in range(min(rows, x.shape[0])):
+        sharing = np.arange(slot, x.shape[0], rows)
+        out[sharing] = x[sharing[-1]]
+    return out
+
+
 class Int32OffsetsOfSmallViews(AddressedKernelBackend):
     bug = ("attention takes 32-bit block offsets when the cache view holds fewer than 2**31 elements: in a "
            "layer view of a larger pool, block * block_stride passes 2**31 and wraps")
