@@ -1332,15 +1332,19 @@ class SplitWindowEdgeOfTheFirstQuery(AddressedKernelBackend):
     models = ("flashinfer-ai/flashinfer issue 3864 (a speculative verify that mis-computed a few rows once a "
               "sequence passed the sliding window, and was right on one query a sequence), on 16-bit caches")
     killed_by = "test_very_long_sequences_with_a_window_match_spec"
+    #: The path's caches (fp8 or not) and queries a sequence, fewest and most.
+    fp8 = False
+    rows = (2, SHORT_QUERY_BATCH_ROWS)
 
     def on_its_path(self, problem: AttentionProblem) -> bool:
-        """Whether the faulty kernel runs ``problem``'s sequences: its cache dtype's."""
-        return problem.cache_dtype not in FP8_DTYPES
+        """Whether the faulty kernel runs ``problem``'s sequences: its caches and query counts."""
+        fewest, most = self.rows
+        return ((problem.cache_dtype in FP8_DTYPES) == self.fp8 and not problem.is_decode
+                and fewest <= int(problem.q_lens.max(initial=0)) <= most)
 
     def visible(self, p, p_q, length, problem):
         split = length >= SPLIT_MIN_KEYS and problem.num_seqs <= SPLIT_MAX_SEQS
-        if (not split or problem.sliding_window is None or not self.on_its_path(problem)
-                or not is_short_query_batch(problem)):
+        if not split or problem.sliding_window is None or not self.on_its_path(problem):
             return super().visible(p, p_q, length, problem)
         vis = super().visible(p, p_q, length, replace(problem, sliding_window=None))
         return vis & (p[None, :] > p_q[0] - problem.sliding_window)
@@ -1348,16 +1352,27 @@ class SplitWindowEdgeOfTheFirstQuery(AddressedKernelBackend):
 
 class SplitWindowEdgeOfTheFirstQueryOnFp8(SplitWindowEdgeOfTheFirstQuery):
     bug = ("the few-query kernel of fp8 caches (varlen batches of at most SHORT_QUERY_BATCH_ROWS queries a "
-           "sequence: speculative decoding's verify) takes, on a split sequence (SPLIT_MIN_KEYS keys or more in a "
-           "small batch), the sliding window's left edge of the sequence's first query for every query row: row i "
-           "sees the i keys left of its window too; unsplit sequences, decode, 16-bit caches and longer queries right")
+           "sequence) takes, on a split sequence (SPLIT_MIN_KEYS keys or more in a small batch), the sliding "
+           "window's left edge of the sequence's first query for every query row: row i sees the i keys left of "
+           "its window too; unsplit sequences, decode, 16-bit caches and longer queries right")
     models = ("flashinfer-ai/flashinfer issue 3864 (a speculative verify of bfloat16 queries on fp8 caches "
               "mis-computed a few rows once a sequence passed the sliding window; right without the window, on "
-              "fp8 queries, and on one query a sequence)")
+              "fp8 queries, and on one query a sequence), on a path of at most 4 queries a sequence")
     killed_by = "test_long_sequences_with_fp8_caches_under_a_window_match_spec"
+    fp8 = True
 
-    def on_its_path(self, problem: AttentionProblem) -> bool:
-        return problem.cache_dtype in FP8_DTYPES
+
+class SplitWindowEdgeOfTheFirstQueryOfFp8Verify(SplitWindowEdgeOfTheFirstQuery):
+    bug = ("the verify kernel of fp8 caches (varlen batches of 5 to VERIFY_BATCH_ROWS queries a sequence) "
+           "takes, on a split sequence (SPLIT_MIN_KEYS keys or more in a small batch), the sliding window's left "
+           "edge of the sequence's first query for every query row: row i sees the i keys left of its window too; "
+           "unsplit sequences, up to 4 queries a sequence, 16-bit caches and longer queries right")
+    models = ("flashinfer-ai/flashinfer issue 3864 (trtllm-gen's speculative verify of 8 queries a sequence, "
+              "bfloat16 queries on fp8 caches, mis-computed a few rows once a sequence passed the sliding window; "
+              "right on 1, 2 or 4 queries a sequence, without the window, and on fp8 queries)")
+    killed_by = "test_long_verify_batches_match_spec"
+    fp8 = True
+    rows = (SHORT_QUERY_BATCH_ROWS + 1, VERIFY_BATCH_ROWS)
 
 
 # -- many sequences sharing a long prefix: a cascade path ----------------------------------------
