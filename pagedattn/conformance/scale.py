@@ -903,14 +903,21 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
                                                            block_elements)
 
 
-def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int,
-               decode: bool | None = None) -> tuple[str, int, list[int], list[int] | None]:
+def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int, decode: bool | None = None,
+               verify: bool = False) -> tuple[str, int, list[int], list[int] | None]:
     """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool batch: 1 or 2 short sequences of
     two or three blocks and a key, decode (``q_lens`` None) or two or three queries each (``decode``;
-    None: drawn, queries only for a backend with varlen batches)."""
+    None: drawn, queries only for a backend with varlen batches); with ``verify``,
+    :data:`LONG_VERIFY_QUERIES` queries each, after two blocks and a key of context at least."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
+    if verify:
+        fewest, most = LONG_VERIFY_QUERIES
+        verify_lens = [draw(st.integers(fewest, most), label=f"q_len[{s}]") for s in range(num_seqs)]
+        context = [draw(st.integers(block_size + 1, 3 * block_size + 1), label=f"context[{s}]")
+                   for s in range(num_seqs)]
+        return kv_layout, group, [c + q for c, q in zip(context, verify_lens, strict=True)], verify_lens
     # two blocks at least: a row sees keys of two far blocks, so keys read from the wrong place change it
     lens = [draw(st.integers(block_size + 1, 3 * block_size + 1), label=f"seq_lens[{s}]") for s in range(num_seqs)]
     decode = _is_decode(draw, caps, decode)
@@ -944,7 +951,7 @@ def _far_long_prefill(draw: st.DrawFn, caps: Capabilities,
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                    limits: ScaleLimits | None = None, fp8: bool = False,
                    block_sizes: tuple[int, ...] | None = None, long_prefill: bool = False,
-                   decode: bool | None = None) -> AttentionCase:
+                   decode: bool | None = None, verify: bool = False) -> AttentionCase:
     """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
     every block in use at or past element 2**31 and byte 2**32 (:func:`far_pool_limit`; also the
     pool's last block).
@@ -956,7 +963,8 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     drawn first, replaces :func:`scale_block_sizes` (blocks of one slot, or of hundreds). With
     ``long_prefill``, one long prefill (:func:`_far_long_prefill`): prefill paths address the pool
     in code of their own. ``decode`` True or False fixes the short batch's kind (decode, or two or
-    three queries a sequence: GPU backends run them on kernels of their own); None draws it.
+    three queries a sequence: GPU backends run them on kernels of their own); None draws it. With
+    ``verify``, :data:`LONG_VERIFY_QUERIES` queries a sequence (a speculative verify's batch).
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -965,7 +973,7 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
         draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)), block_sizes,
         keys=FAR_LONG_PREFILL_KEYS if long_prefill else 0)
-    batch = _far_long_prefill if long_prefill else partial(_far_batch, decode=decode)
+    batch = _far_long_prefill if long_prefill else partial(_far_batch, decode=decode, verify=verify)
     kv_layout, group, lens, q_lens = batch(draw, caps, block_size)
     num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))

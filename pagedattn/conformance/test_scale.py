@@ -433,6 +433,18 @@ def test_far_pool_attention_matches_spec(request, backend, dtype, batch):
                    requires={"pool_elements": limits.pool_elements}, batch=batch)
 
 
+@pytest.mark.parametrize("dtype", FAR_DTYPES)
+def test_far_pool_verify_batches_match_spec(request, backend, dtype):
+    """The far-pool attention cases with 8 to 16 queries a sequence (a speculative verify's batch,
+    :data:`~pagedattn.conformance.scale.LONG_VERIFY_QUERIES`), every block in use past element
+    2**31: the verify paths' block offsets, within the error model; the blocks in use unchanged."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, partial(far_pool_cases, verify=True), checks.far_pool_matches_spec,
+                   limits, dtype=dtype, feature="far_pool_verify", max_examples=limits.far_examples,
+                   cell={"pool_elements": limits.pool_elements},
+                   requires={"features": ("varlen",), "pool_elements": limits.pool_elements})
+
+
 #: The block sizes of the far-pool cell of small and large blocks: the small- and large-block cells'.
 FAR_BLOCK_SIZES: dict[str, Callable[[Capabilities], tuple[int, ...]]] = {
     "small": small_block_sizes, "large": large_block_sizes}

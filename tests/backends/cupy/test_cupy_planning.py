@@ -387,6 +387,21 @@ def test_far_pool_long_prefills_take_the_hopper_kernel(data: st.DataObject, dtyp
     assert choose_kernel(problem_of(case), sm90=True).spec.module == "paged_attention_wgmma"
 
 
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), dtype=st.sampled_from(["float16", "bfloat16"]))
+def test_far_pool_verify_batches_take_the_mma_sync_kernel(data: st.DataObject, dtype: str) -> None:
+    """The far-pool verify cell's cases (8 to 16 queries a sequence) reach the mma.sync prefill
+    kernel on sm_90 at head_dim 64 and 128 (the CUDA-core kernel at 256), a kernel no other far
+    cell of 16-bit caches reaches, so its block offsets past element 2**31 are checked."""
+    from pagedattn.backends.cupy.backend import CupyBackend
+    from pagedattn.conformance.scale import far_pool_cases
+
+    problem = problem_of(data.draw(far_pool_cases(CupyBackend().capabilities(), dtype=dtype, verify=True)))
+    assert problem.q_lens.min() >= 8
+    want = "paged_attention_mma" if problem.head_dim in (64, 128) else "paged_attention"
+    assert choose_kernel(problem, sm90=True).spec.module == want
+
+
 @settings(max_examples=2, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_far_row_prefills_take_the_hopper_kernel(data: st.DataObject) -> None:
