@@ -215,6 +215,26 @@ VERIFY_BATCH_ROWS = 16
 SCRATCH_ROWS = 4
 
 
+def is_verify_batch(problem: AttentionProblem) -> bool:
+    """Whether ``problem`` is a varlen batch of 5 to :data:`VERIFY_BATCH_ROWS` queries a sequence, at most."""
+    most = int(problem.q_lens.max(initial=0))
+    return not problem.is_decode and SHORT_QUERY_BATCH_ROWS < most <= VERIFY_BATCH_ROWS
+
+
+class Int32OffsetsOfVerifyBatches(Int32OffsetsOnOnePath):
+    bug = ("attention on a varlen batch of 5 to VERIFY_BATCH_ROWS queries a sequence takes a verify path of its "
+           "own, whose block offset block * block_stride is int32: past element 2**31 it wraps; decode, up to 4 "
+           "queries a sequence and longer prefills in 64 bits")
+    models = ("syv-ai/qwen38-27b-rtx3090 issue 86 (a speculative-decoding attention kernel multiplied the block "
+              "id by the block stride in int32: an illegal memory access on long cached-prefix requests, where "
+              "the decode kernels were sound), on a verify path of 5 to 16 queries a sequence (a draft of 7 "
+              "tokens, as MTP and EAGLE give, among them)")
+    killed_by = "test_far_pool_verify_batches_match_spec"
+
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        return is_verify_batch(problem)
+
+
 class SplitPartialsOf4RowsASequence(AddressedKernelBackend):
     bug = ("the split path of varlen batches of at most VERIFY_BATCH_ROWS queries a sequence (a speculative "
            "verify) holds a part's partial m, l and O for SCRATCH_ROWS query rows a sequence: row j's are stored "
