@@ -246,7 +246,7 @@ class SplitPartialsOf4RowsASequence(AddressedKernelBackend):
     killed_by = "test_long_verify_batches_match_spec"
 
     def parts(self, blocks, length, problem):
-        self.verify = not problem.is_decode and int(problem.q_lens.max(initial=0)) <= VERIFY_BATCH_ROWS
+        self.verify = is_verify_batch(problem)  # at most 4 rows a sequence: each row has its own slot
         return super().parts(blocks, length, problem)
 
     def merge(self, states):
