@@ -532,20 +532,20 @@ def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: 
 
 
 def _query(rng: np.random.Generator, kind: str, shape: tuple[int, ...], dtype: str, group: int = 1) -> np.ndarray:
-    """A query of ``shape`` (heads in groups of ``group`` per KV head) for K and V of ``kind``:
-    about 1 in every dim for "tail", "needle" and "window_edges" (so that every head and query gives
-    the sink, the needles or the edges their score); else standard normal, for "normal" each row (token, head) times its
-    own power of two from :data:`QUERY_ROW_EXPONENTS`, as a model's heads differ in scale (a kernel
-    that scales rows, bfloat16 queries into float16's range, and undoes another row's scale meets
-    rows whose largest elements differ in exponent); for "trend" every element of a row of one
-    sign, |q_d| summing to about sqrt(head_dim), so that its scores follow the keys' ramp by about
-    2 and the error model's score scale, ``|scale| sum_d |q_d k_d|``, stays near that (a row of
-    mixed signs would put it near 2 sqrt(head_dim), and with fp8 caches the bound with it): the
-    first half of each group's heads see their scores fall along the sequence (their running max
-    settles in the first keys) and the second half see them rise (it grows at every tile): a
-    kernel that rescales O only where some rows of the first half raised their max leaves the
-    second half's O unscaled; for "head_needles" standard normal but in the dims the group's heads
-    own (:data:`LONG_HEAD_NEEDLE_KINDS`)."""
+    """A query of ``shape`` (heads in groups of ``group`` per KV head) for K and V of ``kind``: about 1
+    in every dim for "tail", "needle" and "window_edges" (so that every head and query gives the
+    sink, the needles or the edges their score); else standard normal, for "normal" each row
+    (token, head) times its own power of two from :data:`QUERY_ROW_EXPONENTS`, as a model's
+    heads differ in scale (a kernel that scales rows, bfloat16 queries into float16's range, and
+    undoes another row's scale meets rows whose largest elements differ in exponent); for
+    "trend" every element of a row of one sign, |q_d| summing to about sqrt(head_dim), so that
+    its scores follow the keys' ramp by about 2 and the error model's score scale, ``|scale|
+    sum_d |q_d k_d|``, stays near that (a row of mixed signs would put it near 2 sqrt(head_dim),
+    and with fp8 caches the bound with it): the first half of each group's heads see their
+    scores fall along the sequence (their running max settles in the first keys) and the second
+    half see them rise (it grows at every tile): a kernel that rescales O only where some rows
+    of the first half raised their max leaves the second half's O unscaled; for "head_needles"
+    standard normal but in the dims the group's heads own (:data:`LONG_HEAD_NEEDLE_KINDS`)."""
     query = rng.standard_normal(shape)
     if kind in ("tail", "needle", "window_edges"):
         query = 1.0 + 0.1 * query
