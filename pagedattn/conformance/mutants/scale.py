@@ -1352,15 +1352,13 @@ class SplitWindowEdgeOfTheFirstQuery(AddressedKernelBackend):
     models = ("flashinfer-ai/flashinfer issue 3864 (a speculative verify that mis-computed a few rows once a "
               "sequence passed the sliding window, and was right on one query a sequence), on 16-bit caches")
     killed_by = "test_very_long_sequences_with_a_window_match_spec"
-    #: The path's caches (fp8 or not) and queries a sequence, fewest and most.
+    #: The path's caches (fp8 or not) and the batches it takes.
     fp8 = False
-    rows = (2, SHORT_QUERY_BATCH_ROWS)
+    batches = staticmethod(is_short_query_batch)
 
     def on_its_path(self, problem: AttentionProblem) -> bool:
-        """Whether the faulty kernel runs ``problem``'s sequences: its caches and query counts."""
-        fewest, most = self.rows
-        return ((problem.cache_dtype in FP8_DTYPES) == self.fp8 and not problem.is_decode
-                and fewest <= int(problem.q_lens.max(initial=0)) <= most)
+        """Whether the faulty kernel runs ``problem``'s sequences: its caches and batches."""
+        return (problem.cache_dtype in FP8_DTYPES) == self.fp8 and self.batches(problem)
 
     def visible(self, p, p_q, length, problem):
         split = length >= SPLIT_MIN_KEYS and problem.num_seqs <= SPLIT_MAX_SEQS
@@ -1392,7 +1390,7 @@ class SplitWindowEdgeOfTheFirstQueryOfFp8Verify(SplitWindowEdgeOfTheFirstQuery):
               "right on 1, 2 or 4 queries a sequence, without the window, and on fp8 queries)")
     killed_by = "test_long_verify_batches_match_spec"
     fp8 = True
-    rows = (SHORT_QUERY_BATCH_ROWS + 1, VERIFY_BATCH_ROWS)
+    batches = staticmethod(is_verify_batch)
 
 
 # -- many sequences sharing a long prefix: a cascade path ----------------------------------------
