@@ -34,6 +34,9 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   where a row's offset ``token * heads * D`` overflows 32 bits;
 - :func:`wide_group_cases`: GQA ratios from 12 to 128 (:data:`WIDE_GROUPS`), past one row
   tile of a KV head's query heads, where kernels cut a group into tiles;
+- :func:`very_long_batch_cases`: a decode batch that fills the GPU, so unsplit, of sequences past
+  65,536 keys, where an offset within a range walked whole wraps in 16 bits; its tables name a few
+  hundred blocks many times each;
 - :func:`large_batch_cases`: more than :data:`MAX_RESIDENT_CTAS` short sequences, more work
   than one wave of CTAs on the GPU;
 - :func:`shared_prefix_batch_cases`: 16 to 128 sequences sharing the blocks of a prefix of
@@ -155,6 +158,9 @@ __all__ = [
     "SHARED_PREFIX_SUFFIX",
     "SMALL_BLOCK_SIZES",
     "SPLIT_BATCH_PAIRS",
+    "VERY_LONG_BATCH_DISTINCT_BLOCKS",
+    "VERY_LONG_BATCH_PAST",
+    "VERY_LONG_BATCH_WRAP",
     "VERY_LONG_KEYS",
     "VERY_LONG_MAX",
     "VERY_LONG_MAX_WINDOW",
@@ -201,6 +207,7 @@ __all__ = [
     "shared_prefix_batch_cases",
     "small_block_cases",
     "small_block_sizes",
+    "very_long_batch_cases",
     "very_long_sequence_cases",
     "very_long_window_sequence_cases",
     "wide_group_cases",
@@ -827,27 +834,37 @@ def kv_bytes_past_int32_cases(draw: st.DrawFn, capabilities: Capabilities, *, dt
     table = np.concatenate([rng.choice(before, first_after), rng.choice(after, -(-length // block_size) - first_after)])
     tables = np.append(table, unused[0])[None].astype(np.int32)  # one column past the sequence: garbage
     garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
-    shape = (len(ids), block_size, 1, head_dim)
-    half_gap = KV_BYTES_GAP / 2 / np.sqrt(head_dim)  # with a query of about 1: scores -GAP / 2, +GAP / 2
-    caches = []
-    for which, scale in ((0, scales.get("k_scale", 1.0)), (1, scales.get("v_scale", 1.0))):
-        with np.errstate(over="ignore", invalid="ignore"):
-            cache = garbage_values(rng, garbage, shape).astype(numpy_dtype(cache_dtype))
-        noise = 0.25 * rng.standard_normal((len(ids) - spare, *shape[1:]))
-        sign = np.where(np.isin(ids[:-spare], after), 1.0, -1.0)[:, None, None, None]
-        cache[ids[:-spare]] = ((noise + sign * half_gap if which == 0 else noise - sign) / scale).astype(cache.dtype)
-        caches.append(cache)
+    caches = _two_sided_caches(rng, garbage, (len(ids), block_size, 1, head_dim), ids[:-spare], after, cache_dtype,
+                               scales)
     fewest_queries = _fewest_queries(decode)
     decode = _is_decode(draw, caps, decode)
     q_len = 1 if decode else draw(st.integers(fewest_queries, 3), label="q_len")
     query = (1.0 + 0.1 * rng.standard_normal((q_len, group, head_dim))).astype(numpy_dtype(dtype))
     options: dict[str, Any] = {"return_lse": True} if caps.supports("lse") else {}
     options.update(scales)
-    return _case(query, (caches[0], caches[1]), tables, [length], None if decode else [q_len], kv_layout, options,
+    return _case(query, caches, tables, [length], None if decode else [q_len], kv_layout, options,
                  draw(_SEEDS, label="variant_seed"),
                  {"feature": "kv_bytes_past_int32", "garbage": garbage, "head_dim": str(head_dim),
                   "cache_dtype": cache_dtype,
                   "distinct_blocks": f"{distinct} before the wrap, {distinct} from it"})
+
+
+def _two_sided_caches(rng: np.random.Generator, garbage: str, shape: tuple[int, int, int, int], in_use: np.ndarray,
+                      after: np.ndarray, cache_dtype: str, scales: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """NHD K and V caches of ``shape`` whose blocks ``in_use`` hold keys of about ``+-KV_BYTES_GAP / 2`` in
+    every dim over ``sqrt(head_dim)`` (those in ``after`` the positive ones: with a query of about 1, scores
+    of about ``+GAP / 2`` against ``-GAP / 2``) and values near -1 (``after``) against +1, noise 0.25;
+    every other block garbage of ``garbage``; scales divided out."""
+    half_gap = KV_BYTES_GAP / 2 / np.sqrt(shape[-1])
+    sign = np.where(np.isin(in_use, after), 1.0, -1.0)[:, None, None, None]
+    caches = []
+    for which, scale in ((0, scales.get("k_scale", 1.0)), (1, scales.get("v_scale", 1.0))):
+        with np.errstate(over="ignore", invalid="ignore"):
+            cache = garbage_values(rng, garbage, shape).astype(numpy_dtype(cache_dtype))
+        noise = 0.25 * rng.standard_normal((len(in_use), *shape[1:]))
+        cache[in_use] = ((noise + sign * half_gap if which == 0 else noise - sign) / scale).astype(cache.dtype)
+        caches.append(cache)
+    return caches[0], caches[1]
 
 
 # -- pools above 2**31 elements ------------------------------------------------------------
@@ -1631,6 +1648,76 @@ def long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
               "cache_dtype": cache_dtype}
     return _case(query, caches, pool.block_tables, lens.tolist(), None, kv_layout, options,
                  draw(_SEEDS, label="variant_seed"), labels)
+
+
+#: A key's offset within a range walked whole wraps here when held in 16 bits: every sequence of a
+#: very long batch has keys past it.
+VERY_LONG_BATCH_WRAP = 2**16
+#: Keys of each sequence of a very long batch past :data:`VERY_LONG_BATCH_WRAP`, at least and at most:
+#: scoring :data:`KV_BYTES_GAP` above the keys before, they weigh 46 % to 87 % of each row.
+VERY_LONG_BATCH_PAST = (1_024, 8_192)
+#: Distinct blocks the very long batches' tables name before the wrap, and as many others from it
+#: on, at least and at most: each named dozens of times a row, in random order, so the spec's
+#: answer costs a block per distinct block and row
+#: (:mod:`pagedattn.conformance.repeated_blocks`).
+VERY_LONG_BATCH_DISTINCT_BLOCKS = (65, 257)
+
+
+@st.composite
+def very_long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
+                          limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
+    """Return a strategy for a decode batch of :data:`LONG_BATCH_PAIRS` (sequence, KV head) pairs, each
+    sequence :data:`VERY_LONG_BATCH_WRAP` keys and :data:`VERY_LONG_BATCH_PAST` more.
+
+    A batch that fills the GPU is not split, so each CTA walks a whole range of more than 65,536
+    keys, where an offset within the range held in 16 bits wraps; the very long cells' single
+    sequences are split into parts of a thousand keys or so, and the long batches' ranges end by
+    8,192. Each table names 65 to 257 distinct blocks at random before the wrap and as many
+    others from it on (the contract lets a table name a block any number of times), so the pool
+    holds a few hundred blocks; the keys from the wrap on score :data:`KV_BYTES_GAP` above the
+    others and hold values near -1 against +1, so a row that reads keys before the wrap in their
+    place moves by whole units. 4, 2 or 1 KV heads, GQA 1, 2 or 4, the smallest declared head_dim, the
+    largest of the contract's block sizes first;
+    queries of about 1; lse wherever declared; garbage in the unused blocks and table entries; no
+    ALiBi or window. With ``fp8``, one of the backend's fp8 cache dtypes and scales (``v_scale`` never 1).
+    """
+    del limits  # one size for every profile: the threshold is the GPU's and a 16-bit integer's
+    caps = capabilities
+    cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
+    # the largest blocks and most KV heads first: the fewest (sequence, block) steps for a kernel on a CPU
+    sizes = scale_block_sizes(caps)
+    block_size = draw(st.sampled_from(sorted(set(sizes) & set(CONTRACT_BLOCK_SIZES), reverse=True) or sizes),
+                      label="block_size")
+    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    num_kv_heads = draw(st.sampled_from((4, 2, 1)), label="num_kv_heads")
+    group = draw(st.sampled_from((1, 2, 4)), label="gqa_ratio")
+    head_dim = min(caps.head_dims or (16,))
+    num_seqs = -(-LONG_BATCH_PAIRS // num_kv_heads)
+    distinct = draw(st.integers(*VERY_LONG_BATCH_DISTINCT_BLOCKS), label="distinct_blocks")
+    rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
+    lens = VERY_LONG_BATCH_WRAP + rng.integers(VERY_LONG_BATCH_PAST[0], VERY_LONG_BATCH_PAST[1] + 1, num_seqs)
+    lens[0] = VERY_LONG_BATCH_WRAP + draw(st.integers(*VERY_LONG_BATCH_PAST), label="first_keys_past_the_wrap")
+    spare = 4
+    ids = rng.permutation(2 * distinct + spare)
+    before, after, unused = ids[:distinct], ids[distinct:2 * distinct], ids[2 * distinct:]
+    first_after = VERY_LONG_BATCH_WRAP // block_size  # the column holding the key at the wrap
+    columns = -(-lens // block_size)
+    width = int(columns.max()) + 1  # a column past the longest: garbage
+    tables = np.concatenate([rng.choice(before, (num_seqs, first_after)),
+                             rng.choice(after, (num_seqs, width - first_after))], axis=1)
+    past = np.arange(width)[None, :] >= columns[:, None]
+    tables = np.where(past, rng.choice(unused, tables.shape), tables).astype(np.int32)
+    garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
+    caches = _two_sided_caches(rng, garbage, (len(ids), block_size, num_kv_heads, head_dim), ids[:-spare], after,
+                               cache_dtype, scales)
+    query = (1.0 + 0.1 * rng.standard_normal((num_seqs, num_kv_heads * group, head_dim))).astype(numpy_dtype(dtype))
+    options: dict[str, Any] = {"return_lse": True} if caps.supports("lse") else {}
+    options.update(scales)
+    labels = {"feature": "very_long_batch", "garbage": garbage, "heads": f"{num_kv_heads * group}/{num_kv_heads}",
+              "sequences": str(num_seqs), "queries": "decode", "cache_dtype": cache_dtype,
+              "distinct_blocks": f"{distinct} before the wrap, {distinct} from it"}
+    return _case(query, caches, tables, lens.tolist(), None, kv_layout, options, draw(_SEEDS, label="variant_seed"),
+                 labels)
 
 
 @st.composite

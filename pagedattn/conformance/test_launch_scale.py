@@ -1,6 +1,7 @@
 """How kernels divide their work, at the sizes where it shows: groups wider than a tile of rows,
 batches larger than one wave of CTAs (run once, with fp8 caches too, and planned once and run as
-an engine runs a plan), batches of many sequences sharing a long prefix (a cascade path's), more
+an engine runs a plan), batches that fill the GPU with sequences past 65,536 keys (ranges walked
+whole past 16-bit offsets), batches of many sequences sharing a long prefix (a cascade path's), more
 than 65,535 tokens, sequences or block pairs in one call (attention, write_kv, copy_blocks,
 merge_states: a CUDA grid's y and z axes take no more), prefills of several query tiles per sequence (with and
 without the causal mask), chunks of thousands of queries after thousands of keys (split plans of
@@ -44,6 +45,7 @@ from pagedattn.conformance.scale import (
     million_key_sequence_cases,
     scale_limits,
     shared_prefix_batch_cases,
+    very_long_batch_cases,
     very_long_sequence_cases,
     very_long_window_sequence_cases,
     wide_group_cases,
@@ -194,6 +196,20 @@ def test_split_batches_match_spec(request, backend, fp8):
     limits = scale_limits()
     run_scale_cell(request, backend, functools.partial(long_batch_cases, fp8=fp8, pairs=SPLIT_BATCH_PAIRS),
                    checks.matches_spec, limits, dtype="bfloat16", feature="split_batch",
+                   max_examples=limits.batch_examples, cell={"cache": "fp8" if fp8 else "same"},
+                   requires={"features": ("fp8",) if fp8 else (), "launch_limits": True}, shrink=False)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["same", "fp8"])
+def test_very_long_batches_match_spec(request, backend, fp8):
+    """Decode of 528 (sequence, KV head) pairs, each sequence past 65,536 keys: a batch that fills the
+    GPU, so no plan splits it and each CTA walks a whole range past where an offset within it wraps
+    in 16 bits (the very long cells' single sequences are split into short parts); bfloat16
+    queries, 16-bit or fp8 caches; each table names a few hundred blocks many times; out and lse
+    within the error model; inputs untouched. A backend run in an interpreter is unsupported here."""
+    limits = scale_limits()
+    run_scale_cell(request, backend, functools.partial(very_long_batch_cases, fp8=fp8),
+                   checks.matches_spec_by_distinct_blocks, limits, dtype="bfloat16", feature="very_long_batch",
                    max_examples=limits.batch_examples, cell={"cache": "fp8" if fp8 else "same"},
                    requires={"features": ("fp8",) if fp8 else (), "launch_limits": True}, shrink=False)
 

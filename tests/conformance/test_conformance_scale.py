@@ -827,6 +827,44 @@ def test_large_batch_cases_hold_more_work_than_one_wave_of_triton_and_cupy(batch
 
 
 @pytest.mark.parametrize("fp8", [False, True])
+def test_very_long_batch_cases_fill_an_h200_with_unsplit_ranges_past_16_bit_offsets(fp8):
+    cases = drawn(scale.very_long_batch_cases(DECLARED, dtype="bfloat16", fp8=fp8), 3)
+    wrap = scale.VERY_LONG_BATCH_WRAP
+    for case in cases:
+        problem = checks.problem_of(case)
+        fp8_caches = problem.cache_dtype in FP8_DTYPES and problem.v_scale != 1
+        assert fp8_caches if fp8 else problem.cache_dtype == "bfloat16"
+        assert problem.is_decode and problem.num_seqs * problem.num_kv_heads >= scale.LONG_BATCH_PAIRS
+        lens, bs = np.asarray(problem.seq_lens), problem.block_size
+        assert wrap + scale.VERY_LONG_BATCH_PAST[0] <= lens.min() and lens.max() <= wrap + scale.VERY_LONG_BATCH_PAST[1]
+        assert triton_grid(problem).splits() == 1  # each program walks a whole sequence's range
+        assert len(h200_cupy_work(problem).merges) == 0  # cupy: no part merged
+        tables = problem.block_tables
+        before, after = set(tables[:, :wrap // bs].ravel().tolist()), set(tables[:, wrap // bs].tolist())
+        assert not before & after and problem.num_blocks <= 2 * scale.VERY_LONG_BATCH_DISTINCT_BLOCKS[1] + 4
+        past = np.arange(tables.shape[1])[None, :] >= -(-lens // bs)[:, None]
+        assert past.any(axis=1).all() and not (set(tables[past].tolist()) & (before | after))  # garbage past each
+
+
+def test_very_long_batch_cases_move_every_row_past_the_bound_when_offsets_wrap_at_16_bits():
+    from pagedattn.spec.error_model import tolerance
+
+    wrap = scale.VERY_LONG_BATCH_WRAP
+    for case in drawn(scale.very_long_batch_cases(NumpyBackend().capabilities(), dtype="bfloat16"), 2):
+        problem = checks.problem_of(case)
+        exact = exact_by_distinct_blocks(problem, case.query, case.key_cache, case.value_cache)
+        tol = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype)
+        bound = tol.out_bound(exact.out, exact.value_scale, exact.score_scale, exact.num_visible)
+        tables = problem.block_tables.copy()
+        columns = np.arange(tables.shape[1])
+        first_after = wrap // problem.block_size
+        tables[:, first_after:] = tables[:, columns[first_after:] - first_after]  # the key at p read from p - wrap
+        wrapped = replace(case, block_tables=tables)
+        other = exact_by_distinct_blocks(checks.problem_of(wrapped), case.query, case.key_cache, case.value_cache)
+        assert (np.abs(other.out - exact.out) > bound).any(axis=-1).all()  # each row and head beyond it
+
+
+@pytest.mark.parametrize("fp8", [False, True])
 def test_split_batch_cases_split_every_sequence_in_triton_and_cupy(fp8):
     cases = drawn(scale.long_batch_cases(DECLARED, dtype="bfloat16", fp8=fp8, pairs=scale.SPLIT_BATCH_PAIRS), 3)
     for case in cases:
