@@ -1324,6 +1324,40 @@ class KeyPositionsIn16BitsOfShortQueryBatches(KeyPositionsIn16Bits):
         return AddressedKernelBackend.locate(self, p, block_size)
 
 
+class RangeKeyOffsetsIn16Bits(AddressedKernelBackend):
+    bug = ("a key's offset within its CTA's range is held in 16 bits: in a range walked whole past 65,536 keys (a "
+           "batch of more than SPLIT_MAX_SEQS sequences, which no plan splits: a decode batch that fills the GPU), "
+           "the key at offset o >= 65,536 is read from offset o - 65,536; split parts, a thousand keys or so, never "
+           "reach it")
+    models = ("ml-explore/mlx issue 3360 (key positions in a 16-bit short: wrong past 32K keys) on the path that "
+              "walks each sequence whole, which engines take for large batches (pegainfer-project/pegainfer PR 623: "
+              "split-KV decode up to a batch of 32, a non-partitioned kernel above)")
+    killed_by = "test_very_long_batches_match_spec"
+
+    def read_block(self, slots, row, j, problem):
+        self.whole_ranges = problem.num_seqs > SPLIT_MAX_SEQS and self.wraps_on(problem)
+        return super().read_block(slots, row, j, problem)
+
+    def wraps_on(self, problem: AttentionProblem) -> bool:
+        """Whether this problem's path holds the offset in 16 bits (every path here)."""
+        return True
+
+    def locate(self, p, block_size):  # a range walked whole starts at key 0
+        return super().locate(p % UINT16_POSITIONS if self.whole_ranges else p, block_size)
+
+
+class Fp8RangeKeyOffsetsIn16Bits(RangeKeyOffsetsIn16Bits):
+    bug = ("the fp8-cache decode path (its own stages and steps) holds a key's offset within its CTA's range in 16 "
+           "bits: on fp8 caches, in a range walked whole past 65,536 keys, the key at offset o >= 65,536 is read "
+           "from offset o - 65,536; the 16-bit path's ranges are right")
+    models = ("the bug of RangeKeyOffsetsIn16Bits in a separate fp8 decode path; vllm-project/vllm issue 6429 "
+              "(FP8 KV-cache models failed at contexts the 16-bit cache served)")
+    killed_by = "test_very_long_batches_match_spec"
+
+    def wraps_on(self, problem):
+        return problem.cache_dtype in FP8_DTYPES
+
+
 def _int16(values: np.ndarray) -> np.ndarray:
     """``values`` as a signed 16-bit integer (a ``short``) holds them: two's complement wrap-around."""
     return (np.asarray(values, dtype=np.int64) + 2**15) % 2**16 - 2**15
