@@ -1665,7 +1665,8 @@ VERY_LONG_BATCH_DISTINCT_BLOCKS = (65, 257)
 
 @st.composite
 def very_long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                          limits: ScaleLimits | None = None, fp8: bool = False) -> AttentionCase:
+                          limits: ScaleLimits | None = None, fp8: bool = False,
+                          decode: bool | None = None) -> AttentionCase:
     """Return a strategy for a decode batch of :data:`LONG_BATCH_PAIRS` (sequence, KV head) pairs, each
     sequence :data:`VERY_LONG_BATCH_WRAP` keys and :data:`VERY_LONG_BATCH_PAST` more.
 
@@ -1680,6 +1681,8 @@ def very_long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype:
     largest of the contract's block sizes first;
     queries of about 1; lse wherever declared; garbage in the unused blocks and table entries; no
     ALiBi or window. With ``fp8``, one of the backend's fp8 cache dtypes and scales (``v_scale`` never 1).
+    ``decode`` True or False fixes the batch's kind (decode, or 2 or 3 queries a sequence, the last
+    of each sequence); None draws it.
     """
     del limits  # one size for every profile: the threshold is the GPU's and a 16-bit integer's
     caps = capabilities
@@ -1710,13 +1713,16 @@ def very_long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype:
     garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
     caches = _two_sided_caches(rng, garbage, (len(ids), block_size, num_kv_heads, head_dim), ids[:-spare], after,
                                cache_dtype, scales)
-    query = (1.0 + 0.1 * rng.standard_normal((num_seqs, num_kv_heads * group, head_dim))).astype(numpy_dtype(dtype))
+    decode = _is_decode(draw, caps, decode)
+    q_lens = None if decode else rng.integers(2, 4, num_seqs).tolist()
+    tokens = num_seqs if q_lens is None else sum(q_lens)
+    query = (1.0 + 0.1 * rng.standard_normal((tokens, num_kv_heads * group, head_dim))).astype(numpy_dtype(dtype))
     options: dict[str, Any] = {"return_lse": True} if caps.supports("lse") else {}
     options.update(scales)
     labels = {"feature": "very_long_batch", "garbage": garbage, "heads": f"{num_kv_heads * group}/{num_kv_heads}",
-              "sequences": str(num_seqs), "queries": "decode", "cache_dtype": cache_dtype,
-              "distinct_blocks": f"{distinct} before the wrap, {distinct} from it"}
-    return _case(query, caches, tables, lens.tolist(), None, kv_layout, options, draw(_SEEDS, label="variant_seed"),
+              "sequences": str(num_seqs), "queries": "decode" if decode else "2 or 3 a sequence",
+              "cache_dtype": cache_dtype, "distinct_blocks": f"{distinct} before the wrap, {distinct} from it"}
+    return _case(query, caches, tables, lens.tolist(), q_lens, kv_layout, options, draw(_SEEDS, label="variant_seed"),
                  labels)
 
 

@@ -200,18 +200,21 @@ def test_split_batches_match_spec(request, backend, fp8):
                    requires={"features": ("fp8",) if fp8 else (), "launch_limits": True}, shrink=False)
 
 
+@pytest.mark.parametrize("batch", BATCH_KINDS)
 @pytest.mark.parametrize("fp8", [False, True], ids=["same", "fp8"])
-def test_very_long_batches_match_spec(request, backend, fp8):
-    """Decode of 528 (sequence, KV head) pairs, each sequence past 65,536 keys: a batch that fills the
-    GPU, so no plan splits it and each CTA walks a whole range past where an offset within it wraps
-    in 16 bits (the very long cells' single sequences are split into short parts); bfloat16
-    queries, 16-bit or fp8 caches; each table names a few hundred blocks many times; out and lse
-    within the error model; inputs untouched. A backend run in an interpreter is unsupported here."""
+def test_very_long_batches_match_spec(request, backend, fp8, batch):
+    """528 (sequence, KV head) pairs, each sequence past 65,536 keys, one cell of decode and one of 2
+    or 3 queries a sequence: a batch that fills the GPU, so no plan splits it and each CTA walks a
+    whole range past where an offset within it wraps in 16 bits (the very long cells' single
+    sequences are split into short parts); bfloat16 queries, 16-bit or fp8 caches; each table
+    names a few hundred blocks many times; out and lse within the error model; inputs untouched.
+    A backend run in an interpreter is unsupported here."""
     limits = scale_limits()
     run_scale_cell(request, backend, functools.partial(very_long_batch_cases, fp8=fp8),
                    checks.matches_spec_by_distinct_blocks, limits, dtype="bfloat16", feature="very_long_batch",
                    max_examples=limits.batch_examples, cell={"cache": "fp8" if fp8 else "same"},
-                   requires={"features": ("fp8",) if fp8 else (), "launch_limits": True}, shrink=False)
+                   requires={"features": ("fp8",) if fp8 else (), "launch_limits": True}, shrink=False,
+                   batch=batch)
 
 
 @pytest.mark.parametrize("batch", BATCH_KINDS)
