@@ -34,9 +34,9 @@ Kernels change code paths as sizes grow. Each strategy here draws an existing ca
   where a row's offset ``token * heads * D`` overflows 32 bits;
 - :func:`wide_group_cases`: GQA ratios from 12 to 128 (:data:`WIDE_GROUPS`), past one row
   tile of a KV head's query heads, where kernels cut a group into tiles;
-- :func:`very_long_batch_cases`: a decode batch that fills the GPU, so unsplit, of sequences past
-  65,536 keys, where an offset within a range walked whole wraps in 16 bits; its tables name a few
-  hundred blocks many times each;
+- :func:`very_long_batch_cases`: a batch that fills the GPU, so unsplit, of sequences past 65,536
+  keys (decode, or a few queries a sequence), where an offset within a range walked whole wraps in
+  16 bits; its tables name a few hundred blocks many times each;
 - :func:`large_batch_cases`: more than :data:`MAX_RESIDENT_CTAS` short sequences, more work
   than one wave of CTAs on the GPU;
 - :func:`shared_prefix_batch_cases`: 16 to 128 sequences sharing the blocks of a prefix of
@@ -1667,7 +1667,7 @@ VERY_LONG_BATCH_DISTINCT_BLOCKS = (65, 257)
 def very_long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                           limits: ScaleLimits | None = None, fp8: bool = False,
                           decode: bool | None = None) -> AttentionCase:
-    """Return a strategy for a decode batch of :data:`LONG_BATCH_PAIRS` (sequence, KV head) pairs, each
+    """Return a strategy for a batch of :data:`LONG_BATCH_PAIRS` (sequence, KV head) pairs, each
     sequence :data:`VERY_LONG_BATCH_WRAP` keys and :data:`VERY_LONG_BATCH_PAST` more.
 
     A batch that fills the GPU is not split, so each CTA walks a whole range of more than 65,536
@@ -1677,12 +1677,12 @@ def very_long_batch_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype:
     others from it on (the contract lets a table name a block any number of times), so the pool
     holds a few hundred blocks; the keys from the wrap on score :data:`KV_BYTES_GAP` above the
     others and hold values near -1 against +1, so a row that reads keys before the wrap in their
-    place moves by whole units. 4, 2 or 1 KV heads, GQA 1, 2 or 4, the smallest declared head_dim, the
-    largest of the contract's block sizes first;
-    queries of about 1; lse wherever declared; garbage in the unused blocks and table entries; no
-    ALiBi or window. With ``fp8``, one of the backend's fp8 cache dtypes and scales (``v_scale`` never 1).
-    ``decode`` True or False fixes the batch's kind (decode, or 2 or 3 queries a sequence, the last
-    of each sequence); None draws it.
+    place moves by whole units. 4, 2 or 1 KV heads, GQA 1, 2 or 4, the smallest declared
+    head_dim, the largest of the contract's block sizes first; queries of about 1; lse wherever
+    declared; garbage in the unused blocks and table entries; no ALiBi or window. With ``fp8``,
+    one of the backend's fp8 cache dtypes and scales (``v_scale`` never 1). ``decode`` True or
+    False fixes the batch's kind (decode, or the last 2 or 3 positions of each sequence as
+    queries); None draws it.
     """
     del limits  # one size for every profile: the threshold is the GPU's and a 16-bit integer's
     caps = capabilities

@@ -1326,7 +1326,7 @@ class KeyPositionsIn16BitsOfShortQueryBatches(KeyPositionsIn16Bits):
 
 class RangeKeyOffsetsIn16Bits(AddressedKernelBackend):
     bug = ("a key's offset within its CTA's range is held in 16 bits: in a range walked whole past 65,536 keys (a "
-           "batch of more than SPLIT_MAX_SEQS sequences, which no plan splits: a decode batch that fills the GPU), "
+           "batch of more than SPLIT_MAX_SEQS sequences, which no plan splits: a batch that fills the GPU), "
            "the key at offset o >= 65,536 is read from offset o - 65,536; split parts, a thousand keys or so, never "
            "reach it")
     models = ("ml-explore/mlx issue 3360 (key positions in a 16-bit short: wrong past 32K keys) on the path that "
