@@ -281,6 +281,10 @@ class Progress:
         return text
 
 
+#: What pytest-xdist writes into the report of a cell whose worker process died while running it.
+WORKER_CRASH = "crashed while running"
+
+
 class _State:
     """Registered only when a backend is selected: tallies reports on the controller and reports them."""
 
@@ -293,6 +297,7 @@ class _State:
         self.backends: list[Any] | None = None
         self.progress = Progress()
         self.last_progress: dict[str, float] = {}
+        self.crashed: list[str] = []
 
     def _backend_names(self) -> list[str]:
         return [backend.name for backend in _backends(self.config)]
@@ -328,6 +333,8 @@ class _State:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not hasattr(self.config, "workerinput"):
             self._show_progress(report)
+            if report.failed and WORKER_CRASH in str(report.longrepr):
+                self.crashed.append(report.nodeid)
         record = conformance_record(report)
         if record is None or report.when != "call":
             return
@@ -368,6 +375,14 @@ class _State:
             terminalreporter.section("pagedattn: failing cases, shrunk and saved", sep="-")
             for line in self.cases:
                 write(line)
+        if self.crashed:
+            terminalreporter.section("pagedattn: cells whose worker process died", sep="-")
+            for nodeid in self.crashed:
+                write(nodeid)
+            write("Each failed without an answer to check: its process died (a signal, or an exit), which "
+                  "says nothing of the backend's results. On a GPU host the kernel's out-of-memory killer is "
+                  "the usual cause (dmesg names it): run fewer workers, one per 24 GB of host memory "
+                  "(docs/conformance.md, \"On a GPU\"), then these cells again.")
         for name in self.zero_pass_backends():
             write(f"pagedattn: backend {name} passed zero conformance cases: the run fails", red=True)
         if self.seen:

@@ -65,6 +65,17 @@ def test_runs_under_xdist(tmp_path):
     assert any(r["status"] == "pass" and r["examples"] > 0 for r in collector.records)
 
 
+def test_a_cell_whose_worker_dies_fails_and_the_summary_names_it(tmp_path, capsys):
+    (tmp_path / "test_dies.py").write_text("import os\nimport signal\n\n\ndef test_dies():\n"
+                                           "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    code = run_pytest_in_process([*PLUGIN, "--conformance-cases", str(tmp_path / "cases"), "--backend", "numpy",
+                                  "-n", "1", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == pytest.ExitCode.TESTS_FAILED
+    died = out.split("cells whose worker process died", 1)[1]
+    assert "test_dies.py::test_dies" in died and "out-of-memory killer" in died
+
+
 def test_profile_from_environment_and_header(monkeypatch, capsys, tmp_path):
     from hypothesis import settings
 
