@@ -74,9 +74,13 @@ def to_device(array: Any) -> Any:
 
     host = np.ascontiguousarray(array)
     name = dtype_name(host.dtype)
-    if name in RAW_DTYPES:
-        return RawArray(cupy.asarray(host.view(RAW_DTYPES[name])), host.dtype)
-    return cupy.asarray(host)
+    raw = host.view(RAW_DTYPES[name]) if name in RAW_DTYPES else host
+    # ndarray.set copies from the pageable host array, in order on the current stream: cupy.asarray
+    # would stage the whole array in pinned host memory and keep it in cupy's pinned pool (gigabytes
+    # for a far pool's upload)
+    device = cupy.empty(raw.shape, raw.dtype)
+    device.set(raw, stream=cupy.cuda.get_current_stream())
+    return RawArray(device, host.dtype) if name in RAW_DTYPES else device
 
 
 def to_numpy(array: Any) -> np.ndarray:

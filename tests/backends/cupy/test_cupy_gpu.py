@@ -446,3 +446,27 @@ def test_the_fused_merge_gives_the_merge_kernel_s_bits(backend: CupyBackend, nam
             assert_bit_identical("out", out, expected[0], "the merges differ", call)
             assert_bit_identical("lse", lse, expected[1], "the merges differ", call)
     checks.matches_spec(CupyBackend(**options), case)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn"])
+def test_to_device_copies_without_a_pinned_staging_copy(dtype: str) -> None:
+    """An upload goes straight from the host array: cupy's pinned pool gains nothing (a far pool's
+    staging copy would hold gigabytes of host memory), and the bits arrive."""
+    import cupy
+
+    pool = cupy.get_default_pinned_memory_pool()
+    requested: list[int] = []
+
+    def counting_allocator(size: int) -> Any:
+        requested.append(size)
+        return pool.malloc(size)
+
+    host = np.random.default_rng(0).standard_normal((2**22,)).astype(numpy_dtype(dtype))  # 4 to 16 MiB
+    cupy.cuda.set_pinned_memory_allocator(counting_allocator)
+    try:
+        device = CupyBackend().to_device(host)
+    finally:
+        cupy.cuda.set_pinned_memory_allocator(pool.malloc)
+    assert requested == [], f"the upload staged {sum(requested)} bytes in pinned host memory"
+    width = f"u{host.dtype.itemsize}"
+    assert np.array_equal(CupyBackend().to_numpy(device).view(width), host.view(width))
