@@ -451,6 +451,16 @@ WIDE_MERGE_HEADS = (65, 160)
 WIDE_MERGE_HEAD_DIMS = (512, 80, 128, 192, 256)
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
+#: The far cells' dtype whose examples draw the largest block size and group first. A cell draws the
+#: simplest example first, the one example of a `quick` cell: the float16 cells read the pool in the
+#: first declared block size with one query head a KV head, the bfloat16 cells in the largest with
+#: groups (GPU kernels take a key tile inside one block, and grouped heads, on paths of their own).
+FAR_LARGEST_FIRST = "bfloat16"
+#: The values of the far cells with fp8 caches, of :data:`LONG_VALUE_KINDS`: values from about 1 to 2,
+#: so a row's output is about 1.5 and a read that wraps onto blocks of zeros moves it well past fp8's
+#: bound. Standard normal values average to about 0.2 over a short row, inside that bound (its
+#: products are rounded to the query dtype): a wrapped read of zeros passed.
+FAR_FP8_VALUES = "trend"
 #: Elements of one query token (query heads x head_dim) of a far-row batch, at least: about 131,072
 #: tokens of them (a long prefill's, or a large decode batch's) take the query and the output past
 #: 2**31 elements.
@@ -904,12 +914,30 @@ def _sequence_tables(ids: np.ndarray, needed: list[int], filler: int) -> np.ndar
     return tables
 
 
+#: Query heads a KV head of the far cells' batches, the first drawn first: one (MHA), or a group (GQA)
+#: that no tile of rows holds evenly.
+FAR_GROUPS: tuple[int, ...] = (1, 3)
+
+
+def _far_block_size(draw: st.DrawFn, sizes: tuple[int, ...], largest_first: bool) -> int:
+    """One of ``sizes``, the first drawn first, or with ``largest_first`` the largest."""
+    return draw(st.sampled_from(tuple(sorted(sizes, reverse=True)) if largest_first else sizes), label="block_size")
+
+
+def _far_group(draw: st.DrawFn, largest_first: bool) -> int:
+    """Query heads a KV head, one of :data:`FAR_GROUPS`: the first drawn first, or with ``largest_first``
+    the largest."""
+    return draw(st.sampled_from(FAR_GROUPS[::-1] if largest_first else FAR_GROUPS), label="gqa_ratio")
+
+
 def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
-                  block_sizes: tuple[int, ...] | None = None, keys: int = 0) -> tuple[int, int, int, int]:
+                  block_sizes: tuple[int, ...] | None = None, keys: int = 0,
+                  largest_first: bool = False) -> tuple[int, int, int, int]:
     """``(block_size, num_kv_heads, head_dim, num_blocks)`` of a pool past ``limits.pool_elements``,
-    in blocks of one of ``block_sizes`` (default :func:`scale_block_sizes`), with room past it for
-    :data:`FAR_BLOCKS` blocks or the blocks of ``keys`` keys, whichever are more."""
-    block_size = draw(st.sampled_from(block_sizes or scale_block_sizes(caps)), label="block_size")
+    in blocks of one of ``block_sizes`` (default :func:`scale_block_sizes`; with ``largest_first``
+    the largest drawn first), with room past it for :data:`FAR_BLOCKS` blocks or the blocks of
+    ``keys`` keys, whichever are more."""
+    block_size = _far_block_size(draw, block_sizes or scale_block_sizes(caps), largest_first)
     num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
     head_dim = min(caps.head_dims or (16,))  # the fewest elements per slot: the most blocks
     block_elements = block_size * num_kv_heads * head_dim
@@ -921,13 +949,14 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
 
 
 def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int, decode: bool | None = None,
-               verify: bool = False) -> tuple[str, int, list[int], list[int] | None]:
+               verify: bool = False, largest_first: bool = False) -> tuple[str, int, list[int], list[int] | None]:
     """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool batch: 1 or 2 short sequences of
     two or three blocks and a key, decode (``q_lens`` None) or two or three queries each (``decode``;
     None: drawn, queries only for a backend with varlen batches); with ``verify``,
-    :data:`LONG_VERIFY_QUERIES` queries each, after two blocks and a key of context at least."""
+    :data:`LONG_VERIFY_QUERIES` queries each, after two blocks and a key of context at least. The
+    group is one of :data:`FAR_GROUPS` (with ``largest_first`` the largest drawn first)."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
+    group = _far_group(draw, largest_first)
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
     if verify:
         fewest, most = LONG_VERIFY_QUERIES
@@ -950,14 +979,14 @@ FAR_LONG_PREFILL_CONTEXT = 1024
 FAR_LONG_PREFILL_KEYS = long_prefill_queries(1) + 1 + FAR_LONG_PREFILL_MORE_QUERIES + FAR_LONG_PREFILL_CONTEXT
 
 
-def _far_long_prefill(draw: st.DrawFn, caps: Capabilities,
-                      block_size: int) -> tuple[str, int, list[int], list[int] | None]:
+def _far_long_prefill(draw: st.DrawFn, caps: Capabilities, block_size: int,
+                      largest_first: bool = False) -> tuple[str, int, list[int], list[int] | None]:
     """``(kv_layout, gqa_ratio, seq_lens, q_lens)`` of a far-pool long prefill: one sequence of at
     least :data:`LONG_PREFILL_ROWS` rows and :data:`LONG_PREFILL_MIN_QUERIES` queries after up to two
     blocks of context (:data:`FAR_LONG_PREFILL_CONTEXT` keys at most), so that kernels take their
-    prefill paths (cupy its Hopper kernel)."""
+    prefill paths (cupy its Hopper kernel). The group as :func:`_far_batch` draws it."""
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    group = draw(st.sampled_from((1, 3)), label="gqa_ratio")
+    group = _far_group(draw, largest_first)
     fewest = long_prefill_queries(group) + 1
     q_len = draw(st.integers(fewest, fewest + FAR_LONG_PREFILL_MORE_QUERIES), label="q_len[0]")
     context = draw(st.integers(0, min(2 * block_size, FAR_LONG_PREFILL_CONTEXT)), label="context[0]")
@@ -968,7 +997,7 @@ def _far_long_prefill(draw: st.DrawFn, caps: Capabilities,
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                    limits: ScaleLimits | None = None, fp8: bool = False,
                    block_sizes: tuple[int, ...] | None = None, long_prefill: bool = False,
-                   decode: bool | None = None, verify: bool = False) -> AttentionCase:
+                   decode: bool | None = None, verify: bool = False, largest_first: bool = False) -> AttentionCase:
     """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
     every block in use at or past element 2**31 and byte 2**32 (:func:`far_pool_limit`; also the
     pool's last block).
@@ -976,12 +1005,14 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     The caches are zero outside the blocks in use (lazy: they cost only those blocks), and
     the unused slots of those blocks hold garbage. One or two short sequences, decode or a
     few queries each. With ``fp8``, the caches are one of the backend's fp8 dtypes, with
-    scales: the fp8 paths address their caches in code of their own. ``block_sizes``, the first
+    scales, and the values :data:`FAR_FP8_VALUES`: the fp8 paths address their caches in code of
+    their own. ``block_sizes``, the first
     drawn first, replaces :func:`scale_block_sizes` (blocks of one slot, or of hundreds). With
     ``long_prefill``, one long prefill (:func:`_far_long_prefill`): prefill paths address the pool
     in code of their own. ``decode`` True or False fixes the short batch's kind (decode, or two or
     three queries a sequence: GPU backends run them on kernels of their own); None draws it. With
     ``verify``, :data:`LONG_VERIFY_QUERIES` queries a sequence (a speculative verify's batch).
+    ``largest_first`` draws the largest block size and group first (:data:`FAR_LARGEST_FIRST`).
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -989,16 +1020,17 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     far = far_pool_limit(cache_dtype)
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
         draw, caps, limits._replace(pool_elements=max(limits.pool_elements, far)), block_sizes,
-        keys=FAR_LONG_PREFILL_KEYS if long_prefill else 0)
+        keys=FAR_LONG_PREFILL_KEYS if long_prefill else 0, largest_first=largest_first)
     batch = _far_long_prefill if long_prefill else partial(_far_batch, decode=decode, verify=verify)
-    kv_layout, group, lens, q_lens = batch(draw, caps, block_size)
+    kv_layout, group, lens, q_lens = batch(draw, caps, block_size, largest_first=largest_first)
     num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]
     ids = _far_block_ids(rng, num_blocks, block_size * num_kv_heads * head_dim, sum(needed), far)
     tables = _sequence_tables(ids, needed, -1)
     garbage = draw(st.sampled_from(SCALE_GARBAGE_KINDS), label="garbage")
-    logical = _values(rng, "normal", lens, num_kv_heads, head_dim)
+    kind = FAR_FP8_VALUES if fp8 else "normal"
+    logical = _values(rng, kind, lens, num_kv_heads, head_dim)
     caches = fill_caches(rng, (num_blocks, block_size, num_kv_heads, head_dim), tables, np.array(lens), logical,
                          garbage, cache_dtype, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
     if kv_layout == "HND":  # a transposed copy of a lazy pool would fill it: fill an HND pool instead
@@ -1007,7 +1039,8 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     else:
         kv_layout_labels = "NHD"
     num_tokens = num_seqs if q_lens is None else sum(q_lens)
-    query = rng.standard_normal((num_tokens, num_kv_heads * group, head_dim)).astype(numpy_dtype(dtype))
+    shape = (num_tokens, num_kv_heads * group, head_dim)
+    query = _query(rng, kind, shape, dtype, group) if fp8 else rng.standard_normal(shape).astype(numpy_dtype(dtype))
     labels = {"feature": "far_pool_long_prefill" if long_prefill else "far_pool", "garbage": garbage,
               "pool": f"{num_blocks} blocks",
               "elements": str(num_blocks * block_size * num_kv_heads * head_dim), "layout": kv_layout_labels}
@@ -1033,7 +1066,8 @@ def past_uint32_elements(limits: ScaleLimits) -> int:
 
 @st.composite
 def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                         limits: ScaleLimits | None = None, decode: bool | None = None) -> AttentionCase:
+                         limits: ScaleLimits | None = None, decode: bool | None = None,
+                         largest_first: bool = False) -> AttentionCase:
     """Return a strategy for attention on layer views of a pool of more than 2**32 elements (and
     ``limits.pool_elements``) whose views each hold fewer than 2**31: every block in use starts at
     or past element 2**31 of the pool, the pool's last block past element 2**32.
@@ -1045,11 +1079,11 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     them unsigned reads the blocks up to element 2**32 right and wraps past it (the last block is
     always in use). The blocks in use hold the case's values and garbage in their unused slots;
     the other layer of those blocks holds garbage too. One or two short sequences, decode or a few
-    queries each (``decode`` as :func:`far_pool_cases` takes it).
+    queries each (``decode`` and ``largest_first`` as :func:`far_pool_cases` takes them).
     """
     limits = limits or scale_limits()
     caps = capabilities
-    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    block_size = _far_block_size(draw, scale_block_sizes(caps), largest_first)
     num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
     head_dim = min(caps.head_dims or (16,))
     block_elements = block_size * num_kv_heads * head_dim
@@ -1057,7 +1091,7 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     pool_elements = past_uint32_elements(limits)
     num_blocks = blocks_past((pool_elements + FAR_BLOCKS * stride_blocks * block_elements) // stride_blocks,
                              block_elements)
-    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size, decode)
+    kv_layout, group, lens, q_lens = _far_batch(draw, caps, block_size, decode, largest_first=largest_first)
     num_seqs = len(lens)
     rng = np.random.default_rng(draw(_SEEDS, label="value_seed"))
     needed = [-(-n // block_size) for n in lens]

@@ -8,6 +8,7 @@ in a scale cell is in test_mutants.py.)"""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +28,8 @@ from pagedattn.errors import UnsupportedError
 from pagedattn.reference.paged import paged_attention_reference
 from pagedattn.spec.arrays import check_paged_attention
 from pagedattn.spec.dtypes import FP8_DTYPES
+from pagedattn.spec.error_model import tolerance
+from pagedattn.spec.exact import exact_attention_problem
 from pagedattn.spec.online_softmax import merge_states as spec_merge_states
 from pagedattn.spec.pools import (
     INT32_OFFSET_LIMIT,
@@ -396,6 +399,46 @@ def test_far_fp8_pools_put_every_block_in_use_past_byte_2_32():
         checks.far_pool_matches_spec(NumpyBackend(), case)
     assert scale.far_pool_limit("bfloat16") == INT32_OFFSET_LIMIT  # byte 2**32 of a 16-bit cache
     assert rss_mib() - before < 512
+
+
+#: The far-pool strategies of the cells that take ``largest_first`` from their dtype.
+FAR_LARGEST_FIRST_CASES = {
+    "attention": scale.far_pool_cases,
+    "fp8": partial(scale.far_pool_cases, fp8=True),
+    "verify": partial(scale.far_pool_cases, verify=True),
+    "long_prefill": partial(scale.far_pool_cases, long_prefill=True),
+    "layer_view": scale.far_layer_view_cases,
+}
+
+
+@pytest.mark.parametrize("cases", FAR_LARGEST_FIRST_CASES)
+@pytest.mark.parametrize("dtype", test_scale.FAR_DTYPES)
+def test_far_cells_first_examples_take_the_first_or_the_largest_block_size_and_group(dtype, cases):
+    """A `quick` far cell draws one example, its first: the float16 cells' in the first declared block
+    size with one query head a KV head, the bfloat16 cells' in the largest with groups of 3."""
+    largest = dtype == scale.FAR_LARGEST_FIRST
+    caps = replace(ANY, block_sizes=(16, 32, 64))
+    (case,) = drawn(FAR_LARGEST_FIRST_CASES[cases](caps, dtype=dtype, limits=scale.scale_limits("quick"),
+                                                   largest_first=largest), 1)
+    problem = checks.problem_of(case)
+    assert (problem.block_size, problem.group_size) == ((64, max(scale.FAR_GROUPS)) if largest else (16, 1))
+
+
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
+@pytest.mark.parametrize("dtype", test_scale.FAR_DTYPES)
+def test_far_fp8_cases_move_every_row_past_the_bound_where_the_blocks_in_use_read_as_zeros(dtype, batch):
+    """With fp8 caches the bound is loose (products rounded to the query dtype): the values keep each
+    row's output far enough from 0 that a read of blocks of zeros, where a wrapped offset lands in
+    a lazy pool, fails every row."""
+    (case,) = drawn(scale.far_pool_cases(ANY, dtype=dtype, limits=scale.scale_limits("quick"), fp8=True,
+                                         decode=batch == "decode",
+                                         largest_first=dtype == scale.FAR_LARGEST_FIRST), 1)
+    problem = checks.problem_of(case)
+    exact = exact_attention_problem(problem, case.query, case.key_cache, case.value_cache)
+    bound = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype).out_bound(
+        exact.out, exact.value_scale, exact.score_scale, exact.num_visible)
+    assert problem.cache_dtype in FP8_DTYPES
+    assert (np.abs(exact.out) > bound).any(axis=-1).all()  # zero keys and values give out = 0
 
 
 def test_far_case_saves_as_its_blocks_and_replays(tmp_path):
