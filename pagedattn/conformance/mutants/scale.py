@@ -185,6 +185,42 @@ class Int32OffsetsOfLongPrefills(Int32OffsetsOnOnePath):
         return problem.num_tokens * problem.group_size >= LONG_PREFILL_ROWS * problem.num_seqs
 
 
+class Int32OffsetsOfGroupedHeads(Int32OffsetsOnOnePath):
+    bug = ("attention with several query heads a KV head (GQA) takes a grouped kernel of its own, whose block "
+           "offset block * block_stride is int32: past element 2**31 of the pool it wraps; one query head a KV "
+           "head in 64 bits")
+    models = ("vllm-project/vllm PR 47671 (its Triton decode attention has a kernel for one query head a KV head "
+              "and a grouped one for GQA, and both multiplied the page number by the page stride in int32: a fix "
+              "made in one of them leaves the other wrapping)")
+    killed_by = "test_far_pool_attention_matches_spec"
+
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        return problem.group_size > 1
+
+
+#: Keys of the tile of :class:`Int32OffsetsOfBlocksOfATile`: blocks of this many slots or more hold
+#: a whole tile each.
+TILE_KEYS = 64
+
+
+class Int32OffsetsOfBlocksOfATile(Int32OffsetsOnOnePath):
+    bug = ("attention in blocks of TILE_KEYS slots or more, where a key tile lies inside one block (one "
+           "block-table read a tile), addresses the tile's block in int32: past element 2**31 of the pool it "
+           "wraps; smaller blocks, several to a tile, in 64 bits. Declares block sizes 16, 32 and 64, as most "
+           "GPU kernels do")
+    models = ("kernels that address a tile inside one block apart from a tile over several blocks (this "
+              "project's Triton kernels, `_key_slots`' table modes 1 and 2), where a fix reaches one path "
+              "only: sgl-project/sglang PR 22257 (one page-size path kept 32-bit offsets on caches past 4 GB "
+              "after the other was mended)")
+    killed_by = "test_far_pool_attention_matches_spec"
+
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities(), block_sizes=(16, 32, 64))
+
+    def on_its_path(self, problem: AttentionProblem) -> bool:
+        return problem.block_size >= TILE_KEYS
+
+
 #: Queries a sequence, at most, of the batches :class:`Int32OffsetsOfShortQueryBatches` takes on its
 #: own path: a speculative decode's verification of a few draft tokens, or a short chunk.
 SHORT_QUERY_BATCH_ROWS = 4
