@@ -459,7 +459,7 @@ FAR_LARGEST_FIRST = "bfloat16"
 #: The values of the far cells with fp8 caches, of :data:`LONG_VALUE_KINDS`: values from about 1 to 2,
 #: so a row's output is about 1.5 and a read that wraps onto blocks of zeros moves it well past fp8's
 #: bound. Standard normal values average to about 0.2 over a short row, inside that bound (its
-#: products are rounded to the query dtype): a wrapped read of zeros passed.
+#: products are rounded to the query dtype), so a wrapped read of zeros would pass.
 FAR_FP8_VALUES = "trend"
 #: Elements of one query token (query heads x head_dim) of a far-row batch, at least: about 131,072
 #: tokens of them (a long prefill's, or a large decode batch's) take the query and the output past
