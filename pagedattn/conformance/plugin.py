@@ -381,7 +381,7 @@ class _State:
                 write(nodeid)
             write("Each failed without an answer to check: its process died (a signal, or an exit), which "
                   "says nothing of the backend's results. On a GPU host the kernel's out-of-memory killer is "
-                  "the usual cause (dmesg names it): run fewer workers, one per 24 GB of host memory "
+                  "the usual cause (dmesg names it): run fewer workers, one per 16 GB of host memory "
                   "(docs/conformance.md, \"On a GPU\"), then these cells again.")
         for name in self.zero_pass_backends():
             write(f"pagedattn: backend {name} passed zero conformance cases: the run fails", red=True)
