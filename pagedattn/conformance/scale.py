@@ -451,10 +451,11 @@ WIDE_MERGE_HEADS = (65, 160)
 WIDE_MERGE_HEAD_DIMS = (512, 80, 128, 192, 256)
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
-#: The far cells' dtype whose examples draw the largest block size and group first. A cell draws the
-#: simplest example first, the one example of a `quick` cell: the float16 cells read the pool in the
-#: first declared block size with one query head a KV head, the bfloat16 cells in the largest with
-#: groups (GPU kernels take a key tile inside one block, and grouped heads, on paths of their own).
+#: The dtype whose far-pool and far layer-view cases draw the largest block size and group first. A
+#: cell draws the simplest example first, the one example of a `quick` cell: the float16 cells read
+#: the pool in the first declared block size with one query head a KV head, the bfloat16 cells in
+#: the largest with groups (GPU kernels take a key tile inside one block, and grouped heads, on paths
+#: of their own).
 FAR_LARGEST_FIRST = "bfloat16"
 #: The values of the far cells with fp8 caches, of :data:`LONG_VALUE_KINDS`: values from about 1 to 2,
 #: so a row's output is about 1.5 and a read that wraps onto blocks of zeros moves it well past fp8's
@@ -997,7 +998,7 @@ def _far_long_prefill(draw: st.DrawFn, caps: Capabilities, block_size: int,
 def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
                    limits: ScaleLimits | None = None, fp8: bool = False,
                    block_sizes: tuple[int, ...] | None = None, long_prefill: bool = False,
-                   decode: bool | None = None, verify: bool = False, largest_first: bool = False) -> AttentionCase:
+                   decode: bool | None = None, verify: bool = False) -> AttentionCase:
     """Return a strategy for attention on caches of more than ``limits.pool_elements`` elements,
     every block in use at or past element 2**31 and byte 2**32 (:func:`far_pool_limit`; also the
     pool's last block).
@@ -1012,10 +1013,11 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     in code of their own. ``decode`` True or False fixes the short batch's kind (decode, or two or
     three queries a sequence: GPU backends run them on kernels of their own); None draws it. With
     ``verify``, :data:`LONG_VERIFY_QUERIES` queries a sequence (a speculative verify's batch).
-    ``largest_first`` draws the largest block size and group first (:data:`FAR_LARGEST_FIRST`).
+    The :data:`FAR_LARGEST_FIRST` dtype draws the largest block size and group first.
     """
     limits = limits or scale_limits()
     caps = capabilities
+    largest_first = dtype == FAR_LARGEST_FIRST
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     far = far_pool_limit(cache_dtype)
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
@@ -1066,8 +1068,7 @@ def past_uint32_elements(limits: ScaleLimits) -> int:
 
 @st.composite
 def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
-                         limits: ScaleLimits | None = None, decode: bool | None = None,
-                         largest_first: bool = False) -> AttentionCase:
+                         limits: ScaleLimits | None = None, decode: bool | None = None) -> AttentionCase:
     """Return a strategy for attention on layer views of a pool of more than 2**32 elements (and
     ``limits.pool_elements``) whose views each hold fewer than 2**31: every block in use starts at
     or past element 2**31 of the pool, the pool's last block past element 2**32.
@@ -1079,10 +1080,11 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     them unsigned reads the blocks up to element 2**32 right and wraps past it (the last block is
     always in use). The blocks in use hold the case's values and garbage in their unused slots;
     the other layer of those blocks holds garbage too. One or two short sequences, decode or a few
-    queries each (``decode`` and ``largest_first`` as :func:`far_pool_cases` takes them).
+    queries each (``decode`` and the order of :data:`FAR_LARGEST_FIRST` as :func:`far_pool_cases`).
     """
     limits = limits or scale_limits()
     caps = capabilities
+    largest_first = dtype == FAR_LARGEST_FIRST
     block_size = _far_block_size(draw, scale_block_sizes(caps), largest_first)
     num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
     head_dim = min(caps.head_dims or (16,))

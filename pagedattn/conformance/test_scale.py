@@ -31,7 +31,6 @@ from pagedattn.conformance.runner import run_scale_cell
 from pagedattn.conformance.scale import (
     BATCH_KINDS,
     FAR_BYTE_LIMIT,
-    FAR_LARGEST_FIRST,
     LONG_GROUPS,
     LONG_HEAD_NEEDLE_KINDS,
     LONG_NEEDLE_KINDS,
@@ -428,9 +427,8 @@ def test_far_pool_attention_matches_spec(request, backend, dtype, batch):
     block too), within the error model; the blocks in use unchanged. One cell of decode batches,
     one of a few queries a sequence (unsupported without varlen batches)."""
     limits = scale_limits()
-    run_scale_cell(request, backend, partial(far_pool_cases, largest_first=dtype == FAR_LARGEST_FIRST),
-                   checks.far_pool_matches_spec, limits, dtype=dtype, feature="far_pool",
-                   max_examples=limits.far_examples,
+    run_scale_cell(request, backend, far_pool_cases, checks.far_pool_matches_spec,
+                   limits, dtype=dtype, feature="far_pool", max_examples=limits.far_examples,
                    cell={"pool_elements": limits.pool_elements},
                    requires={"pool_elements": limits.pool_elements}, batch=batch)
 
@@ -441,8 +439,7 @@ def test_far_pool_verify_batches_match_spec(request, backend, dtype):
     :data:`~pagedattn.conformance.scale.LONG_VERIFY_QUERIES`), every block in use past element
     2**31: the verify paths' block offsets, within the error model; the blocks in use unchanged."""
     limits = scale_limits()
-    run_scale_cell(request, backend, partial(far_pool_cases, verify=True, largest_first=dtype == FAR_LARGEST_FIRST),
-                   checks.far_pool_matches_spec,
+    run_scale_cell(request, backend, partial(far_pool_cases, verify=True), checks.far_pool_matches_spec,
                    limits, dtype=dtype, feature="far_pool_verify", max_examples=limits.far_examples,
                    cell={"pool_elements": limits.pool_elements},
                    requires={"features": ("varlen",), "pool_elements": limits.pool_elements})
@@ -476,8 +473,7 @@ def test_far_pool_long_prefills_match_spec(request, backend, dtype):
     address the pool in code of their own; within the error model, the blocks in use unchanged.
     A backend without varlen batches is unsupported here."""
     limits = scale_limits()
-    cases = partial(far_pool_cases, long_prefill=True, largest_first=dtype == FAR_LARGEST_FIRST)
-    run_scale_cell(request, backend, cases, checks.far_pool_matches_spec,
+    run_scale_cell(request, backend, partial(far_pool_cases, long_prefill=True), checks.far_pool_matches_spec,
                    limits, dtype=dtype, feature="far_pool_long_prefill", max_examples=limits.far_examples,
                    cell={"pool_elements": limits.pool_elements},
                    requires={"features": ("varlen",), "pool_elements": limits.pool_elements})
@@ -492,7 +488,7 @@ def test_far_pool_attention_with_fp8_caches_matches_spec(request, backend, dtype
     batches, one of a few queries a sequence (unsupported without varlen batches)."""
     limits = scale_limits()
     pool_elements = max(limits.pool_elements, FAR_BYTE_LIMIT)
-    run_scale_cell(request, backend, partial(far_pool_cases, fp8=True, largest_first=dtype == FAR_LARGEST_FIRST),
+    run_scale_cell(request, backend, partial(far_pool_cases, fp8=True),
                    checks.far_pool_matches_spec, limits, dtype=dtype, feature="far_pool_fp8",
                    max_examples=limits.far_examples, cell={"pool_elements": pool_elements},
                    requires={"features": ("fp8",), "pool_elements": pool_elements}, batch=batch)
@@ -507,8 +503,7 @@ def test_far_layer_views_match_spec(request, backend, dtype, batch):
     (unsupported without varlen batches)."""
     limits = scale_limits()
     pool_elements = past_uint32_elements(limits)
-    run_scale_cell(request, backend, partial(far_layer_view_cases, largest_first=dtype == FAR_LARGEST_FIRST),
-                   checks.matches_spec,
+    run_scale_cell(request, backend, far_layer_view_cases, checks.matches_spec,
                    limits, dtype=dtype, feature="far_layer_view", max_examples=limits.far_examples,
                    cell={"pool_elements": pool_elements},
                    requires={"features": ("strided_caches",), "pool_elements": pool_elements}, batch=batch)

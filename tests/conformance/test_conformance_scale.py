@@ -401,7 +401,7 @@ def test_far_fp8_pools_put_every_block_in_use_past_byte_2_32():
     assert rss_mib() - before < 512
 
 
-#: The far-pool strategies of the cells that take ``largest_first`` from their dtype.
+#: The far strategies whose draw order follows their dtype (`scale.FAR_LARGEST_FIRST`).
 FAR_LARGEST_FIRST_CASES = {
     "attention": scale.far_pool_cases,
     "fp8": partial(scale.far_pool_cases, fp8=True),
@@ -418,8 +418,7 @@ def test_far_cells_first_examples_take_the_first_or_the_largest_block_size_and_g
     size with one query head a KV head, the bfloat16 cells' in the largest with groups of 3."""
     largest = dtype == scale.FAR_LARGEST_FIRST
     caps = replace(ANY, block_sizes=(16, 32, 64))
-    (case,) = drawn(FAR_LARGEST_FIRST_CASES[cases](caps, dtype=dtype, limits=scale.scale_limits("quick"),
-                                                   largest_first=largest), 1)
+    (case,) = drawn(FAR_LARGEST_FIRST_CASES[cases](caps, dtype=dtype, limits=scale.scale_limits("quick")), 1)
     problem = checks.problem_of(case)
     assert (problem.block_size, problem.group_size) == ((64, max(scale.FAR_GROUPS)) if largest else (16, 1))
 
@@ -431,8 +430,7 @@ def test_far_fp8_cases_move_every_row_past_the_bound_where_the_blocks_in_use_rea
     row's output far enough from 0 that a read of blocks of zeros, where a wrapped offset lands in
     a lazy pool, fails every row."""
     (case,) = drawn(scale.far_pool_cases(ANY, dtype=dtype, limits=scale.scale_limits("quick"), fp8=True,
-                                         decode=batch == "decode",
-                                         largest_first=dtype == scale.FAR_LARGEST_FIRST), 1)
+                                         decode=batch == "decode"), 1)
     problem = checks.problem_of(case)
     exact = exact_attention_problem(problem, case.query, case.key_cache, case.value_cache)
     bound = tolerance(problem.dtype, problem.head_dim, cache_dtype=problem.cache_dtype).out_bound(
