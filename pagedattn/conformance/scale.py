@@ -92,6 +92,7 @@ from pagedattn.conformance.strategies import (
     copy_blocks_cases,
     fill_caches,
     garbage_values,
+    head_dim_choices,
     head_dims,
     merge_cases,
     seq_lens,
@@ -451,12 +452,13 @@ WIDE_MERGE_HEADS = (65, 160)
 WIDE_MERGE_HEAD_DIMS = (512, 80, 128, 192, 256)
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
-#: The dtype whose far-pool and far layer-view cases draw the largest block size and group first. A
-#: cell draws the simplest example first, the one example of a `quick` cell: the float16 cells read
-#: the pool in the first declared block size with one query head a KV head, the bfloat16 cells in
-#: the largest with groups (GPU kernels take a key tile inside one block, and grouped heads, on paths
-#: of their own).
-FAR_LARGEST_FIRST = "bfloat16"
+#: The dtype whose long-sequence, far-pool and far layer-view cases draw the largest block size and
+#: group first, and whose long cases the widest head_dim their budget holds. A cell draws the
+#: simplest example first, the one example of a `quick` cell: the float16 cells read the pool in the
+#: first declared block size and head_dim with one query head a KV head, the bfloat16 cells in the
+#: largest with groups (GPU kernels take a key tile inside one block, grouped heads, and each
+#: head_dim, on paths of their own, split-KV ones among them).
+LARGEST_FIRST_DTYPE = "bfloat16"
 #: The values of the far cells with fp8 caches, of :data:`LONG_VALUE_KINDS`: values from about 1 to 2,
 #: so a row's output is about 1.5 and a read that wraps onto blocks of zeros moves it well past fp8's
 #: bound. Standard normal values average to about 0.2 over a short row, inside that bound (its
@@ -636,20 +638,30 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     its parts are not as many as another's. ``decode`` True or False fixes the batch's kind:
     decode, or 2 queries and up a sequence (one query a sequence being a batch a backend may take
     as decode); None draws it. With ``verify`` (a backend with varlen), :data:`LONG_VERIFY_QUERIES`
-    queries a sequence, the heads and head_dim bounded for them.
+    queries a sequence, the heads and head_dim bounded for them. The :data:`LARGEST_FIRST_DTYPE`
+    draws the largest block size first, then the largest group and head_dim the budget holds.
     """
     limits = limits or scale_limits()
     caps = capabilities
-    block_size = draw(st.sampled_from(scale_block_sizes(caps)), label="block_size")
+    largest_first = dtype == LARGEST_FIRST_DTYPE
+    block_size = _ordered_block_size(draw, scale_block_sizes(caps), largest_first)
     kv_layout = draw(_kv_layouts(caps), label="kv_layout")
     num_kv_heads = draw(st.integers(1, max_kv_heads), label="num_kv_heads")
-    group = draw(st.sampled_from(groups), label="gqa_ratio")
-    num_q_heads = num_kv_heads * group
-    rows = LONG_VERIFY_QUERIES[0] if verify else 1  # the fewest queries the budget must hold
-    dims = head_dims(caps).filter(lambda d: num_q_heads * d * limits.min_long * rows <= SPEC_ELEMENTS)
-    head_dim = draw(st.one_of(dims, st.just(min(caps.head_dims or (16,)))), label="head_dim")
     fewest_queries, cap = LONG_VERIFY_QUERIES if verify else (_fewest_queries(decode), LONG_MAX_QUERIES)
     decode = False if verify else not caps.supports("varlen") if ragged else _is_decode(draw, caps, decode)
+    rows = 1 if decode else 2 if ragged else fewest_queries  # the fewest queries the budget must hold
+    dims = head_dim_choices(caps)
+
+    def fits(q_heads: int, head_dim: int) -> bool:
+        return q_heads * head_dim * limits.min_long * rows <= SPEC_ELEMENTS
+
+    if largest_first:  # the largest group the budget holds at the smallest head_dim, then the rest
+        fitting = [g for g in groups[::-1] if fits(num_kv_heads * g, dims[0])]
+        groups = (*fitting, *(g for g in groups if g not in fitting))
+    group = draw(st.sampled_from(groups), label="gqa_ratio")
+    num_q_heads = num_kv_heads * group
+    fitting_dims = [d for d in dims if fits(num_q_heads, d)] or [dims[0]]
+    head_dim = draw(st.sampled_from(fitting_dims[::-1] if largest_first else fitting_dims), label="head_dim")
     budget = SPEC_ELEMENTS // (num_q_heads * head_dim)  # queries x keys of one sequence
     most_queries = max(2 if ragged else fewest_queries, min(cap, budget // limits.min_long))
     q_len = 1 if decode else most_queries if ragged else draw(st.integers(fewest_queries, most_queries), label="q_len")
@@ -920,7 +932,7 @@ def _sequence_tables(ids: np.ndarray, needed: list[int], filler: int) -> np.ndar
 FAR_GROUPS: tuple[int, ...] = (1, 3)
 
 
-def _far_block_size(draw: st.DrawFn, sizes: tuple[int, ...], largest_first: bool) -> int:
+def _ordered_block_size(draw: st.DrawFn, sizes: tuple[int, ...], largest_first: bool) -> int:
     """One of ``sizes``, the first drawn first, or with ``largest_first`` the largest."""
     return draw(st.sampled_from(tuple(sorted(sizes, reverse=True)) if largest_first else sizes), label="block_size")
 
@@ -938,7 +950,7 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
     in blocks of one of ``block_sizes`` (default :func:`scale_block_sizes`; with ``largest_first``
     the largest drawn first), with room past it for :data:`FAR_BLOCKS` blocks or the blocks of
     ``keys`` keys, whichever are more."""
-    block_size = _far_block_size(draw, block_sizes or scale_block_sizes(caps), largest_first)
+    block_size = _ordered_block_size(draw, block_sizes or scale_block_sizes(caps), largest_first)
     num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
     head_dim = min(caps.head_dims or (16,))  # the fewest elements per slot: the most blocks
     block_elements = block_size * num_kv_heads * head_dim
@@ -1013,11 +1025,11 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     in code of their own. ``decode`` True or False fixes the short batch's kind (decode, or two or
     three queries a sequence: GPU backends run them on kernels of their own); None draws it. With
     ``verify``, :data:`LONG_VERIFY_QUERIES` queries a sequence (a speculative verify's batch).
-    The :data:`FAR_LARGEST_FIRST` dtype draws the largest block size and group first.
+    The :data:`LARGEST_FIRST_DTYPE` dtype draws the largest block size and group first.
     """
     limits = limits or scale_limits()
     caps = capabilities
-    largest_first = dtype == FAR_LARGEST_FIRST
+    largest_first = dtype == LARGEST_FIRST_DTYPE
     cache_dtype, scales = _cache_dtype_and_scales(draw, caps, dtype, fp8)
     far = far_pool_limit(cache_dtype)
     block_size, num_kv_heads, head_dim, num_blocks = _far_geometry(
@@ -1080,12 +1092,12 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     them unsigned reads the blocks up to element 2**32 right and wraps past it (the last block is
     always in use). The blocks in use hold the case's values and garbage in their unused slots;
     the other layer of those blocks holds garbage too. One or two short sequences, decode or a few
-    queries each (``decode`` and the order of :data:`FAR_LARGEST_FIRST` as :func:`far_pool_cases`).
+    queries each (``decode`` and the order of :data:`LARGEST_FIRST_DTYPE` as :func:`far_pool_cases`).
     """
     limits = limits or scale_limits()
     caps = capabilities
-    largest_first = dtype == FAR_LARGEST_FIRST
-    block_size = _far_block_size(draw, scale_block_sizes(caps), largest_first)
+    largest_first = dtype == LARGEST_FIRST_DTYPE
+    block_size = _ordered_block_size(draw, scale_block_sizes(caps), largest_first)
     num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
     head_dim = min(caps.head_dims or (16,))
     block_elements = block_size * num_kv_heads * head_dim

@@ -63,6 +63,7 @@ __all__ = [
     "fused_qkv_rows",
     "garbage_values",
     "head_configs",
+    "head_dim_choices",
     "head_dims",
     "merge_cases",
     "query_layouts",
@@ -164,16 +165,18 @@ def block_sizes(capabilities: Capabilities | None = None) -> st.SearchStrategy[i
     return st.sampled_from(tuple(declared) if declared else CONTRACT_BLOCK_SIZES)
 
 
-def head_dims(capabilities: Capabilities | None = None) -> st.SearchStrategy[int]:
-    """Return a strategy for head_dim: 64, 80, 96, 128, 256 as declared (plus 16 if any is accepted).
-
-    Shrinks towards the smallest. A backend declaring none of these gets its own list.
-    """
+def head_dim_choices(capabilities: Capabilities | None = None) -> tuple[int, ...]:
+    """The head dims :func:`head_dims` draws, smallest first: 64, 80, 96, 128, 256 as declared
+    (plus 16 if any is accepted); a backend declaring none of these, its own."""
     declared = None if capabilities is None else capabilities.head_dims
     if declared is None:
-        return st.sampled_from((16, *CONTRACT_HEAD_DIMS))
-    dims = tuple(d for d in CONTRACT_HEAD_DIMS if d in declared) or tuple(sorted(declared))
-    return st.sampled_from(dims)
+        return (16, *CONTRACT_HEAD_DIMS)
+    return tuple(d for d in CONTRACT_HEAD_DIMS if d in declared) or tuple(sorted(declared))
+
+
+def head_dims(capabilities: Capabilities | None = None) -> st.SearchStrategy[int]:
+    """Return a strategy for head_dim, one of :func:`head_dim_choices`; shrinks towards the smallest."""
+    return st.sampled_from(head_dim_choices(capabilities))
 
 
 class HeadConfig(NamedTuple):

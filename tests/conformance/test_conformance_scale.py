@@ -125,6 +125,7 @@ def test_every_profile_has_limits_and_large_widens_them(monkeypatch):
 
 #: The long cells' strategy as the long cells and as the long-plan cells draw it, and their examples.
 LONG_CELLS = {"long": ({"dtype": "float16"}, int),
+              "long-bfloat16": ({"dtype": "bfloat16"}, int),
               "long-plans": ({"dtype": test_scale.PLAN_DTYPE, "groups": test_scale.PLAN_GROUPS},
                              test_scale.few_long_examples)}
 
@@ -401,7 +402,7 @@ def test_far_fp8_pools_put_every_block_in_use_past_byte_2_32():
     assert rss_mib() - before < 512
 
 
-#: The far strategies whose draw order follows their dtype (`scale.FAR_LARGEST_FIRST`).
+#: The far strategies whose draw order follows their dtype (`scale.LARGEST_FIRST_DTYPE`).
 FAR_LARGEST_FIRST_CASES = {
     "attention": scale.far_pool_cases,
     "fp8": partial(scale.far_pool_cases, fp8=True),
@@ -416,11 +417,31 @@ FAR_LARGEST_FIRST_CASES = {
 def test_far_cells_first_examples_take_the_first_or_the_largest_block_size_and_group(dtype, cases):
     """A `quick` far cell draws one example, its first: the float16 cells' in the first declared block
     size with one query head a KV head, the bfloat16 cells' in the largest with groups of 3."""
-    largest = dtype == scale.FAR_LARGEST_FIRST
+    largest = dtype == scale.LARGEST_FIRST_DTYPE
     caps = replace(ANY, block_sizes=(16, 32, 64))
     (case,) = drawn(FAR_LARGEST_FIRST_CASES[cases](caps, dtype=dtype, limits=scale.scale_limits("quick")), 1)
     problem = checks.problem_of(case)
     assert (problem.block_size, problem.group_size) == ((64, max(scale.FAR_GROUPS)) if largest else (16, 1))
+
+
+@pytest.mark.parametrize("batch", scale.BATCH_KINDS)
+@pytest.mark.parametrize("dtype", test_scale.FAR_DTYPES)
+def test_long_cells_first_examples_take_the_first_or_the_widest_geometry(dtype, batch):
+    """A `quick` long cell draws one example, its first: the float16 cells' in the first declared
+    block size and head_dim with one query head a KV head, the bfloat16 cells' in the largest block
+    size with the largest group and head_dim the spec's budget holds (GQA 8 at head_dim 256 for
+    decode, at 128 for two queries a sequence)."""
+    widest = dtype == scale.LARGEST_FIRST_DTYPE
+    limits = scale.scale_limits("quick")
+    (case,) = drawn(scale.long_sequence_cases(DECLARED, dtype=dtype, limits=limits, decode=batch == "decode"), 1)
+    problem = checks.problem_of(case)
+    geometry = (problem.block_size, problem.group_size, problem.head_dim)
+    if not widest:
+        assert geometry == (16, 1, 64)
+        return
+    assert geometry == (64, max(scale.LONG_GROUPS), 256 if batch == "decode" else 128)
+    rows = 1 if batch == "decode" else 2
+    assert problem.num_q_heads * problem.head_dim * limits.min_long * rows <= scale.SPEC_ELEMENTS
 
 
 @pytest.mark.parametrize("batch", scale.BATCH_KINDS)
