@@ -535,6 +535,40 @@ def _unwritten(state: State, rows: Any) -> State:
             np.where(rows[..., None], F32(np.nan), O))
 
 
+#: The head_dim of :class:`SplitPartialsOfHalfAWideHead`'s own split path, and the dims that path's
+#: epilogue writes (the stride its other instantiations use).
+WIDE_SPLIT_HEAD_DIM = 256
+WIDE_SPLIT_WRITTEN_DIMS = 128
+#: The fewest query heads a KV head of that path (a grouped kernel's instantiations, GQA 4 and 8).
+WIDE_SPLIT_MIN_GROUP = 4
+
+
+class SplitPartialsOfHalfAWideHead(AddressedKernelBackend):
+    bug = ("split-KV at head_dim WIDE_SPLIT_HEAD_DIM with WIDE_SPLIT_MIN_GROUP query heads a KV head and more "
+           "(a grouped kernel's instantiation of its own) writes each part's O for the first "
+           "WIDE_SPLIT_WRITTEN_DIMS dims only, the rest 0; unsplit sequences, smaller groups and other head dims "
+           "right. Declares head dims 64, 80, 96, 128 and 256 and block sizes 16, 32 and 64, as most GPU kernels do")
+    models = ("gittensor-ai-lab/sparkinfer issues 330 and 425 (the int8 flash-decode split kernel, right at "
+              "head_dim 128, computed only the first 128 of 256 output dims at head_dim 256: its hard-coded stride "
+              "of 128; it engaged only at long context, so shorter cases and other head dims passed)")
+    killed_by = "test_long_sequences_match_spec"
+
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities(), head_dims=(64, 80, 96, 128, 256), block_sizes=(16, 32, 64))
+
+    def _run(self, plan, query, key_cache, value_cache):
+        self.group_size = plan.problem.group_size
+        return super()._run(plan, query, key_cache, value_cache)
+
+    def merge(self, states):
+        if (len(states) > 1 and states[0][2].shape[-1] == WIDE_SPLIT_HEAD_DIM
+                and self.group_size >= WIDE_SPLIT_MIN_GROUP):
+            states = [(m, l, np.concatenate([O[..., :WIDE_SPLIT_WRITTEN_DIMS],
+                                             np.zeros_like(O[..., WIDE_SPLIT_WRITTEN_DIMS:])], axis=-1))
+                      for m, l, O in states]
+        return super().merge(states)
+
+
 class SplitMergeIgnoresMax(AddressedKernelBackend):
     bug = "split-KV merge adds the parts' l and O without rescaling each by exp(m_i - m_max)"
     models = "split-KV / flash-decoding reduction combining partials without the max correction"
