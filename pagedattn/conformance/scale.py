@@ -639,7 +639,9 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     decode, or 2 queries and up a sequence (one query a sequence being a batch a backend may take
     as decode); None draws it. With ``verify`` (a backend with varlen), :data:`LONG_VERIFY_QUERIES`
     queries a sequence, the heads and head_dim bounded for them. The :data:`LARGEST_FIRST_DTYPE`
-    draws the largest block size first, then the largest group and head_dim the budget holds.
+    draws the largest block size first, then the largest head_dim the budget holds, and of the
+    default ``groups`` the largest the budget holds (other ``groups`` keep their order: their first
+    is the cell's shrink target).
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -655,7 +657,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     def fits(q_heads: int, head_dim: int) -> bool:
         return q_heads * head_dim * limits.min_long * rows <= SPEC_ELEMENTS
 
-    if largest_first:  # the largest group the budget holds at the smallest head_dim, then the rest
+    if largest_first and groups == LONG_GROUPS:  # the largest group the budget holds, then the rest
         fitting = [g for g in groups[::-1] if fits(num_kv_heads * g, dims[0])]
         groups = (*fitting, *(g for g in groups if g not in fitting))
     group = draw(st.sampled_from(groups), label="gqa_ratio")
