@@ -453,11 +453,12 @@ WIDE_MERGE_HEAD_DIMS = (512, 80, 128, 192, 256)
 #: Blocks of a far pool past the first one beyond ``pool_elements``: room for the blocks in use.
 FAR_BLOCKS = 64
 #: The dtype whose long-sequence, far-pool and far layer-view cases draw the largest block size and
-#: group first, and whose long cases the widest head_dim their budget holds. A cell draws the
-#: simplest example first, the one example of a `quick` cell: the float16 cells read the pool in the
-#: first declared block size and head_dim with one query head a KV head, the bfloat16 cells in the
-#: largest with groups (GPU kernels take a key tile inside one block, grouped heads, and each
-#: head_dim, on paths of their own, split-KV ones among them).
+#: group and the last declared KV layout (HND) first, and whose long cases the widest head_dim their
+#: budget holds. A cell draws the simplest example first, the one example of a `quick` cell: the
+#: float16 cells read the pool in the first declared block size, head_dim and layout with one query
+#: head a KV head, the bfloat16 cells in the largest, in HND, with groups (GPU kernels take a key
+#: tile inside one block, grouped heads, each head_dim and each layout on paths of their own,
+#: split-KV ones among them).
 LARGEST_FIRST_DTYPE = "bfloat16"
 #: The values of the far cells with fp8 caches, of :data:`LONG_VALUE_KINDS`: values from about 1 to 2,
 #: so a row's output is about 1.5 and a read that wraps onto blocks of zeros moves it well past fp8's
@@ -499,8 +500,10 @@ def scale_block_sizes(capabilities: Capabilities) -> tuple[int, ...]:
     return (*CONTRACT_BLOCK_SIZES, *ODD_BLOCK_SIZES)
 
 
-def _kv_layouts(capabilities: Capabilities) -> st.SearchStrategy[str]:
-    return st.sampled_from(tuple(capabilities.kv_layouts))
+def _kv_layouts(capabilities: Capabilities, last_first: bool = False) -> st.SearchStrategy[str]:
+    """The declared KV layouts, NHD first, or with ``last_first`` the last declared (HND) first."""
+    layouts = tuple(capabilities.kv_layouts)
+    return st.sampled_from(layouts[::-1] if last_first else layouts)
 
 
 def _values(rng: np.random.Generator, kind: str, lens: list[int], num_kv_heads: int,
@@ -639,16 +642,21 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     decode, or 2 queries and up a sequence (one query a sequence being a batch a backend may take
     as decode); None draws it. With ``verify`` (a backend with varlen), :data:`LONG_VERIFY_QUERIES`
     queries a sequence, the heads and head_dim bounded for them. The :data:`LARGEST_FIRST_DTYPE`
-    draws the largest block size first, then the largest head_dim the budget holds, and of the
-    default ``groups`` the largest the budget holds (other ``groups`` keep their order: their first
-    is the cell's shrink target).
+    draws the largest block size and HND first, then the largest head_dim the budget holds; of the
+    default ``groups``, one KV head and the largest group the budget holds; of other ``groups``
+    (which keep their order: their first is the cell's shrink target), the most KV heads.
     """
     limits = limits or scale_limits()
     caps = capabilities
     largest_first = dtype == LARGEST_FIRST_DTYPE
     block_size = _ordered_block_size(draw, scale_block_sizes(caps), largest_first)
-    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
-    num_kv_heads = draw(st.integers(1, max_kv_heads), label="num_kv_heads")
+    kv_layout = draw(_kv_layouts(caps, largest_first), label="kv_layout")
+    own_groups = groups != LONG_GROUPS
+    # the most KV heads first where a cell names its own groups (a layout shows with two and more)
+    kv_heads = st.integers(1, max_kv_heads)
+    if largest_first and own_groups:
+        kv_heads = st.sampled_from(range(max_kv_heads, 0, -1))
+    num_kv_heads = draw(kv_heads, label="num_kv_heads")
     fewest_queries, cap = LONG_VERIFY_QUERIES if verify else (_fewest_queries(decode), LONG_MAX_QUERIES)
     decode = False if verify else not caps.supports("varlen") if ragged else _is_decode(draw, caps, decode)
     rows = 1 if decode else 2 if ragged else fewest_queries  # the fewest queries the budget must hold
@@ -657,7 +665,7 @@ def long_sequence_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: s
     def fits(q_heads: int, head_dim: int) -> bool:
         return q_heads * head_dim * limits.min_long * rows <= SPEC_ELEMENTS
 
-    if largest_first and groups == LONG_GROUPS:  # the largest group the budget holds, then the rest
+    if largest_first and not own_groups:  # the largest group the budget holds, then the rest
         fitting = [g for g in groups[::-1] if fits(num_kv_heads * g, dims[0])]
         groups = (*fitting, *(g for g in groups if g not in fitting))
     group = draw(st.sampled_from(groups), label="gqa_ratio")
@@ -945,6 +953,12 @@ def _far_group(draw: st.DrawFn, largest_first: bool) -> int:
     return draw(st.sampled_from(FAR_GROUPS[::-1] if largest_first else FAR_GROUPS), label="gqa_ratio")
 
 
+def _far_kv_heads(draw: st.DrawFn, largest_first: bool) -> int:
+    """KV heads of a far pool, 1 or 2: one first, or with ``largest_first`` two (HND then differs
+    from NHD)."""
+    return draw(st.sampled_from((2, 1) if largest_first else (1, 2)), label="num_kv_heads")
+
+
 def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
                   block_sizes: tuple[int, ...] | None = None, keys: int = 0,
                   largest_first: bool = False) -> tuple[int, int, int, int]:
@@ -953,7 +967,7 @@ def _far_geometry(draw: st.DrawFn, caps: Capabilities, limits: ScaleLimits,
     the largest drawn first), with room past it for :data:`FAR_BLOCKS` blocks or the blocks of
     ``keys`` keys, whichever are more."""
     block_size = _ordered_block_size(draw, block_sizes or scale_block_sizes(caps), largest_first)
-    num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
+    num_kv_heads = _far_kv_heads(draw, largest_first)
     head_dim = min(caps.head_dims or (16,))  # the fewest elements per slot: the most blocks
     block_elements = block_size * num_kv_heads * head_dim
     # FAR_BLOCKS (or a long batch's blocks) more than just past the bound, so that enough blocks
@@ -970,7 +984,7 @@ def _far_batch(draw: st.DrawFn, caps: Capabilities, block_size: int, decode: boo
     None: drawn, queries only for a backend with varlen batches); with ``verify``,
     :data:`LONG_VERIFY_QUERIES` queries each, after two blocks and a key of context at least. The
     group is one of :data:`FAR_GROUPS` (with ``largest_first`` the largest drawn first)."""
-    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    kv_layout = draw(_kv_layouts(caps, largest_first), label="kv_layout")
     group = _far_group(draw, largest_first)
     num_seqs = draw(st.integers(1, 2), label="num_seqs")
     if verify:
@@ -1000,7 +1014,7 @@ def _far_long_prefill(draw: st.DrawFn, caps: Capabilities, block_size: int,
     least :data:`LONG_PREFILL_ROWS` rows and :data:`LONG_PREFILL_MIN_QUERIES` queries after up to two
     blocks of context (:data:`FAR_LONG_PREFILL_CONTEXT` keys at most), so that kernels take their
     prefill paths (cupy its Hopper kernel). The group as :func:`_far_batch` draws it."""
-    kv_layout = draw(_kv_layouts(caps), label="kv_layout")
+    kv_layout = draw(_kv_layouts(caps, largest_first), label="kv_layout")
     group = _far_group(draw, largest_first)
     fewest = long_prefill_queries(group) + 1
     q_len = draw(st.integers(fewest, fewest + FAR_LONG_PREFILL_MORE_QUERIES), label="q_len[0]")
@@ -1027,7 +1041,7 @@ def far_pool_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: str,
     in code of their own. ``decode`` True or False fixes the short batch's kind (decode, or two or
     three queries a sequence: GPU backends run them on kernels of their own); None draws it. With
     ``verify``, :data:`LONG_VERIFY_QUERIES` queries a sequence (a speculative verify's batch).
-    The :data:`LARGEST_FIRST_DTYPE` dtype draws the largest block size and group first.
+    The :data:`LARGEST_FIRST_DTYPE` dtype draws the largest block size and group, and HND, first.
     """
     limits = limits or scale_limits()
     caps = capabilities
@@ -1100,7 +1114,7 @@ def far_layer_view_cases(draw: st.DrawFn, capabilities: Capabilities, *, dtype: 
     caps = capabilities
     largest_first = dtype == LARGEST_FIRST_DTYPE
     block_size = _ordered_block_size(draw, scale_block_sizes(caps), largest_first)
-    num_kv_heads = draw(st.integers(1, 2), label="num_kv_heads")
+    num_kv_heads = _far_kv_heads(draw, largest_first)
     head_dim = min(caps.head_dims or (16,))
     block_elements = block_size * num_kv_heads * head_dim
     stride_blocks = 2 * FAR_VIEW_LAYERS  # a view's block stride, in blocks of the view

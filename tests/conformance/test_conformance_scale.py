@@ -414,14 +414,16 @@ FAR_LARGEST_FIRST_CASES = {
 
 @pytest.mark.parametrize("cases", FAR_LARGEST_FIRST_CASES)
 @pytest.mark.parametrize("dtype", test_scale.FAR_DTYPES)
-def test_far_cells_first_examples_take_the_first_or_the_largest_block_size_and_group(dtype, cases):
+def test_far_cells_first_examples_take_the_first_or_the_largest_block_size_group_and_layout(dtype, cases):
     """A `quick` far cell draws one example, its first: the float16 cells' in the first declared block
-    size with one query head a KV head, the bfloat16 cells' in the largest with groups of 3."""
+    size with one query head a KV head, one KV head, in NHD; the bfloat16 cells' in the largest with
+    groups of 3, two KV heads, in HND."""
     largest = dtype == scale.LARGEST_FIRST_DTYPE
     caps = replace(ANY, block_sizes=(16, 32, 64))
     (case,) = drawn(FAR_LARGEST_FIRST_CASES[cases](caps, dtype=dtype, limits=scale.scale_limits("quick")), 1)
     problem = checks.problem_of(case)
-    assert (problem.block_size, problem.group_size) == ((64, max(scale.FAR_GROUPS)) if largest else (16, 1))
+    expected = (64, max(scale.FAR_GROUPS), "HND", 2) if largest else (16, 1, "NHD", 1)
+    assert (problem.block_size, problem.group_size, problem.kv_layout, problem.num_kv_heads) == expected
 
 
 @pytest.mark.parametrize("batch", scale.BATCH_KINDS)
@@ -435,13 +437,27 @@ def test_long_cells_first_examples_take_the_first_or_the_widest_geometry(dtype, 
     limits = scale.scale_limits("quick")
     (case,) = drawn(scale.long_sequence_cases(DECLARED, dtype=dtype, limits=limits, decode=batch == "decode"), 1)
     problem = checks.problem_of(case)
-    geometry = (problem.block_size, problem.group_size, problem.head_dim)
+    geometry = (problem.block_size, problem.kv_layout, problem.num_kv_heads, problem.group_size, problem.head_dim)
     if not widest:
-        assert geometry == (16, 1, 64)
+        assert geometry == (16, "NHD", 1, 1, 64)
         return
-    assert geometry == (64, max(scale.LONG_GROUPS), 256 if batch == "decode" else 128)
+    assert geometry == (64, "HND", 1, max(scale.LONG_GROUPS), 256 if batch == "decode" else 128)
     rows = 1 if batch == "decode" else 2
     assert problem.num_q_heads * problem.head_dim * limits.min_long * rows <= scale.SPEC_ELEMENTS
+
+
+@pytest.mark.parametrize("dtype", test_scale.FAR_DTYPES)
+def test_long_cells_of_their_own_groups_keep_their_first_group_and_take_the_most_kv_heads_in_bfloat16(dtype):
+    """A long cell that names its groups (the wide-group cell: 16 first) keeps their order; its
+    bfloat16 cell draws the most KV heads first, in HND, where a layout read as the other shows."""
+    (case,) = drawn(scale.long_sequence_cases(DECLARED, dtype=dtype, limits=scale.scale_limits("quick"),
+                                              groups=scale.LONG_WIDE_GROUPS,
+                                              max_kv_heads=test_scale.WIDE_LONG_KV_HEADS), 1)
+    problem = checks.problem_of(case)
+    assert problem.group_size == scale.LONG_WIDE_GROUPS[0]
+    widest = dtype == scale.LARGEST_FIRST_DTYPE
+    expected = ("HND", test_scale.WIDE_LONG_KV_HEADS, 64) if widest else ("NHD", 1, 16)
+    assert (problem.kv_layout, problem.num_kv_heads, problem.block_size) == expected
 
 
 @pytest.mark.parametrize("batch", scale.BATCH_KINDS)
