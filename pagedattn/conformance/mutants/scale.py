@@ -569,6 +569,32 @@ class SplitPartialsOfHalfAWideHead(AddressedKernelBackend):
         return super().merge(states)
 
 
+class SplitPartsReadHNDAsNHD(AddressedKernelBackend):
+    bug = ("split-KV parts address an HND cache as NHD (slot * Hkv * D + head * D within a block): a split "
+           "sequence's keys and values come from other slots and heads; unsplit sequences and NHD caches right. "
+           "Declares block sizes 16, 32 and 64, as most GPU kernels do")
+    models = ("a split-KV kernel of its own beside the unsplit one, where only the latter takes the cache's "
+              "layout: vllm-project/vllm-xpu-kernels PR 449 (HND added to paged attention by each kernel's "
+              "sequence stride), vllm-project/vllm issue 49012 (a cache kernel that assumed NHD silently "
+              "corrupted HND caches)")
+    killed_by = "test_long_sequences_of_wide_groups_match_spec"
+
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities(), block_sizes=(16, 32, 64))
+
+    def parts(self, blocks, length, problem):
+        cut = super().parts(blocks, length, problem)
+        self.split = len(cut) > 1
+        return cut
+
+    def read_block(self, slots, row, j, problem):
+        if not (self.split and problem.kv_layout == "HND"):
+            return super().read_block(slots, row, j, problem)
+        nb, bs, hkv, d = slots.shape
+        misread = np.ascontiguousarray(slots.transpose(0, 2, 1, 3)).reshape(nb, bs, hkv, d)
+        return super().read_block(misread, row, j, problem)
+
+
 class SplitMergeIgnoresMax(AddressedKernelBackend):
     bug = "split-KV merge adds the parts' l and O without rescaling each by exp(m_i - m_max)"
     models = "split-KV / flash-decoding reduction combining partials without the max correction"
