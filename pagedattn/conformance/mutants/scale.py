@@ -198,6 +198,29 @@ class Int32OffsetsOfGroupedHeads(Int32OffsetsOnOnePath):
         return problem.group_size > 1
 
 
+class LongPrefillsReadHNDAsNHD(SteppedKernelBackend):
+    bug = ("attention on a long prefill (at least LONG_PREFILL_ROWS rows a sequence on average) takes a prefill "
+           "path of its own that addresses an HND cache as NHD: its keys and values come from other slots and "
+           "heads; decode, short batches and NHD caches right. Declares block sizes 16, 32 and 64, as most GPU "
+           "kernels do")
+    models = ("a prefill kernel of its own beside the decode one, where only the latter takes the cache's layout: "
+              "vllm-project/vllm-xpu-kernels PR 449 (HND added to paged attention by each kernel's sequence "
+              "stride), vllm-project/vllm issue 49012 (a cache kernel that assumed NHD silently corrupted HND "
+              "caches)")
+    killed_by = "test_far_pool_long_prefills_match_spec"
+
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities(), block_sizes=(16, 32, 64))
+
+    def slots(self, cache, problem):
+        view = super().slots(cache, problem)
+        long_prefill = problem.num_tokens * problem.group_size >= LONG_PREFILL_ROWS * problem.num_seqs
+        if not (long_prefill and problem.kv_layout == "HND"):
+            return view
+        nb, bs, hkv, d = view.shape
+        return np.ascontiguousarray(view.transpose(0, 2, 1, 3)).reshape(nb, bs, hkv, d)
+
+
 #: Keys of the tile of :class:`Int32OffsetsOfBlocksOfATile`: blocks of this many slots or more hold
 #: a whole tile each.
 TILE_KEYS = 64
