@@ -198,6 +198,13 @@ class Int32OffsetsOfGroupedHeads(Int32OffsetsOnOnePath):
         return problem.group_size > 1
 
 
+def _hnd_read_as_nhd(slots: np.ndarray) -> np.ndarray:
+    """The slot view ``[blocks, block_size, Hkv, D]`` of an HND cache as a kernel that takes it for
+    NHD reads it: each block's memory (head-major) taken slot-major."""
+    nb, bs, hkv, d = slots.shape
+    return np.ascontiguousarray(slots.transpose(0, 2, 1, 3)).reshape(nb, bs, hkv, d)
+
+
 class LongPrefillsReadHNDAsNHD(SteppedKernelBackend):
     bug = ("attention on a long prefill (at least LONG_PREFILL_ROWS rows a sequence on average) takes a prefill "
            "path of its own that addresses an HND cache as NHD: its keys and values come from other slots and "
@@ -215,10 +222,7 @@ class LongPrefillsReadHNDAsNHD(SteppedKernelBackend):
     def slots(self, cache, problem):
         view = super().slots(cache, problem)
         long_prefill = problem.num_tokens * problem.group_size >= LONG_PREFILL_ROWS * problem.num_seqs
-        if not (long_prefill and problem.kv_layout == "HND"):
-            return view
-        nb, bs, hkv, d = view.shape
-        return np.ascontiguousarray(view.transpose(0, 2, 1, 3)).reshape(nb, bs, hkv, d)
+        return _hnd_read_as_nhd(view) if long_prefill and problem.kv_layout == "HND" else view
 
 
 #: Keys of the tile of :class:`Int32OffsetsOfBlocksOfATile`: blocks of this many slots or more hold
@@ -605,17 +609,21 @@ class SplitPartsReadHNDAsNHD(AddressedKernelBackend):
     def capabilities(self) -> Capabilities:
         return replace(super().capabilities(), block_sizes=(16, 32, 64))
 
+    def _run(self, plan, query, key_cache, value_cache):
+        self.misread: dict[int, np.ndarray] = {}  # each cache's slot view as the split parts read it
+        return super()._run(plan, query, key_cache, value_cache)
+
     def parts(self, blocks, length, problem):
         cut = super().parts(blocks, length, problem)
         self.split = len(cut) > 1
         return cut
 
     def read_block(self, slots, row, j, problem):
-        if not (self.split and problem.kv_layout == "HND"):
-            return super().read_block(slots, row, j, problem)
-        nb, bs, hkv, d = slots.shape
-        misread = np.ascontiguousarray(slots.transpose(0, 2, 1, 3)).reshape(nb, bs, hkv, d)
-        return super().read_block(misread, row, j, problem)
+        if self.split and problem.kv_layout == "HND":
+            if id(slots) not in self.misread:
+                self.misread[id(slots)] = _hnd_read_as_nhd(slots)
+            slots = self.misread[id(slots)]
+        return super().read_block(slots, row, j, problem)
 
 
 class SplitMergeIgnoresMax(AddressedKernelBackend):
