@@ -147,6 +147,11 @@ class Fp8ByteOffsetsIn32Bits(AddressedKernelBackend):
                               lambda offsets: offsets % 2**32)  # one byte an element
 
 
+def _is_long_prefill(problem: AttentionProblem) -> bool:
+    """Whether ``problem`` takes a long prefill's path: LONG_PREFILL_ROWS rows a sequence or more on average."""
+    return problem.num_tokens * problem.group_size >= LONG_PREFILL_ROWS * problem.num_seqs
+
+
 class Int32OffsetsOnOnePath(AddressedKernelBackend):
     """Block offsets in int32 on the batches :meth:`on_its_path` picks (a kernel path of their own),
     in 64 bits on every other: past element 2**31 of the pool they wrap. Not a mutant itself."""
@@ -182,7 +187,7 @@ class Int32OffsetsOfLongPrefills(Int32OffsetsOnOnePath):
     killed_by = "test_far_pool_long_prefills_match_spec"
 
     def on_its_path(self, problem: AttentionProblem) -> bool:
-        return problem.num_tokens * problem.group_size >= LONG_PREFILL_ROWS * problem.num_seqs
+        return _is_long_prefill(problem)
 
 
 class Int32OffsetsOfGroupedHeads(Int32OffsetsOnOnePath):
@@ -221,8 +226,7 @@ class LongPrefillsReadHNDAsNHD(SteppedKernelBackend):
 
     def slots(self, cache, problem):
         view = super().slots(cache, problem)
-        long_prefill = problem.num_tokens * problem.group_size >= LONG_PREFILL_ROWS * problem.num_seqs
-        return _hnd_read_as_nhd(view) if long_prefill and problem.kv_layout == "HND" else view
+        return _hnd_read_as_nhd(view) if _is_long_prefill(problem) and problem.kv_layout == "HND" else view
 
 
 #: Keys of the tile of :class:`Int32OffsetsOfBlocksOfATile`: blocks of this many slots or more hold
